@@ -1,0 +1,21 @@
+# DPAR_WITH_CUDA=AUTO turns the CUDA backend on when a CUDA compiler is found. The GPU sources
+# then compile and link even on machines without a GPU, so CI keeps them building.
+set(DPAR_CUDA_ENABLED OFF)
+if(DPAR_WITH_CUDA STREQUAL "AUTO" OR DPAR_WITH_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)  # A100, H100/H200
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(DPAR_CUDA_ENABLED ON)
+  elseif(NOT DPAR_WITH_CUDA STREQUAL "AUTO")
+    message(FATAL_ERROR "DPAR_WITH_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+message(STATUS "dpar: CUDA backend ${DPAR_CUDA_ENABLED}")

@@ -1,0 +1,10 @@
+# Every dependency comes from Debian's archive (scripts/bootstrap.sh installs them).
+find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(dnnl CONFIG REQUIRED)
+find_package(Eigen3 3.4 REQUIRED NO_MODULE)
+find_package(nlohmann_json 3 REQUIRED)
+find_path(DPAR_STB_INCLUDE_DIR stb_image.h PATH_SUFFIXES stb REQUIRED)
+if(DPAR_BUILD_TESTS)
+  find_package(Catch2 2 REQUIRED)
+endif()

@@ -1,0 +1,15 @@
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+install(TARGETS dpar EXPORT dparTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/lib/include/dpar DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT dparTargets NAMESPACE dpar:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dpar)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/dparConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/dparConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dpar)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/dparConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/dparConfig.cmake ${PROJECT_BINARY_DIR}/dparConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dpar)

@@ -1,0 +1,38 @@
+#pragma once
+// Recording ops in the graph. An op computes its outputs without autograd, then, if
+// needs_grad(inputs), records a node with a backward function:
+//
+//   Tensor y = ...forward...;
+//   if (autograd::needs_grad({x, w})) {
+//     autograd::record("conv2d", {x, w}, {y},
+//         [xs = x.detach(), ws = w.detach()](const GradList& g, const NeedsGrad& need) {
+//           return GradList{need[0] ? dx(...) : Tensor(), need[1] ? dw(...) : Tensor()};
+//         });
+//   }
+//
+// Rules: capture detached tensors only (x.detach()) - capturing an output that points back
+// at the node would create a reference cycle; return one gradient per input, in order, with
+// the input's shape; return an undefined Tensor where need[i] is false.
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "dpar/autograd/node.h"
+
+namespace dpar::autograd {
+
+using GradList = std::vector<Tensor>;
+using NeedsGrad = std::vector<bool>;
+using BackwardFn = std::function<GradList(const GradList& grad_outputs, const NeedsGrad& need)>;
+
+// True when grad mode is on and any defined input requires grad.
+bool needs_grad(std::initializer_list<Tensor> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+
+// Records outputs = op(inputs) with the given backward. Outputs become non-leaf tensors that
+// require grad. Undefined inputs (e.g. an absent bias) are allowed and get invalid edges.
+void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            BackwardFn backward);
+
+}  // namespace dpar::autograd

@@ -1,0 +1,31 @@
+#pragma once
+#include <cstdint>
+#include <random>
+
+namespace dpar {
+
+// One generator, explicitly seeded, so CPU runs are bitwise reproducible. Its state can be
+// saved and restored (checkpoints) as a string.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 5489u) : engine_(seed) {}
+  void seed(uint64_t s) { engine_.seed(s); }
+  uint64_t next_u64() { return engine_(); }
+  // Uniform in [0, 1) with 24 random bits, identical on every platform.
+  float uniform() { return static_cast<float>(engine_() >> 40) * (1.0f / 16777216.0f); }
+  // Standard normal via Box-Muller; platform independent (no std::normal_distribution).
+  float normal();
+  std::string state() const;
+  void set_state(const std::string& s);
+
+ private:
+  std::mt19937_64 engine_;
+  bool has_spare_ = false;
+  float spare_ = 0;
+};
+
+// The process-wide default generator (weight init, dropout, data augmentation defaults).
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+}  // namespace dpar

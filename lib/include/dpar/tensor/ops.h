@@ -1,0 +1,90 @@
+#pragma once
+// Differentiable tensor operations (free functions in namespace dpar). Every op checks its
+// arguments and throws dpar::Error naming the op and the offending shapes; every op has a
+// finite-difference gradient test and a PyTorch parity test (tests/unit, tests/parity).
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "dpar/core/random.h"
+#include "dpar/tensor/tensor.h"
+
+namespace dpar {
+
+// ---- elementwise, with NumPy/PyTorch broadcasting -------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor square(const Tensor& x);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
+inline Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+inline Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+
+// ---- activations ----------------------------------------------------------------------------
+Tensor relu(const Tensor& x);
+Tensor hardswish(const Tensor& x);    // x * relu6(x + 3) / 6
+Tensor hardsigmoid(const Tensor& x);  // relu6(x + 3) / 6
+Tensor sigmoid(const Tensor& x);
+// Inverted dropout: zeroes with probability p and scales survivors by 1/(1-p) when training.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
+
+// ---- reductions -----------------------------------------------------------------------------
+Tensor sum(const Tensor& x);  // all elements -> one-element tensor of shape []
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim);  // i64, not differentiable
+// Indices (i64, [N,k]) of the k largest entries of each row of a 2-D tensor, largest first.
+Tensor topk_indices(const Tensor& x, int64_t k);
+
+// ---- linear algebra -------------------------------------------------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b);  // [M,K] x [K,N]
+// y = x W^T + b; x [N,in], weight [out,in], bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
+// ---- convolution and normalisation (oneDNN on CPU) -------------------------------------------
+struct Conv2dOptions {
+  std::vector<int64_t> stride{1, 1};
+  std::vector<int64_t> padding{0, 0};
+  std::vector<int64_t> dilation{1, 1};
+  int64_t groups = 1;
+};
+// x [N,C,H,W] (any layout, channels-last preferred), weight [O,C/groups,kH,kW], bias [O] or
+// undefined. Output is channels-last.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+              const Conv2dOptions& options = {});
+
+// Training: normalises with batch statistics and updates running stats in place
+// (running = (1-momentum)*running + momentum*batch, unbiased variance, PyTorch convention).
+// Eval: uses the running statistics. weight/bias may be undefined (affine=false).
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
+                  Tensor running_var, bool training, double momentum, double eps);
+
+Tensor global_avg_pool2d(const Tensor& x);  // [N,C,H,W] -> [N,C,1,1]
+
+// ---- classification -------------------------------------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Mean cross-entropy of logits [N,K] against class indices (i64 [N]), with label smoothing
+// as in torch.nn.functional.cross_entropy.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0);
+
+// ---- in-place updates, not recorded (optimizers, init) ---------------------------------------
+Tensor& add_(Tensor& self, const Tensor& other, double alpha = 1.0);  // self += alpha * other
+Tensor& mul_(Tensor& self, double value);
+
+}  // namespace dpar

@@ -1,0 +1,130 @@
+#include "dpar/autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+
+#include "dpar/autograd/grad_mode.h"
+#include "dpar/autograd/node.h"
+#include "dpar/tensor/ops.h"
+
+namespace dpar::autograd {
+namespace {
+
+struct ReadyOrder {
+  bool operator()(const Node* a, const Node* b) const {
+    return a->sequence_nr() < b->sequence_nr();
+  }
+};
+
+// Adds g into slot, out of place: the incoming tensor may be shared with another consumer.
+void accumulate(Tensor& slot, Tensor g) {
+  if (!g.defined()) return;
+  slot = slot.defined() ? add(slot, g) : std::move(g);
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+              bool retain_graph) {
+  DPAR_CHECK(roots.size() == grad_roots.size(), "backward: ", roots.size(), " roots but ",
+             grad_roots.size(), " gradients");
+  NoGradGuard no_grad;  // backward functions compute with plain tensors
+
+  // 1. Root edges and their gradients.
+  std::vector<std::pair<Edge, Tensor>> starts;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& root = roots[i];
+    DPAR_CHECK(root.defined(), "backward: root tensor is undefined");
+    Edge e = gradient_edge(root);
+    DPAR_CHECK(e.valid(), "backward: the tensor ", root.str(),
+               " does not require grad and has no grad_fn");
+    Tensor g = grad_roots[i];
+    if (!g.defined()) {
+      DPAR_CHECK(root.numel() == 1,
+                 "backward: a gradient can be implied only for one-element "
+                 "outputs; pass one for ",
+                 root.str());
+      g = Tensor::ones(root.shape(), root.dtype(), root.device());
+    }
+    DPAR_CHECK(g.shape() == root.shape(), "backward: gradient shape ", g.shape(),
+               " does not match output shape ", root.shape());
+    starts.emplace_back(std::move(e), std::move(g));
+  }
+
+  // 2. Count, for every reachable node, how many edges lead into it.
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (auto& [e, g] : starts) {
+    if (!seen[e.node.get()]) {
+      seen[e.node.get()] = true;
+      stack.push_back(e.node.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.valid()) continue;
+      ++dependencies[e.node.get()];
+      if (!seen[e.node.get()]) {
+        seen[e.node.get()] = true;
+        stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  // 3. Run nodes as they become ready, latest first.
+  std::unordered_map<Node*, std::vector<Tensor>> inputs;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
+  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
+  auto slot_for = [&](const Edge& e) -> Tensor& {
+    auto& buffer = inputs[e.node.get()];
+    if (buffer.empty()) buffer.resize(e.node->outputs().size());
+    return buffer[e.input_nr];
+  };
+  for (auto& [e, g] : starts) {
+    accumulate(slot_for(e), g);
+    keep_alive[e.node.get()] = e.node;
+  }
+  for (auto& [e, g] : starts) {
+    if (dependencies[e.node.get()] == 0 && keep_alive.count(e.node.get())) {
+      ready.push(e.node.get());
+      dependencies[e.node.get()] = -1;  // queued
+    }
+  }
+
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(inputs[node]);
+    inputs.erase(node);
+    grads.resize(node->outputs().size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) {
+        const OutputMeta& m = node->outputs()[i];
+        grads[i] = Tensor::zeros(m.shape, m.dtype, m.device);
+      }
+    }
+    std::vector<Tensor> results = node->apply(std::move(grads));
+    if (!retain_graph) node->release_saved();
+    const auto& edges = node->next_edges();
+    DPAR_CHECK(results.size() == edges.size() || edges.empty(), "backward of ", node->name(),
+               " returned ", results.size(), " gradients for ", edges.size(), " inputs");
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.valid()) continue;
+      if (results[i].defined()) {
+        DPAR_CHECK(results[i].shape() == e.node->outputs()[e.input_nr].shape, "backward of ",
+                   node->name(), " returned a gradient of shape ", results[i].shape(),
+                   " for input ", i, " of shape ", e.node->outputs()[e.input_nr].shape);
+        accumulate(slot_for(e), std::move(results[i]));
+      }
+      keep_alive[e.node.get()] = e.node;
+      if (--dependencies[e.node.get()] == 0) ready.push(e.node.get());
+    }
+    keep_alive.erase(node);
+  }
+}
+
+}  // namespace dpar::autograd

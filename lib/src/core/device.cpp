@@ -1,0 +1,33 @@
+#include "dpar/core/device.h"
+
+#include <cctype>
+
+#include "dpar/core/error.h"
+
+namespace dpar {
+
+Device Device::parse(const std::string& text) {
+  std::string t;
+  for (char c : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "cpu") return cpu();
+  for (const std::string prefix : {"cuda", "gpu"}) {
+    if (t == prefix) return cuda(0);
+    if (t.rfind(prefix + ":", 0) == 0) {
+      const std::string index = t.substr(prefix.size() + 1);
+      DPAR_CHECK(!index.empty() && index.find_first_not_of("0123456789") == std::string::npos,
+                 "device '", text, "': expected cpu, gpu, cuda or cuda:<index>");
+      return cuda(std::stoi(index));
+    }
+  }
+  DPAR_FAIL("device '", text, "': expected cpu, gpu, cuda or cuda:<index>");
+}
+
+bool built_with_cuda() {
+#ifdef DPAR_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace dpar

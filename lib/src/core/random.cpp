@@ -1,0 +1,44 @@
+#include "dpar/core/random.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "dpar/core/error.h"
+
+namespace dpar {
+
+float Generator::normal() {
+  if (has_spare_) {
+    has_spare_ = false;
+    return spare_;
+  }
+  // Box-Muller on doubles built from 53 random bits: same numbers on every platform.
+  const double u1 = (static_cast<double>(engine_() >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+  const double u2 = static_cast<double>(engine_() >> 11) * (1.0 / 9007199254740992.0);
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double theta = 6.283185307179586 * u2;
+  spare_ = static_cast<float>(r * std::sin(theta));
+  has_spare_ = true;
+  return static_cast<float>(r * std::cos(theta));
+}
+
+std::string Generator::state() const {
+  std::ostringstream os;
+  os << engine_ << ' ' << has_spare_ << ' ' << std::hexfloat << spare_;
+  return os.str();
+}
+
+void Generator::set_state(const std::string& s) {
+  std::istringstream is(s);
+  is >> engine_ >> has_spare_ >> std::hexfloat >> spare_;
+  DPAR_CHECK(!is.fail(), "Generator::set_state: malformed generator state");
+}
+
+Generator& default_generator() {
+  static Generator gen(0);
+  return gen;
+}
+
+void manual_seed(uint64_t seed) { default_generator() = Generator(seed); }
+
+}  // namespace dpar

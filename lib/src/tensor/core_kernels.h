@@ -1,0 +1,15 @@
+#pragma once
+// Kernels every backend provides: copy between layouts/dtypes on one device, fill, and the
+// host<->device transfer a non-CPU backend registers under its own device type.
+#include "dpar/tensor/tensor.h"
+#include "tensor/dispatch.h"
+
+namespace dpar::kernels {
+
+// dst and src have equal shapes and live on the same device; dtypes and strides may differ.
+DPAR_KERNEL(copy, void(const Tensor& src, Tensor& dst));
+DPAR_KERNEL(fill, void(Tensor& dst, double value));
+// Copies a dense tensor between the CPU and a device; registered under the device's type.
+DPAR_KERNEL(copy_across_devices, void(const Tensor& src, Tensor& dst));
+
+}  // namespace dpar::kernels

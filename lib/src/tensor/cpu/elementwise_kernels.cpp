@@ -1,0 +1,140 @@
+// CPU kernels for binary arithmetic, scalar affine maps, in-place add and sum-reductions.
+#include "tensor/elementwise_kernels.h"
+
+#include <vector>
+
+#include "tensor/cpu/strided_loop.h"
+
+namespace dpar::cpu {
+namespace {
+
+using kernels::BinaryOp;
+
+template <BinaryOp Op>
+inline float apply(float x, float y) {
+  if constexpr (Op == BinaryOp::add) return x + y;
+  if constexpr (Op == BinaryOp::sub) return x - y;
+  if constexpr (Op == BinaryOp::mul) return x * y;
+  if constexpr (Op == BinaryOp::div) return x / y;
+}
+
+template <BinaryOp Op>
+void binary_typed(const Tensor& a, const Tensor& b, Tensor& out) {
+  const float* pa = static_cast<const float*>(a.raw_data());
+  const float* pb = static_cast<const float*>(b.raw_data());
+  float* po = static_cast<float*>(out.raw_data());
+  // Flat fast path: all three share one dense layout.
+  if (a.strides() == out.strides() && b.strides() == out.strides() && out.is_dense()) {
+    const int64_t n = out.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) po[i] = apply<Op>(pa[i], pb[i]);
+    return;
+  }
+  for_each_row<3>(
+      out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+      [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
+        float* o = po + off[0];
+        const float* x = pa + off[1];
+        const float* y = pb + off[2];
+        if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+          for (int64_t i = 0; i < n; ++i) o[i] = apply<Op>(x[i], y[i]);
+        } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {
+          const float yv = *y;
+          for (int64_t i = 0; i < n; ++i) o[i] = apply<Op>(x[i], yv);
+        } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {
+          const float xv = *x;
+          for (int64_t i = 0; i < n; ++i) o[i] = apply<Op>(xv, y[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = apply<Op>(x[i * st[1]], y[i * st[2]]);
+        }
+      });
+}
+
+void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  switch (op) {
+    case BinaryOp::add:
+      return binary_typed<BinaryOp::add>(a, b, out);
+    case BinaryOp::sub:
+      return binary_typed<BinaryOp::sub>(a, b, out);
+    case BinaryOp::mul:
+      return binary_typed<BinaryOp::mul>(a, b, out);
+    case BinaryOp::div:
+      return binary_typed<BinaryOp::div>(a, b, out);
+  }
+}
+
+void affine_cpu(const Tensor& a, double alpha, double beta, Tensor& out) {
+  const float* pa = static_cast<const float*>(a.raw_data());
+  float* po = static_cast<float*>(out.raw_data());
+  const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+  if (a.strides() == out.strides() && out.is_dense()) {
+    const int64_t n = out.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) po[i] = pa[i] * al + be;
+    return;
+  }
+  for_each_row<2>(
+      out.shape(), {&out.strides(), &a.strides()},
+      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
+        for (int64_t i = 0; i < n; ++i) po[off[0] + i * st[0]] = pa[off[1] + i * st[1]] * al + be;
+      });
+}
+
+void add_inplace_cpu(Tensor& self, const Tensor& other, double alpha) {
+  float* ps = static_cast<float*>(self.raw_data());
+  const float* po = static_cast<const float*>(other.raw_data());
+  const float al = static_cast<float>(alpha);
+  if (self.strides() == other.strides() && self.is_dense()) {
+    const int64_t n = self.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) ps[i] += al * po[i];
+    return;
+  }
+  for_each_row<2>(
+      self.shape(), {&self.strides(), &other.strides()},
+      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
+        for (int64_t i = 0; i < n; ++i) ps[off[0] + i * st[0]] += al * po[off[1] + i * st[1]];
+      });
+}
+
+// Sums x into out (keepdim shape). Accumulates in double in a fixed order: deterministic.
+void sum_to_cpu(const Tensor& x, Tensor& out) {
+  const Shape out_strides_bc = [&] {
+    Shape s = contiguous_strides(out.shape());
+    for (size_t d = 0; d < s.size(); ++d) {
+      if (out.shape()[d] == 1 && x.shape()[d] != 1) s[d] = 0;
+    }
+    return s;
+  }();
+  std::vector<double> acc(static_cast<size_t>(out.numel()), 0.0);
+  const float* px = static_cast<const float*>(x.raw_data());
+  // Walk x in its own memory order (operand 0 leads the loop order).
+  for_each_row<2>(
+      x.shape(), {&x.strides(), &out_strides_bc},
+      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
+        const float* xr = px + off[0];
+        double* ar = acc.data() + off[1];
+        if (st[1] == 0) {
+          double s = 0;
+          for (int64_t i = 0; i < n; ++i) s += xr[i * st[0]];
+          *ar += s;
+        } else {
+          for (int64_t i = 0; i < n; ++i) ar[i * st[1]] += xr[i * st[0]];
+        }
+      });
+  Tensor dense = out.is_contiguous() ? out : Tensor::empty(out.shape(), DType::f32, out.device());
+  float* po = dense.data<float>();
+  for (size_t i = 0; i < acc.size(); ++i) po[i] = static_cast<float>(acc[i]);
+  if (!dense.is_same(out)) out.copy_(dense);
+}
+
+}  // namespace
+
+void register_elementwise_kernels() {
+  kernels::binary.set(DeviceType::CPU, &binary_cpu);
+  kernels::affine.set(DeviceType::CPU, &affine_cpu);
+  kernels::add_inplace.set(DeviceType::CPU, &add_inplace_cpu);
+  kernels::sum_to.set(DeviceType::CPU, &sum_to_cpu);
+}
+
+}  // namespace dpar::cpu

@@ -1,0 +1,48 @@
+#pragma once
+// The single dispatch point between ops and device backends. Each kernel is a slot with one
+// function pointer per device type; backends fill their slots at registration time. An op
+// calls KERNEL.get(device)(args...) and gets either the backend's function or an error that
+// names the kernel and the device. Adding a backend (CUDA) means filling slots, not editing ops.
+#include <array>
+#include <string>
+
+#include "dpar/core/device.h"
+#include "dpar/core/error.h"
+
+namespace dpar::detail {
+
+// Registers every built backend once (CPU always, CUDA when DPAR_WITH_CUDA).
+void ensure_backends_registered();
+
+template <class Fn>
+class KernelSlot {
+ public:
+  explicit constexpr KernelSlot(const char* name) : name_(name) {}
+  void set(DeviceType type, Fn* fn) { table_[static_cast<int>(type)] = fn; }
+  Fn* get(Device device) const {
+    ensure_backends_registered();
+    Fn* fn = table_[static_cast<int>(device.type)];
+    if (!fn) {
+      DPAR_FAIL("kernel ", name_, " is not available on device ", device.str(),
+                built_with_cuda() || device.is_cpu() ? "" : " (dpar was built without CUDA)");
+    }
+    return fn;
+  }
+  const char* name() const { return name_; }
+
+ private:
+  const char* name_;
+  std::array<Fn*, kNumDeviceTypes> table_{};
+};
+
+// Backend registration entry points, called once by ensure_backends_registered().
+void register_cpu_backend();
+#ifdef DPAR_WITH_CUDA
+void register_cuda_backend();
+#endif
+
+}  // namespace dpar::detail
+
+// Declares a kernel slot in a header: DPAR_KERNEL(relu_fwd, void(const Tensor&, Tensor&));
+#define DPAR_KERNEL(name, ...) \
+  inline ::dpar::detail::KernelSlot<__VA_ARGS__> name { #name }

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every dependency of dpar from Debian's archive. Idempotent: packages already
+# present are skipped, so test.sh and demo.sh can call it on every run cheaply.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config clang-format
+  libdnnl-dev opencl-headers ocl-icd-opencl-dev libeigen3-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libgloo-dev
+  catch2
+  libonnx-dev
+  libjpeg-dev libpng-dev libstb-dev
+  nlohmann-json3-dev
+  dataset-fashion-mnist
+  iproute2 procps
+  python3 python3-numpy python3-torch python3-torchvision python3-onnx
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "bootstrap: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "bootstrap: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "bootstrap: done"

@@ -1,0 +1,110 @@
+#include <catch2/catch.hpp>
+
+#include "gradcheck.h"
+
+using namespace dpar;
+using dpar::testing::gradcheck;
+using dpar::testing::random_tensor;
+
+TEST_CASE("broadcasting arithmetic gradients", "[autograd]") {
+  Generator gen(7);
+  Tensor a = random_tensor({2, 3, 4}, gen).set_requires_grad();
+  Tensor b = random_tensor({3, 1}, gen, 0.5f, 1.5f).set_requires_grad();
+  gradcheck([](const std::vector<Tensor>& in) { return add(in[0], in[1]); }, {a, b});
+  gradcheck([](const std::vector<Tensor>& in) { return sub(in[0], in[1]); }, {a, b});
+  gradcheck([](const std::vector<Tensor>& in) { return mul(in[0], in[1]); }, {a, b});
+  gradcheck([](const std::vector<Tensor>& in) { return div(in[0], in[1]); }, {a, b});
+  gradcheck([](const std::vector<Tensor>& in) { return mul(add(in[0], 2.0), -3.0); }, {a});
+}
+
+TEST_CASE("SE-style broadcast on channels-last", "[autograd]") {
+  Generator gen(8);
+  Tensor x =
+      random_tensor({2, 3, 2, 2}, gen, -1, 1, MemoryFormat::ChannelsLast).set_requires_grad();
+  Tensor s = random_tensor({2, 3, 1, 1}, gen).set_requires_grad();
+  Tensor y = mul(x, s);
+  CHECK(y.is_contiguous(MemoryFormat::ChannelsLast));
+  gradcheck([](const std::vector<Tensor>& in) { return mul(in[0], in[1]); }, {x, s});
+}
+
+TEST_CASE("reductions and view gradients", "[autograd]") {
+  Generator gen(9);
+  Tensor x = random_tensor({2, 3, 4}, gen).set_requires_grad();
+  gradcheck([](const std::vector<Tensor>& in) { return sum(in[0], {1}); }, {x});
+  gradcheck([](const std::vector<Tensor>& in) { return mean(in[0], {0, 2}, true); }, {x});
+  gradcheck([](const std::vector<Tensor>& in) { return mean(in[0]); }, {x});
+  gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return in[0].transpose(0, 2).reshape({4, 6});
+      },
+      {x});
+  gradcheck([](const std::vector<Tensor>& in) { return in[0].slice(2, 1, 4, 2); }, {x});
+  gradcheck([](const std::vector<Tensor>& in) { return in[0].select(1, 2); }, {x});
+  gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return in[0].permute({2, 0, 1}).contiguous();
+      },
+      {x});
+  CHECK_THROWS_WITH(sum(x, {3}), Catch::Contains("dimension 3 out of range"));
+}
+
+TEST_CASE("gradients accumulate across backward calls", "[autograd]") {
+  Tensor w = Tensor::from_vector(std::vector<float>{1, 2}, {2}).set_requires_grad();
+  sum(mul(w, w)).backward();
+  CHECK(w.grad().to_float_vector() == std::vector<float>{2, 4});
+  sum(mul(w, 3.0)).backward();
+  CHECK(w.grad().to_float_vector() == std::vector<float>{5, 7});
+}
+
+TEST_CASE("no_grad records nothing", "[autograd]") {
+  Tensor w = Tensor::ones({2}).set_requires_grad();
+  Tensor y;
+  {
+    NoGradGuard guard;
+    y = mul(w, 2.0);
+  }
+  CHECK_FALSE(y.requires_grad());
+  CHECK(GradMode::is_enabled());
+  CHECK_THROWS_WITH(sum(y).backward(), Catch::Contains("does not require grad"));
+}
+
+TEST_CASE("backward twice without retain_graph is an error", "[autograd]") {
+  Tensor w = Tensor::ones({2}).set_requires_grad();
+  Tensor loss = sum(mul(w, w));
+  loss.backward({}, /*retain_graph=*/true);
+  loss.backward();
+  CHECK(w.grad().to_float_vector() == std::vector<float>{4, 4});
+  CHECK_THROWS_WITH(loss.backward(), Catch::Contains("retain_graph"));
+}
+
+TEST_CASE("gradient-ready hooks fire once per pass when the gradient is final", "[autograd]") {
+  // a is used twice (two paths), b once, deeper in the graph: a's hook must fire only after
+  // both contributions arrived, and carry the full gradient.
+  Tensor a = Tensor::from_vector(std::vector<float>{1, 2}, {2}).set_requires_grad();
+  Tensor b = Tensor::from_vector(std::vector<float>{3, 4}, {2}).set_requires_grad();
+  std::vector<std::string> order;
+  std::vector<float> a_grad_at_hook;
+  a.register_grad_ready_hook([&](Tensor& p) {
+    order.push_back("a");
+    a_grad_at_hook = p.grad().to_float_vector();
+  });
+  const int hb = b.register_grad_ready_hook([&](Tensor&) { order.push_back("b"); });
+  Tensor h = mul(a, b);                              // first use of a
+  Tensor loss = sum(add(mul(h, 2.0), mul(a, 5.0)));  // second use of a, later in the graph
+  loss.backward();
+  REQUIRE(order.size() == 2);
+  CHECK(a_grad_at_hook == std::vector<float>{2 * 3 + 5, 2 * 4 + 5});
+  b.remove_grad_ready_hook(hb);
+  sum(mul(a, b)).backward();
+  CHECK(order.size() == 3);  // only a's hook remains
+  CHECK_THROWS_WITH(h.register_grad_ready_hook([](Tensor&) {}), Catch::Contains("leaf"));
+}
+
+TEST_CASE("op argument errors name the op and shapes", "[autograd][errors]") {
+  Tensor a = Tensor::ones({2, 3});
+  Tensor b = Tensor::ones({4});
+  CHECK_THROWS_WITH(add(a, b), Catch::Contains("add: shapes [2,3] and [4] cannot be broadcast"));
+  CHECK_THROWS_WITH(mul(a, Tensor::ones({3}, DType::i64)),
+                    Catch::Contains("mul: second operand has dtype i64"));
+  CHECK_THROWS_AS(Tensor::ones({2}, DType::i64).set_requires_grad(), Error);
+}

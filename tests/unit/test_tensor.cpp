@@ -1,0 +1,84 @@
+#include <catch2/catch.hpp>
+
+#include "dpar/dpar.h"
+
+using namespace dpar;
+
+TEST_CASE("tensor factories and metadata", "[tensor]") {
+  Tensor t = Tensor::zeros({2, 3, 4});
+  CHECK(t.numel() == 24);
+  CHECK(t.strides() == Shape{12, 4, 1});
+  CHECK(t.is_contiguous());
+  CHECK(t.size(-1) == 4);
+  CHECK(Tensor::ones({3}).to_float_vector() == std::vector<float>{1, 1, 1});
+  CHECK(Tensor::full({2}, 2.5).to_float_vector() == std::vector<float>{2.5, 2.5});
+  Tensor e = Tensor::empty({0, 3});
+  CHECK(e.numel() == 0);
+  CHECK_THROWS_WITH(Tensor::empty({-1}), Catch::Contains("negative dimension"));
+  CHECK_THROWS_WITH(Tensor::from_vector(std::vector<float>{1, 2}, {3}),
+                    Catch::Contains("do not fill"));
+}
+
+TEST_CASE("channels-last layout round trip", "[tensor]") {
+  std::vector<float> v(2 * 3 * 2 * 2);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  Tensor x = Tensor::from_vector(v, {2, 3, 2, 2});
+  Tensor cl = x.contiguous(MemoryFormat::ChannelsLast);
+  CHECK(cl.is_contiguous(MemoryFormat::ChannelsLast));
+  CHECK_FALSE(cl.is_contiguous());
+  CHECK(cl.is_dense());
+  CHECK(cl.strides() == Shape{12, 1, 6, 3});
+  CHECK(cl.to_float_vector() == v);  // logical order preserved
+  CHECK(cl.contiguous().to_float_vector() == v);
+}
+
+TEST_CASE("views share storage and follow strides", "[tensor]") {
+  Tensor x = Tensor::from_vector(std::vector<float>{0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor t = x.transpose(0, 1);
+  CHECK(t.shape() == Shape{3, 2});
+  CHECK(t.to_float_vector() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  CHECK(t.storage() == x.storage());
+  Tensor s = x.slice(1, 1, 3);
+  CHECK(s.to_float_vector() == std::vector<float>{1, 2, 4, 5});
+  CHECK(x.select(0, 1).to_float_vector() == std::vector<float>{3, 4, 5});
+  CHECK(x.slice(1, 0, 3, 2).to_float_vector() == std::vector<float>{0, 2, 3, 5});
+  CHECK(x.view({3, 2}).storage() == x.storage());
+  CHECK(x.view({-1}).shape() == Shape{6});
+  CHECK_THROWS_WITH(t.view({6}), Catch::Contains("use reshape"));
+  CHECK(t.reshape({6}).to_float_vector() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  CHECK(x.unsqueeze(0).shape() == Shape{1, 2, 3});
+  CHECK(x.unsqueeze(0).squeeze(0).shape() == Shape{2, 3});
+  CHECK(x.flatten().shape() == Shape{6});
+  CHECK_THROWS_WITH(x.view({4}), Catch::Contains("invalid for 6 elements"));
+  CHECK_THROWS_WITH(x.select(0, 5), Catch::Contains("out of range"));
+}
+
+TEST_CASE("dtype conversions", "[tensor]") {
+  Tensor x = Tensor::from_vector(std::vector<float>{1.5f, -2.25f, 3.0f, 65504.f}, {4});
+  CHECK(x.to(DType::f16).to(DType::f32).to_float_vector() == x.to_float_vector());
+  CHECK(x.to(DType::bf16).to(DType::f32).to_float_vector() ==
+        std::vector<float>{1.5f, -2.25f, 3.0f, 65536.f});
+  CHECK(x.to(DType::i64).to_int_vector() == std::vector<int64_t>{1, -2, 3, 65504});
+  Tensor u = Tensor::full({2}, 200, DType::u8);
+  CHECK(u.to(DType::f32).to_float_vector() == std::vector<float>{200, 200});
+  CHECK(half_to_float(float_to_half(1e-7f)) == Approx(1.19209e-07).epsilon(0.01));
+  CHECK_THROWS_WITH(x.data<int64_t>(), Catch::Contains("tensor is f32"));
+}
+
+TEST_CASE("allocator caches blocks", "[tensor]") {
+  Allocator& a = allocator_for(Device::cpu());
+  { Tensor t = Tensor::empty({1000, 17}); }
+  const auto before = a.stats().system_allocations;
+  for (int i = 0; i < 10; ++i) {
+    Tensor t = Tensor::empty({1000, 17});
+  }
+  CHECK(a.stats().system_allocations == before);
+}
+
+TEST_CASE("cuda device errors are clear", "[tensor]") {
+  if (built_with_cuda()) return;  // with CUDA the allocator exists; running it needs a GPU
+  CHECK_THROWS_WITH(Tensor::empty({2}, DType::f32, Device::cuda(0)),
+                    Catch::Contains("built without CUDA"));
+  CHECK(Device::parse("gpu:1") == Device::cuda(1));
+  CHECK_THROWS_WITH(Device::parse("tpu"), Catch::Contains("expected cpu"));
+}
