@@ -10,7 +10,7 @@ packages=(
   libgloo-dev
   catch2
   libonnx-dev
-  libjpeg-dev libpng-dev libstb-dev
+  libjpeg-dev libpng-dev libstb-dev zlib1g-dev
   nlohmann-json3-dev
   dataset-fashion-mnist
   iproute2 procps
