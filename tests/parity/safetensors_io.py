@@ -22,7 +22,8 @@ def save(path, tensors, metadata=None):
     for name, value in tensors.items():
         if hasattr(value, "detach"):
             value = value.detach().cpu().contiguous().numpy()
-        arr = np.ascontiguousarray(value)
+        # ascontiguousarray makes 0-d arrays 1-d; keep scalars (losses, counters) shape [].
+        arr = np.ascontiguousarray(value).reshape(np.shape(value))
         data = arr.tobytes()
         header[name] = {"dtype": _DTYPES[arr.dtype], "shape": list(arr.shape),
                         "data_offsets": [offset, offset + len(data)]}

@@ -5,6 +5,8 @@
 #include "dpar/core/device.h"
 #include "dpar/core/dtype.h"
 #include "dpar/core/error.h"
+#include "dpar/core/flags.h"
+#include "dpar/core/profiler.h"
 #include "dpar/core/random.h"
 #include "dpar/core/threads.h"
 #include "dpar/core/version.h"

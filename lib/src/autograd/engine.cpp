@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/core/profiler.h"
 #include "dpar/autograd/node.h"
 #include "dpar/tensor/ops.h"
 
@@ -106,7 +107,17 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
         grads[i] = Tensor::zeros(m.shape, m.dtype, m.device);
       }
     }
-    std::vector<Tensor> results = node->apply(std::move(grads));
+    std::vector<Tensor> results;
+    if (profiler::enabled()) {
+      const auto start = std::chrono::steady_clock::now();
+      results = node->apply(std::move(grads));
+      profiler::record(node->name() + "_backward",
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count());
+    } else {
+      results = node->apply(std::move(grads));
+    }
     if (!retain_graph) node->release_saved();
     const auto& edges = node->next_edges();
     DPAR_CHECK(results.size() == edges.size() || edges.empty(), "backward of ", node->name(),

@@ -10,6 +10,11 @@ Allocator* cpu_caching_allocator();
 namespace cpu {
 void register_core_kernels();
 void register_elementwise_kernels();
+void register_nn_kernels();
+void register_unary_kernels();
+void register_linear_kernels();
+void register_softmax_kernels();
+void register_optim_kernels();
 }  // namespace cpu
 
 namespace detail {
@@ -18,6 +23,11 @@ void register_cpu_backend() {
   register_allocator(DeviceType::CPU, cpu_caching_allocator());
   cpu::register_core_kernels();
   cpu::register_elementwise_kernels();
+  cpu::register_nn_kernels();
+  cpu::register_unary_kernels();
+  cpu::register_linear_kernels();
+  cpu::register_softmax_kernels();
+  cpu::register_optim_kernels();
 }
 
 }  // namespace detail

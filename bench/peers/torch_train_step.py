@@ -1,0 +1,49 @@
+"""PyTorch peer for bench_train_step: MobileNetV3-small training steps on random data.
+
+Prints one JSON line: {"img_per_s": ..., "ms_per_step": ..., "threads": ..., "batch": ...}.
+Run by bench_train_step in the same invocation so both figures come from the same machine state.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torchvision
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--img", type=int, default=224)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--classes", type=int, default=1000)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(num_classes=a.classes)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+    x = torch.randn(a.batch, 3, a.img, a.img)
+    y = torch.randint(0, a.classes, (a.batch,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+
+    for _ in range(a.warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    dt = (time.perf_counter() - t0) / a.steps
+    print(json.dumps({"img_per_s": a.batch / dt, "ms_per_step": dt * 1e3, "threads": a.threads,
+                      "batch": a.batch, "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+#pragma once
+// A per-op wall-clock profiler for finding where a training step spends its time. Off by
+// default (one branch per op); enable with profiler::set_enabled(true) or DPAR_PROFILE=1.
+// Forward ops are timed by DPAR_PROFILE_SCOPE in the op; backward nodes by the autograd
+// engine under "<name>_backward".
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace dpar::profiler {
+
+bool enabled();
+void set_enabled(bool on);
+void reset();
+void record(const std::string& name, int64_t nanoseconds);
+// A table sorted by total time: name, calls, total ms, share of all recorded time.
+std::string report();
+
+class Scope {
+ public:
+  explicit Scope(const char* name) : name_(enabled() ? name : nullptr) {
+    if (name_) start_ = std::chrono::steady_clock::now();
+  }
+  ~Scope() {
+    if (name_) {
+      record(name_, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - start_)
+                        .count());
+    }
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  const char* name_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace dpar::profiler
+
+#define DPAR_PROFILE_CONCAT_(a, b) a##b
+#define DPAR_PROFILE_CONCAT(a, b) DPAR_PROFILE_CONCAT_(a, b)
+#define DPAR_PROFILE_SCOPE(name) \
+  ::dpar::profiler::Scope DPAR_PROFILE_CONCAT(dpar_profile_scope_, __LINE__)(name)

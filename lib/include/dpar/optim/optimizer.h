@@ -1,0 +1,86 @@
+#pragma once
+// Optimizer base class: a flat list of parameters, one learning rate, and per-parameter state
+// (momentum buffers, moment estimates, step counts) that can be saved and restored.
+//
+// Update rules follow PyTorch 1.13 (torch.optim.SGD / RMSprop / AdamW, single-tensor path)
+// exactly, so trajectories match torch to float rounding.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpar/tensor/tensor.h"
+
+namespace dpar::optim {
+
+// Named state tensors. Keys are "<buffer>.<parameter index>" (e.g. "momentum_buffer.3",
+// "exp_avg.0") plus "step.<parameter index>" (i64 scalar) for optimizers that count steps.
+using StateDict = std::vector<std::pair<std::string, Tensor>>;
+
+class Optimizer {
+ public:
+  // params: leaf tensors (f32); each must appear once. Their gradients are read in step().
+  explicit Optimizer(std::vector<Tensor> params);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient (parameters without one are skipped
+  // and their state does not advance). Runs with gradient recording off.
+  virtual void step() = 0;
+
+  // Zeroes every defined gradient in place (the gradient tensors keep their storage, which
+  // matters when they are views into shared buffers, as with DataParallel). set_to_none
+  // instead drops the gradients so the next backward allocates fresh ones.
+  void zero_grad(bool set_to_none = false);
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);  // lr >= 0 and finite
+  const std::vector<Tensor>& params() const { return params_; }
+  // "SGD", "RMSprop", "AdamW": used in error messages.
+  virtual const char* name() const = 0;
+
+  // The per-parameter state, contiguous. Tensors share memory with the live state when it is
+  // already contiguous: clone them to keep a snapshot across later steps.
+  virtual StateDict state_dict() const;
+  // Replaces the whole state. Throws dpar::Error (and changes nothing) when an entry is
+  // unknown to this optimizer with its current options (e.g. another optimizer's state),
+  // names a parameter index out of range, has the wrong shape or dtype, or when a parameter's
+  // state is incomplete.
+  virtual void load_state_dict(const StateDict& state);
+
+ protected:
+  struct ParamState {
+    bool initialized = false;
+    int64_t step = 0;
+    std::map<std::string, Tensor> buffers;  // same shape and layout as the (working) param
+  };
+
+  // The state buffer names this optimizer keeps per parameter, given its options.
+  virtual std::vector<std::string> buffer_names() const = 0;
+  // Whether per-parameter step counts are part of the state.
+  virtual bool counts_steps() const = 0;
+
+  // Operands of one parameter's update, all f32 on one device with the same dense layout so
+  // that kernels can run over flat memory. param may be a temporary copy of a non-dense
+  // parameter; finish() writes it back.
+  struct Operands {
+    size_t index = 0;
+    Tensor param;
+    Tensor grad;
+    ParamState* state = nullptr;
+  };
+  // Prepares parameter i, or returns false when it has no gradient. Creates zero-filled state
+  // buffers on first use (zero_init) or leaves them uninitialised for the kernel to fill.
+  bool prepare(size_t i, Operands& ops, bool zero_init);
+  void finish(const Operands& ops);
+
+  void check_lr(double lr) const;
+
+  double lr_ = 0;
+  std::vector<Tensor> params_;
+  std::vector<ParamState> state_;
+};
+
+}  // namespace dpar::optim

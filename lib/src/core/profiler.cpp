@@ -1,0 +1,75 @@
+#include "dpar/core/profiler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace dpar::profiler {
+namespace {
+
+struct Entry {
+  int64_t calls = 0;
+  int64_t nanoseconds = 0;
+};
+
+std::atomic<bool>& flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("DPAR_PROFILE");
+    return env != nullptr && env[0] != '\0' && env[0] != '0';
+  }()};
+  return on;
+}
+
+std::mutex& table_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<std::string, Entry>& table() {
+  static std::map<std::string, Entry> t;
+  return t;
+}
+
+}  // namespace
+
+bool enabled() { return flag().load(std::memory_order_relaxed); }
+void set_enabled(bool on) { flag().store(on); }
+
+void reset() {
+  std::lock_guard<std::mutex> lock(table_mutex());
+  table().clear();
+}
+
+void record(const std::string& name, int64_t nanoseconds) {
+  std::lock_guard<std::mutex> lock(table_mutex());
+  Entry& e = table()[name];
+  ++e.calls;
+  e.nanoseconds += nanoseconds;
+}
+
+std::string report() {
+  std::vector<std::pair<std::string, Entry>> rows;
+  int64_t total = 0;
+  {
+    std::lock_guard<std::mutex> lock(table_mutex());
+    rows.assign(table().begin(), table().end());
+  }
+  for (const auto& r : rows) total += r.second.nanoseconds;
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.nanoseconds > b.second.nanoseconds; });
+  std::string out = "op                                    calls    total ms   share\n";
+  char line[160];
+  for (const auto& [name, e] : rows) {
+    std::snprintf(line, sizeof line, "%-36s %7lld %11.2f %6.1f%%\n", name.c_str(),
+                  static_cast<long long>(e.calls), e.nanoseconds / 1e6,
+                  total ? 100.0 * static_cast<double>(e.nanoseconds) / static_cast<double>(total) : 0.0);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace dpar::profiler

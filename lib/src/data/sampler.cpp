@@ -1,0 +1,66 @@
+// Samplers: sequential, shuffled, and per-rank shards.
+#include "dpar/data/sampler.h"
+
+#include <numeric>
+
+#include "dpar/core/error.h"
+#include "dpar/core/random.h"
+
+namespace dpar::data {
+
+std::vector<size_t> random_permutation(size_t n, uint64_t seed) {
+  std::vector<size_t> perm(n);
+  std::iota(perm.begin(), perm.end(), size_t{0});
+  Generator gen(seed);
+  for (size_t i = n; i > 1; --i) {
+    const size_t j = static_cast<size_t>(gen.next_u64() % i);
+    std::swap(perm[i - 1], perm[j]);
+  }
+  return perm;
+}
+
+std::vector<size_t> SequentialSampler::indices(int64_t) const {
+  std::vector<size_t> out(n_);
+  std::iota(out.begin(), out.end(), size_t{0});
+  return out;
+}
+
+std::vector<size_t> RandomSampler::indices(int64_t epoch) const {
+  return random_permutation(n_, seed_ + static_cast<uint64_t>(epoch));
+}
+
+DistributedSampler::DistributedSampler(size_t n, int64_t rank, int64_t world_size, bool shuffle,
+                                       uint64_t seed)
+    : n_(n), rank_(rank), world_size_(world_size), shuffle_(shuffle), seed_(seed) {
+  DPAR_CHECK(world_size > 0, "DistributedSampler: world_size must be positive, got ", world_size);
+  DPAR_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank,
+             " out of range for world_size ", world_size);
+}
+
+size_t DistributedSampler::size() const {
+  const size_t w = static_cast<size_t>(world_size_);
+  return (n_ + w - 1) / w;
+}
+
+std::vector<size_t> DistributedSampler::indices(int64_t epoch) const {
+  if (n_ == 0) return {};
+  std::vector<size_t> order;
+  if (shuffle_) {
+    order = random_permutation(n_, seed_ + static_cast<uint64_t>(epoch));
+  } else {
+    order.resize(n_);
+    std::iota(order.begin(), order.end(), size_t{0});
+  }
+  const size_t per_rank = size();
+  const size_t w = static_cast<size_t>(world_size_);
+  std::vector<size_t> out;
+  out.reserve(per_rank);
+  for (size_t k = 0; k < per_rank; ++k) {
+    // Position in the padded order; padding repeats the order from its start.
+    const size_t pos = k * w + static_cast<size_t>(rank_);
+    out.push_back(order[pos % n_]);
+  }
+  return out;
+}
+
+}  // namespace dpar::data

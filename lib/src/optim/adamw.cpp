@@ -1,0 +1,52 @@
+// AdamW: option checks, bias corrections (in double, as torch computes them in Python) and
+// the per-parameter fused update.
+#include "dpar/optim/adamw.h"
+
+#include <cmath>
+
+#include "dpar/autograd/grad_mode.h"
+#include "optim/optim_kernels.h"
+
+namespace dpar::optim {
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : Optimizer(std::move(params)), options_(options) {
+  check_lr(options.lr);
+  DPAR_CHECK(std::isfinite(options.eps) && options.eps >= 0, "AdamW: eps must be >= 0, got ",
+             options.eps);
+  DPAR_CHECK(options.beta1 >= 0 && options.beta1 < 1, "AdamW: beta1 must be in [0, 1), got ",
+             options.beta1);
+  DPAR_CHECK(options.beta2 >= 0 && options.beta2 < 1, "AdamW: beta2 must be in [0, 1), got ",
+             options.beta2);
+  DPAR_CHECK(std::isfinite(options.weight_decay) && options.weight_decay >= 0,
+             "AdamW: weight_decay must be >= 0, got ", options.weight_decay);
+  lr_ = options.lr;
+}
+
+std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  const AdamWOptions& o = options_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Operands ops;
+    if (!prepare(i, ops, /*zero_init=*/true)) continue;
+    const int64_t step = ++ops.state->step;
+    const double t = static_cast<double>(step);
+    kernels::AdamwStepArgs args;
+    args.decay = static_cast<float>(1.0 - lr_ * o.weight_decay);
+    args.beta1 = static_cast<float>(o.beta1);
+    args.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+    args.beta2 = static_cast<float>(o.beta2);
+    args.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+    args.step_size = static_cast<float>(lr_ / (1.0 - std::pow(o.beta1, t)));
+    args.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+    args.eps = static_cast<float>(o.eps);
+    auto& bufs = ops.state->buffers;
+    kernels::adamw_step.get(ops.param.device())(ops.param, ops.grad, bufs.at("exp_avg"),
+                                                bufs.at("exp_avg_sq"), args);
+    finish(ops);
+  }
+}
+
+}  // namespace dpar::optim

@@ -1,0 +1,54 @@
+// RMSprop: option checks and the per-parameter fused update.
+#include "dpar/optim/rmsprop.h"
+
+#include <cmath>
+
+#include "dpar/autograd/grad_mode.h"
+#include "optim/optim_kernels.h"
+
+namespace dpar::optim {
+
+RMSprop::RMSprop(std::vector<Tensor> params, const RMSpropOptions& options)
+    : Optimizer(std::move(params)), options_(options) {
+  check_lr(options.lr);
+  DPAR_CHECK(std::isfinite(options.alpha) && options.alpha >= 0,
+             "RMSprop: alpha must be >= 0, got ", options.alpha);
+  DPAR_CHECK(std::isfinite(options.eps) && options.eps >= 0, "RMSprop: eps must be >= 0, got ",
+             options.eps);
+  DPAR_CHECK(std::isfinite(options.momentum) && options.momentum >= 0,
+             "RMSprop: momentum must be >= 0, got ", options.momentum);
+  DPAR_CHECK(std::isfinite(options.weight_decay) && options.weight_decay >= 0,
+             "RMSprop: weight_decay must be >= 0, got ", options.weight_decay);
+  lr_ = options.lr;
+}
+
+std::vector<std::string> RMSprop::buffer_names() const {
+  std::vector<std::string> names{"square_avg"};
+  if (options_.momentum > 0) names.push_back("momentum_buffer");
+  if (options_.centered) names.push_back("grad_avg");
+  return names;
+}
+
+void RMSprop::step() {
+  NoGradGuard no_grad;
+  kernels::RmspropStepArgs args;
+  args.lr = static_cast<float>(lr_);
+  args.alpha = static_cast<float>(options_.alpha);
+  args.one_minus_alpha = static_cast<float>(1.0 - options_.alpha);
+  args.eps = static_cast<float>(options_.eps);
+  args.weight_decay = static_cast<float>(options_.weight_decay);
+  args.momentum = static_cast<float>(options_.momentum);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Operands ops;
+    if (!prepare(i, ops, /*zero_init=*/true)) continue;
+    auto& bufs = ops.state->buffers;
+    Tensor grad_avg = options_.centered ? bufs.at("grad_avg") : Tensor();
+    Tensor momentum = options_.momentum > 0 ? bufs.at("momentum_buffer") : Tensor();
+    ++ops.state->step;
+    kernels::rmsprop_step.get(ops.param.device())(ops.param, ops.grad, bufs.at("square_avg"),
+                                                  grad_avg, momentum, args);
+    finish(ops);
+  }
+}
+
+}  // namespace dpar::optim

@@ -1,0 +1,212 @@
+// CPU convolution on oneDNN. Activations are channels-last (nhwc), which oneDNN's jit kernels
+// (1x1, direct and depthwise) consume without reorders. Weights are stored plain
+// ([O,C/g,kH,kW], PyTorch's layout) but the primitives are created with format_tag::any so
+// oneDNN picks its blocked weight layout; the small weight tensors are reordered per call,
+// which costs far less than the reference kernels a plain weight layout can fall back to.
+#include <optional>
+
+#include "tensor/cpu/onednn_context.h"
+#include "tensor/nn_kernels.h"
+
+namespace dpar::cpu {
+namespace {
+
+using dnnl::memory;
+using kernels::Conv2dGeometry;
+using tag = memory::format_tag;
+constexpr auto f32 = memory::data_type::f32;
+
+// The memory descriptors and geometry vectors shared by the three primitives.
+struct ConvDescs {
+  memory::desc src, dst, plain_weights, any_weights, bias;
+  memory::dims strides, dilates, padding_l, padding_r;
+};
+
+ConvDescs make_descs(const Conv2dGeometry& g) {
+  ConvDescs d;
+  d.src = memory::desc({g.N, g.C, g.H, g.W}, f32, tag::nhwc);
+  d.dst = memory::desc({g.N, g.O, g.OH, g.OW}, f32, tag::nhwc);
+  if (g.groups == 1) {
+    const memory::dims w = {g.O, g.C, g.kH, g.kW};
+    d.plain_weights = memory::desc(w, f32, tag::oihw);
+    d.any_weights = memory::desc(w, f32, tag::any);
+  } else {
+    // Grouped weights are the 5-D goihw view of the same [O,C/g,kH,kW] memory.
+    const memory::dims w = {g.groups, g.O / g.groups, g.C / g.groups, g.kH, g.kW};
+    d.plain_weights = memory::desc(w, f32, tag::goihw);
+    d.any_weights = memory::desc(w, f32, tag::any);
+  }
+  if (g.has_bias) d.bias = memory::desc({g.O}, f32, tag::x);
+  d.strides = {g.stride[0], g.stride[1]};
+  // oneDNN counts dilation from 0 (0 = dense kernel); PyTorch from 1.
+  d.dilates = {g.dilation[0] - 1, g.dilation[1] - 1};
+  // Symmetric padding, as PyTorch passes it: oneDNN's size check divides with floor like
+  // PyTorch, and its kernels derive the effective right padding from the sizes.
+  d.padding_l = {g.padding[0], g.padding[1]};
+  d.padding_r = d.padding_l;
+  return d;
+}
+
+onednn::Key conv_key(onednn::Kind kind, const Conv2dGeometry& g, bool training) {
+  onednn::Key key(kind);
+  key.add(g.N).add(g.C).add(g.H).add(g.W).add(g.O).add(g.kH).add(g.kW).add(g.OH).add(g.OW);
+  key.add(g.stride[0]).add(g.stride[1]).add(g.padding[0]).add(g.padding[1]);
+  key.add(g.dilation[0]).add(g.dilation[1]).add(g.groups).add(g.has_bias).add(training);
+  return key;
+}
+
+// A reorder between the plain weight layout and the layout a primitive chose, when they differ.
+std::optional<dnnl::reorder> weight_reorder(const memory::desc& from, const memory::desc& to) {
+  if (from == to) return std::nullopt;
+  return dnnl::reorder(dnnl::reorder::primitive_desc(onednn::engine(), from, onednn::engine(), to));
+}
+
+struct ConvForward {
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward prim;
+  memory::desc src, dst, plain_weights, weights, bias;
+  std::optional<dnnl::reorder> to_weights;
+};
+
+const ConvForward& forward_entry(const Conv2dGeometry& g, bool training) {
+  return onednn::cached<ConvForward>(conv_key(onednn::Kind::conv_forward, g, training), [&] {
+    const ConvDescs d = make_descs(g);
+    const auto prop =
+        training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+    dnnl::convolution_forward::desc desc(prop, dnnl::algorithm::convolution_direct, d.src,
+                                         d.any_weights, d.bias, d.dst, d.strides, d.dilates,
+                                         d.padding_l, d.padding_r);
+    ConvForward e;
+    e.pd =
+        dnnl::convolution_forward::primitive_desc(desc, onednn::default_attr(), onednn::engine());
+    e.prim = dnnl::convolution_forward(e.pd);
+    e.src = d.src;
+    e.dst = d.dst;
+    e.plain_weights = d.plain_weights;
+    e.weights = e.pd.weights_desc();
+    e.bias = d.bias;
+    e.to_weights = weight_reorder(d.plain_weights, e.weights);
+    return e;
+  });
+}
+
+struct ConvBackwardData {
+  dnnl::convolution_backward_data::primitive_desc pd;
+  dnnl::convolution_backward_data prim;
+  memory::desc diff_src, diff_dst, plain_weights, weights;
+  std::optional<dnnl::reorder> to_weights;
+};
+
+const ConvBackwardData& backward_data_entry(const Conv2dGeometry& g) {
+  return onednn::cached<ConvBackwardData>(conv_key(onednn::Kind::conv_backward_data, g, true), [&] {
+    const ConvDescs d = make_descs(g);
+    dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src,
+                                               d.any_weights, d.dst, d.strides, d.dilates,
+                                               d.padding_l, d.padding_r);
+    ConvBackwardData e;
+    e.pd = dnnl::convolution_backward_data::primitive_desc(
+        desc, onednn::default_attr(), onednn::engine(), forward_entry(g, true).pd);
+    e.prim = dnnl::convolution_backward_data(e.pd);
+    e.diff_src = d.src;
+    e.diff_dst = d.dst;
+    e.plain_weights = d.plain_weights;
+    e.weights = e.pd.weights_desc();
+    e.to_weights = weight_reorder(d.plain_weights, e.weights);
+    return e;
+  });
+}
+
+struct ConvBackwardWeights {
+  dnnl::convolution_backward_weights::primitive_desc pd;
+  dnnl::convolution_backward_weights prim;
+  memory::desc src, diff_dst, plain_weights, diff_weights, diff_bias;
+  std::optional<dnnl::reorder> to_plain;
+};
+
+const ConvBackwardWeights& backward_weights_entry(const Conv2dGeometry& g) {
+  return onednn::cached<ConvBackwardWeights>(
+      conv_key(onednn::Kind::conv_backward_weights, g, true), [&] {
+        const ConvDescs d = make_descs(g);
+        dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, d.src,
+                                                      d.any_weights, d.bias, d.dst, d.strides,
+                                                      d.dilates, d.padding_l, d.padding_r);
+        ConvBackwardWeights e;
+        e.pd = dnnl::convolution_backward_weights::primitive_desc(
+            desc, onednn::default_attr(), onednn::engine(), forward_entry(g, true).pd);
+        e.prim = dnnl::convolution_backward_weights(e.pd);
+        e.src = d.src;
+        e.diff_dst = d.dst;
+        e.plain_weights = d.plain_weights;
+        e.diff_weights = e.pd.diff_weights_desc();
+        e.diff_bias = d.bias;
+        e.to_plain = weight_reorder(e.diff_weights, d.plain_weights);
+        return e;
+      });
+}
+
+// The weights as the primitive wants them: the plain tensor itself, or a reordered copy.
+memory weights_for(const memory::desc& plain, const memory::desc& wanted,
+                   const std::optional<dnnl::reorder>& reorder, const Tensor& weight,
+                   onednn::OwnedMemory& storage) {
+  memory plain_mem = onednn::wrap(plain, weight);
+  if (!reorder) return plain_mem;
+  storage = onednn::allocate(wanted);
+  reorder->execute(onednn::stream(), plain_mem, storage.memory);
+  return storage.memory;
+}
+
+void conv2d_forward_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
+                        const Tensor& bias, Tensor& y, bool training) {
+  const ConvForward& e = forward_entry(g, training);
+  onednn::OwnedMemory reordered;
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, onednn::wrap(e.src, x)},
+      {DNNL_ARG_WEIGHTS, weights_for(e.plain_weights, e.weights, e.to_weights, weight, reordered)},
+      {DNNL_ARG_DST, onednn::wrap(e.dst, y)}};
+  if (g.has_bias) args.emplace(DNNL_ARG_BIAS, onednn::wrap(e.bias, bias));
+  onednn::execute(e.prim, e.pd.scratchpad_desc(), std::move(args));
+}
+
+void conv2d_backward_data_cpu(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
+                              Tensor& dx) {
+  const ConvBackwardData& e = backward_data_entry(g);
+  onednn::OwnedMemory reordered;
+  onednn::execute(
+      e.prim, e.pd.scratchpad_desc(),
+      {{DNNL_ARG_DIFF_DST, onednn::wrap(e.diff_dst, dy)},
+       {DNNL_ARG_WEIGHTS, weights_for(e.plain_weights, e.weights, e.to_weights, weight, reordered)},
+       {DNNL_ARG_DIFF_SRC, onednn::wrap(e.diff_src, dx)}});
+}
+
+void conv2d_backward_weights_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
+                                 Tensor& dweight, Tensor& dbias) {
+  const ConvBackwardWeights& e = backward_weights_entry(g);
+  memory plain = onednn::wrap(e.plain_weights, dweight);
+  onednn::OwnedMemory blocked;
+  if (e.to_plain) blocked = onednn::allocate(e.diff_weights);
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, onednn::wrap(e.src, x)},
+      {DNNL_ARG_DIFF_DST, onednn::wrap(e.diff_dst, dy)},
+      {DNNL_ARG_DIFF_WEIGHTS, e.to_plain ? blocked.memory : plain}};
+  if (g.has_bias) args.emplace(DNNL_ARG_DIFF_BIAS, onednn::wrap(e.diff_bias, dbias));
+  onednn::execute(e.prim, e.pd.scratchpad_desc(), std::move(args));
+  if (e.to_plain) {
+    e.to_plain->execute(onednn::stream(), blocked.memory, plain);
+    onednn::stream().wait();
+  }
+}
+
+}  // namespace
+
+void register_norm_kernels();
+void register_pool_kernels();
+
+void register_nn_kernels() {
+  kernels::conv2d_forward.set(DeviceType::CPU, &conv2d_forward_cpu);
+  kernels::conv2d_backward_data.set(DeviceType::CPU, &conv2d_backward_data_cpu);
+  kernels::conv2d_backward_weights.set(DeviceType::CPU, &conv2d_backward_weights_cpu);
+  register_norm_kernels();
+  register_pool_kernels();
+}
+
+}  // namespace dpar::cpu

@@ -1,0 +1,150 @@
+// CPU batch normalisation on oneDNN (nhwc or nchw, matching the activation), plus the
+// running-statistics update.
+#include <cstring>
+
+#include "tensor/cpu/onednn_context.h"
+#include "tensor/nn_kernels.h"
+
+namespace dpar::cpu {
+namespace {
+
+using dnnl::memory;
+using flags = dnnl::normalization_flags;
+constexpr auto f32 = memory::data_type::f32;
+
+struct BnConfig {
+  memory::desc data, stat;
+  flags fl = flags::none;
+};
+
+BnConfig make_config(const Tensor& x, bool has_weight, bool has_bias, bool use_batch_stats) {
+  BnConfig c;
+  const bool nhwc = x.is_contiguous(MemoryFormat::ChannelsLast);
+  c.data = memory::desc({x.size(0), x.size(1), x.size(2), x.size(3)}, f32,
+                        nhwc ? memory::format_tag::nhwc : memory::format_tag::nchw);
+  c.stat = memory::desc({x.size(1)}, f32, memory::format_tag::x);
+  if (has_weight) c.fl = c.fl | flags::use_scale;
+  if (has_bias) c.fl = c.fl | flags::use_shift;
+  if (!use_batch_stats) c.fl = c.fl | flags::use_global_stats;
+  return c;
+}
+
+onednn::Key bn_key(onednn::Kind kind, const Tensor& x, const BnConfig& c, float eps,
+                   bool training) {
+  onednn::Key key(kind);
+  key.add(x.size(0)).add(x.size(1)).add(x.size(2)).add(x.size(3));
+  key.add(x.is_contiguous(MemoryFormat::ChannelsLast));
+  key.add(static_cast<int64_t>(c.fl)).add(training);
+  int32_t eps_bits;
+  static_assert(sizeof(eps_bits) == sizeof(eps));
+  std::memcpy(&eps_bits, &eps, sizeof(eps));
+  key.add(eps_bits);
+  return key;
+}
+
+struct BnForward {
+  dnnl::batch_normalization_forward::primitive_desc pd;
+  dnnl::batch_normalization_forward prim;
+};
+
+const BnForward& forward_entry(const Tensor& x, const BnConfig& c, float eps, bool training) {
+  return onednn::cached<BnForward>(
+      bn_key(onednn::Kind::batch_norm_forward, x, c, eps, training), [&] {
+        const auto prop =
+            training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+        dnnl::batch_normalization_forward::desc desc(prop, c.data, eps, c.fl);
+        BnForward e;
+        e.pd = dnnl::batch_normalization_forward::primitive_desc(desc, onednn::default_attr(),
+                                                                 onednn::engine());
+        e.prim = dnnl::batch_normalization_forward(e.pd);
+        return e;
+      });
+}
+
+struct BnBackward {
+  dnnl::batch_normalization_backward::primitive_desc pd;
+  dnnl::batch_normalization_backward prim;
+};
+
+const BnBackward& backward_entry(const Tensor& x, const BnConfig& c, float eps) {
+  return onednn::cached<BnBackward>(
+      bn_key(onednn::Kind::batch_norm_backward, x, c, eps, true), [&] {
+        // prop_kind::backward also yields the scale/shift gradients; without either flag
+        // there are none and backward_data is the matching kind.
+        const bool params = (c.fl & (flags::use_scale | flags::use_shift)) != flags::none;
+        dnnl::batch_normalization_backward::desc desc(
+            params ? dnnl::prop_kind::backward : dnnl::prop_kind::backward_data, c.data, c.data,
+            eps, c.fl);
+        BnBackward e;
+        e.pd = dnnl::batch_normalization_backward::primitive_desc(
+            desc, onednn::default_attr(), onednn::engine(), forward_entry(x, c, eps, true).pd);
+        e.prim = dnnl::batch_normalization_backward(e.pd);
+        return e;
+      });
+}
+
+void batch_norm_forward_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& mean,
+                            Tensor& var, bool use_batch_stats, bool need_backward, double eps,
+                            Tensor& y) {
+  const BnConfig c = make_config(x, weight.defined(), bias.defined(), use_batch_stats);
+  // Batch statistics are only returned by the training variant.
+  const bool training = need_backward || use_batch_stats;
+  const float feps = static_cast<float>(eps);
+  const BnForward& e = forward_entry(x, c, feps, training);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, onednn::wrap(c.data, x)},
+                                       {DNNL_ARG_DST, onednn::wrap(c.data, y)},
+                                       {DNNL_ARG_MEAN, onednn::wrap(c.stat, mean)},
+                                       {DNNL_ARG_VARIANCE, onednn::wrap(c.stat, var)}};
+  if (weight.defined()) args.emplace(DNNL_ARG_SCALE, onednn::wrap(c.stat, weight));
+  if (bias.defined()) args.emplace(DNNL_ARG_SHIFT, onednn::wrap(c.stat, bias));
+  onednn::execute(e.prim, e.pd.scratchpad_desc(), std::move(args));
+}
+
+void batch_norm_backward_cpu(const Tensor& x, const Tensor& dy, const Tensor& weight,
+                             const Tensor& bias, const Tensor& mean, const Tensor& var,
+                             bool use_batch_stats, double eps, Tensor& dx, Tensor& dweight,
+                             Tensor& dbias) {
+  const BnConfig c = make_config(x, weight.defined(), bias.defined(), use_batch_stats);
+  const BnBackward& e = backward_entry(x, c, static_cast<float>(eps));
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, onednn::wrap(c.data, x)},
+                                       {DNNL_ARG_DIFF_DST, onednn::wrap(c.data, dy)},
+                                       {DNNL_ARG_MEAN, onednn::wrap(c.stat, mean)},
+                                       {DNNL_ARG_VARIANCE, onednn::wrap(c.stat, var)},
+                                       {DNNL_ARG_DIFF_SRC, onednn::wrap(c.data, dx)}};
+  if (weight.defined()) {
+    args.emplace(DNNL_ARG_SCALE, onednn::wrap(c.stat, weight));
+    args.emplace(DNNL_ARG_DIFF_SCALE, onednn::wrap(c.stat, dweight));
+  }
+  if (bias.defined()) {
+    // oneDNN 2.6 requires the shift among the backward arguments although dx does not use it.
+    args.emplace(DNNL_ARG_SHIFT, onednn::wrap(c.stat, bias));
+    args.emplace(DNNL_ARG_DIFF_SHIFT, onednn::wrap(c.stat, dbias));
+  }
+  onednn::execute(e.prim, e.pd.scratchpad_desc(), std::move(args));
+}
+
+void batch_norm_update_stats_cpu(Tensor& running_mean, Tensor& running_var,
+                                 const Tensor& batch_mean, const Tensor& batch_var, double momentum,
+                                 int64_t count) {
+  float* rm = running_mean.data<float>();
+  float* rv = running_var.data<float>();
+  const int64_t sm = running_mean.stride(0), sv = running_var.stride(0);
+  const float* bm = batch_mean.data<float>();
+  const float* bv = batch_var.data<float>();
+  const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+  const int64_t C = running_mean.size(0);
+  for (int64_t c = 0; c < C; ++c) {
+    rm[c * sm] = static_cast<float>((1.0 - momentum) * rm[c * sm] + momentum * bm[c]);
+    rv[c * sv] = static_cast<float>((1.0 - momentum) * rv[c * sv] + momentum * bv[c] * unbias);
+  }
+}
+
+}  // namespace
+
+void register_norm_kernels() {
+  kernels::batch_norm_forward.set(DeviceType::CPU, &batch_norm_forward_cpu);
+  kernels::batch_norm_backward.set(DeviceType::CPU, &batch_norm_backward_cpu);
+  kernels::batch_norm_update_stats.set(DeviceType::CPU, &batch_norm_update_stats_cpu);
+}
+
+}  // namespace dpar::cpu

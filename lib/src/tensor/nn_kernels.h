@@ -1,0 +1,75 @@
+#pragma once
+// Kernel slots for convolution, batch normalisation and pooling. The ops (ops_conv.cpp,
+// ops_norm.cpp, ops_pool.cpp) check arguments and bring tensors into the layouts described
+// here; kernels only compute.
+#include <cstdint>
+
+#include "dpar/tensor/tensor.h"
+#include "tensor/dispatch.h"
+
+namespace dpar::kernels {
+
+// Everything that determines a 2-D convolution's shapes. Input [N,C,H,W], weight
+// [O,C/groups,kH,kW], output [N,O,OH,OW]; padding is symmetric, dilation 1 = dense kernel.
+struct Conv2dGeometry {
+  int64_t N = 0, C = 0, H = 0, W = 0;
+  int64_t O = 0, kH = 0, kW = 0;
+  int64_t OH = 0, OW = 0;
+  int64_t stride[2] = {1, 1};
+  int64_t padding[2] = {0, 0};
+  int64_t dilation[2] = {1, 1};
+  int64_t groups = 1;
+  bool has_bias = false;
+};
+
+// x and y channels-last, weight contiguous, bias [O] contiguous or undefined. training selects
+// the forward_training variant (needed when a backward pass follows).
+DPAR_KERNEL(conv2d_forward,
+            void(const kernels::Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
+                 const Tensor& bias, Tensor& y, bool training));
+// dy and dx channels-last, weight contiguous.
+DPAR_KERNEL(conv2d_backward_data, void(const kernels::Conv2dGeometry& g, const Tensor& dy,
+                                       const Tensor& weight, Tensor& dx));
+// x and dy channels-last; dweight contiguous [O,C/groups,kH,kW]; dbias [O] when g.has_bias.
+DPAR_KERNEL(conv2d_backward_weights, void(const kernels::Conv2dGeometry& g, const Tensor& x,
+                                          const Tensor& dy, Tensor& dweight, Tensor& dbias));
+
+// Batch normalisation over a 4-D x that is contiguous or channels-last; y has x's strides.
+// weight/bias are contiguous [C] or undefined. With use_batch_stats the batch mean and biased
+// variance are written to mean/var; otherwise mean/var are read (running statistics).
+// need_backward selects a forward variant the backward kernel can use as its hint.
+DPAR_KERNEL(batch_norm_forward,
+            void(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& mean,
+                 Tensor& var, bool use_batch_stats, bool need_backward, double eps, Tensor& y));
+// dy and dx have x's strides. weight/bias are the forward's; dweight/dbias ([C]) are
+// allocated exactly when weight/bias are defined.
+DPAR_KERNEL(batch_norm_backward,
+            void(const Tensor& x, const Tensor& dy, const Tensor& weight, const Tensor& bias,
+                 const Tensor& mean, const Tensor& var, bool use_batch_stats, double eps,
+                 Tensor& dx, Tensor& dweight, Tensor& dbias));
+// running = (1-momentum)*running + momentum*batch, with the variance made unbiased by
+// count/(count-1) (count = N*H*W). Running tensors are 1-D [C], any stride.
+DPAR_KERNEL(batch_norm_update_stats,
+            void(Tensor& running_mean, Tensor& running_var, const Tensor& batch_mean,
+                 const Tensor& batch_var, double momentum, int64_t count));
+
+// y [N,C,1,1] = mean of x over H and W; x contiguous or channels-last.
+DPAR_KERNEL(global_avg_pool2d_forward, void(const Tensor& x, Tensor& y));
+// dx (contiguous or channels-last) = dy / (H*W) broadcast over H and W; dy [N,C,1,1] any
+// strides.
+DPAR_KERNEL(global_avg_pool2d_backward, void(const Tensor& dy, Tensor& dx));
+
+}  // namespace dpar::kernels
+
+namespace dpar::detail {
+
+// t itself when it already has the layout, else a copy in that layout. Not recorded by
+// autograd: the nn ops record themselves against their original inputs.
+inline Tensor nn_layout_copy(const Tensor& t, MemoryFormat format) {
+  if (t.is_contiguous(format)) return t;
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device(), format);
+  out.copy_(t);
+  return out;
+}
+
+}  // namespace dpar::detail

@@ -1,0 +1,131 @@
+// conv2d: argument checks, layout preparation and the autograd record. The kernels (oneDNN on
+// CPU) see channels-last activations and plain contiguous weights only.
+#include "dpar/autograd/function.h"
+#include "dpar/tensor/ops.h"
+#include "tensor/nn_kernels.h"
+
+namespace dpar {
+namespace {
+
+// Reads a per-dimension option given as {v} or {vH, vW}.
+void read_pair(const std::vector<int64_t>& v, const char* name, int64_t out[2]) {
+  DPAR_CHECK(v.size() == 1 || v.size() == 2, "conv2d: ", name, " needs 1 or 2 values, got ", v);
+  out[0] = v[0];
+  out[1] = v.size() == 2 ? v[1] : v[0];
+}
+
+void check_f32(const Tensor& t, const char* which) {
+  DPAR_CHECK(t.dtype() == DType::f32, "conv2d: ", which, " has dtype ", t.dtype(), " (shape ",
+             t.shape(), "); conv2d supports f32");
+}
+
+kernels::Conv2dGeometry make_geometry(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                      const Conv2dOptions& options) {
+  DPAR_CHECK(x.defined(), "conv2d: input is undefined");
+  DPAR_CHECK(weight.defined(), "conv2d: weight is undefined");
+  DPAR_CHECK(x.dim() == 4, "conv2d: expected a 4-D input [N,C,H,W], got ", x.shape());
+  DPAR_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight [O,C/groups,kH,kW], got ",
+             weight.shape());
+  check_f32(x, "input");
+  check_f32(weight, "weight");
+  DPAR_CHECK(x.device() == weight.device(), "conv2d: input on ", x.device(), " but weight on ",
+             weight.device());
+
+  kernels::Conv2dGeometry g;
+  g.N = x.size(0);
+  g.C = x.size(1);
+  g.H = x.size(2);
+  g.W = x.size(3);
+  g.O = weight.size(0);
+  g.kH = weight.size(2);
+  g.kW = weight.size(3);
+  g.groups = options.groups;
+  read_pair(options.stride, "stride", g.stride);
+  read_pair(options.padding, "padding", g.padding);
+  read_pair(options.dilation, "dilation", g.dilation);
+
+  DPAR_CHECK(g.C > 0 && g.H > 0 && g.W > 0, "conv2d: input ", x.shape(),
+             " has an empty channel or spatial dimension");
+  DPAR_CHECK(g.O > 0 && g.kH > 0 && g.kW > 0 && weight.size(1) > 0, "conv2d: weight ",
+             weight.shape(), " has an empty dimension");
+  DPAR_CHECK(g.groups >= 1, "conv2d: groups must be >= 1, got ", g.groups);
+  DPAR_CHECK(g.C % g.groups == 0, "conv2d: groups ", g.groups, " does not divide the ", g.C,
+             " input channels of input ", x.shape());
+  DPAR_CHECK(g.O % g.groups == 0, "conv2d: groups ", g.groups, " does not divide the ", g.O,
+             " output channels of weight ", weight.shape());
+  DPAR_CHECK(weight.size(1) * g.groups == g.C, "conv2d: input ", x.shape(), " has ", g.C,
+             " channels but weight ", weight.shape(), " with groups ", g.groups, " expects ",
+             weight.size(1) * g.groups);
+  for (int i = 0; i < 2; ++i) {
+    DPAR_CHECK(g.stride[i] > 0, "conv2d: stride must be positive, got ", options.stride);
+    DPAR_CHECK(g.dilation[i] > 0, "conv2d: dilation must be positive, got ", options.dilation);
+    DPAR_CHECK(g.padding[i] >= 0, "conv2d: padding must be non-negative, got ", options.padding);
+  }
+  const int64_t extent_h = (g.kH - 1) * g.dilation[0] + 1;
+  const int64_t extent_w = (g.kW - 1) * g.dilation[1] + 1;
+  DPAR_CHECK(extent_h <= g.H + 2 * g.padding[0] && extent_w <= g.W + 2 * g.padding[1],
+             "conv2d: kernel ", Shape{g.kH, g.kW}, " with dilation ", options.dilation, " (extent ",
+             Shape{extent_h, extent_w}, ") is larger than the padded input (input ", x.shape(),
+             ", padding ", options.padding, ")");
+  g.OH = (g.H + 2 * g.padding[0] - extent_h) / g.stride[0] + 1;
+  g.OW = (g.W + 2 * g.padding[1] - extent_w) / g.stride[1] + 1;
+
+  if (bias.defined()) {
+    check_f32(bias, "bias");
+    DPAR_CHECK(bias.dim() == 1 && bias.size(0) == g.O, "conv2d: bias must have shape [", g.O,
+               "] to match weight ", weight.shape(), ", got ", bias.shape());
+    DPAR_CHECK(bias.device() == x.device(), "conv2d: input on ", x.device(), " but bias on ",
+               bias.device());
+    g.has_bias = true;
+  }
+  return g;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dOptions& options) {
+  const kernels::Conv2dGeometry g = make_geometry(x, weight, bias, options);
+  const Device device = x.device();
+  const Tensor xc = detail::nn_layout_copy(x, MemoryFormat::ChannelsLast);
+  const Tensor wc = detail::nn_layout_copy(weight, MemoryFormat::Contiguous);
+  const Tensor bc =
+      bias.defined() ? detail::nn_layout_copy(bias, MemoryFormat::Contiguous) : Tensor();
+  Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, DType::f32, device, MemoryFormat::ChannelsLast);
+  const bool grad = autograd::needs_grad({x, weight, bias});
+  if (g.N > 0) kernels::conv2d_forward.get(device)(g, xc, wc, bc, y, grad);
+  if (!grad) return y;
+
+  // Save only what the needed gradients read: dx needs the weights, dweight/dbias the input.
+  const bool params_need_grad = weight.requires_grad() || (bias.defined() && bias.requires_grad());
+  autograd::record(
+      "conv2d", {x, weight, bias}, {y},
+      [g, xs = params_need_grad ? xc.detach() : Tensor(),
+       ws = x.requires_grad() ? wc.detach() : Tensor(),
+       device](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
+        const Tensor dy = detail::nn_layout_copy(grads[0], MemoryFormat::ChannelsLast);
+        Tensor dx, dw, db;
+        if (need[0]) {
+          dx = Tensor::empty({g.N, g.C, g.H, g.W}, DType::f32, device, MemoryFormat::ChannelsLast);
+          if (g.N > 0) {
+            kernels::conv2d_backward_data.get(device)(g, dy, ws, dx);
+          } else {
+            dx.zero_();
+          }
+        }
+        if (need[1] || (g.has_bias && need[2])) {
+          dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, DType::f32, device);
+          if (g.has_bias) db = Tensor::empty({g.O}, DType::f32, device);
+          if (g.N > 0) {
+            kernels::conv2d_backward_weights.get(device)(g, xs, dy, dw, db);
+          } else {
+            dw.zero_();
+            if (db.defined()) db.zero_();
+          }
+        }
+        return autograd::GradList{dx, need[1] ? dw : Tensor(), need[2] ? db : Tensor()};
+      });
+  return y;
+}
+
+}  // namespace dpar

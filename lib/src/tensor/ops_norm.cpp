@@ -1,0 +1,104 @@
+// batch_norm: argument checks, running-statistics update and the autograd record.
+#include "dpar/autograd/function.h"
+#include "dpar/tensor/ops.h"
+#include "tensor/nn_kernels.h"
+
+namespace dpar {
+namespace {
+
+void check_channel_vector(const Tensor& t, int64_t C, const Tensor& x, const char* which) {
+  if (!t.defined()) return;
+  DPAR_CHECK(t.dtype() == DType::f32, "batch_norm: ", which, " has dtype ", t.dtype(),
+             "; batch_norm supports f32");
+  DPAR_CHECK(t.dim() == 1 && t.size(0) == C, "batch_norm: ", which, " must have shape [", C,
+             "] for input ", x.shape(), ", got ", t.shape());
+  DPAR_CHECK(t.device() == x.device(), "batch_norm: input on ", x.device(), " but ", which, " on ",
+             t.device());
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
+                  Tensor running_var, bool training, double momentum, double eps) {
+  DPAR_CHECK(x.defined(), "batch_norm: input is undefined");
+  DPAR_CHECK(x.dim() == 4, "batch_norm: expected a 4-D input [N,C,H,W], got ", x.shape());
+  DPAR_CHECK(x.dtype() == DType::f32, "batch_norm: input has dtype ", x.dtype(), " (shape ",
+             x.shape(), "); batch_norm supports f32");
+  const int64_t C = x.size(1);
+  DPAR_CHECK(C > 0, "batch_norm: input ", x.shape(), " has no channels");
+  check_channel_vector(weight, C, x, "weight");
+  check_channel_vector(bias, C, x, "bias");
+  check_channel_vector(running_mean, C, x, "running_mean");
+  check_channel_vector(running_var, C, x, "running_var");
+  DPAR_CHECK(running_mean.defined() == running_var.defined(),
+             "batch_norm: running_mean and running_var must both be given or both be undefined");
+  DPAR_CHECK(eps >= 0, "batch_norm: eps must be non-negative, got ", eps);
+
+  // Like PyTorch, eval mode without running statistics normalises with the batch's.
+  const bool use_batch_stats = training || !running_mean.defined();
+  const int64_t count = x.size(0) * x.size(2) * x.size(3);
+  if (use_batch_stats) {
+    DPAR_CHECK(count > 1,
+               "batch_norm: expected more than 1 value per channel when training, got input ",
+               x.shape());
+  }
+
+  const Device device = x.device();
+  // Keep the input's layout when oneDNN can read it directly; anything else goes channels-last.
+  const MemoryFormat format = x.is_contiguous(MemoryFormat::ChannelsLast) || !x.is_contiguous()
+                                  ? MemoryFormat::ChannelsLast
+                                  : MemoryFormat::Contiguous;
+  const Tensor xc = detail::nn_layout_copy(x, format);
+  const Tensor wc =
+      weight.defined() ? detail::nn_layout_copy(weight, MemoryFormat::Contiguous) : Tensor();
+  const Tensor bc =
+      bias.defined() ? detail::nn_layout_copy(bias, MemoryFormat::Contiguous) : Tensor();
+  const bool grad = autograd::needs_grad({x, weight, bias});
+  Tensor mean, var;
+  if (use_batch_stats) {
+    mean = Tensor::empty({C}, DType::f32, device);
+    var = Tensor::empty({C}, DType::f32, device);
+  } else if (grad) {
+    // Copies, so that a later training step updating the running stats in place cannot change
+    // what this step's backward uses.
+    mean = running_mean.detach().clone();
+    var = running_var.detach().clone();
+  } else {
+    mean = detail::nn_layout_copy(running_mean.detach(), MemoryFormat::Contiguous);
+    var = detail::nn_layout_copy(running_var.detach(), MemoryFormat::Contiguous);
+  }
+  Tensor y = Tensor::empty_like(xc);
+  if (xc.numel() > 0) {
+    kernels::batch_norm_forward.get(device)(xc, wc, bc, mean, var, use_batch_stats, grad, eps, y);
+  }
+  if (training && running_mean.defined()) {
+    kernels::batch_norm_update_stats.get(device)(running_mean, running_var, mean, var, momentum,
+                                                 count);
+  }
+  if (!grad) return y;
+
+  autograd::record(
+      "batch_norm", {x, weight, bias}, {y},
+      [xs = xc.detach(), ws = wc.defined() ? wc.detach() : Tensor(),
+       bs = bc.defined() ? bc.detach() : Tensor(), mean, var, use_batch_stats, eps,
+       format](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
+        const Tensor dy = detail::nn_layout_copy(grads[0], format);
+        Tensor dx = Tensor::empty_like(xs);
+        const Shape c{xs.size(1)};
+        // oneDNN produces the parameter gradients together with dx, so allocate all it writes.
+        Tensor dw = ws.defined() ? Tensor::empty(c, DType::f32, xs.device()) : Tensor();
+        Tensor db = bs.defined() ? Tensor::empty(c, DType::f32, xs.device()) : Tensor();
+        if (xs.numel() > 0) {
+          kernels::batch_norm_backward.get(xs.device())(xs, dy, ws, bs, mean, var, use_batch_stats,
+                                                        eps, dx, dw, db);
+        } else {  // an empty batch contributes nothing to the parameters
+          if (dw.defined()) dw.zero_();
+          if (db.defined()) db.zero_();
+        }
+        return autograd::GradList{need[0] ? dx : Tensor(), need[1] ? dw : Tensor(),
+                                  need[2] ? db : Tensor()};
+      });
+  return y;
+}
+
+}  // namespace dpar

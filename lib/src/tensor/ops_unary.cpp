@@ -1,0 +1,74 @@
+// Pointwise unary ops (exp, log, sqrt, square), activations and dropout.
+#include <cmath>
+#include <cstdint>
+
+#include "dpar/autograd/function.h"
+#include "dpar/tensor/ops.h"
+#include "tensor/activation_kernels.h"
+
+namespace dpar {
+namespace {
+
+using kernels::UnaryOp;
+
+void check_input(const Tensor& x, const char* op) {
+  DPAR_CHECK(x.defined(), op, ": input is undefined");
+  DPAR_CHECK(x.dtype() == DType::f32, op, ": expects an f32 tensor, got ", x.str(),
+             " (convert with .to(DType::f32))");
+}
+
+Tensor unary(UnaryOp op, const char* name, const Tensor& x) {
+  check_input(x, name);
+  // empty_like keeps a dense input's layout (channels-last stays channels-last).
+  Tensor out = Tensor::empty_like(x);
+  kernels::unary.get(x.device())(op, x, out);
+  if (autograd::needs_grad({x})) {
+    Tensor saved = kernels::unary_saves_output(op) ? out.detach() : x.detach();
+    autograd::record(name, {x}, {out},
+                     [op, saved](const autograd::GradList& g, const autograd::NeedsGrad&) {
+                       Tensor gx = Tensor::empty_like(saved);
+                       kernels::unary_backward.get(saved.device())(op, g[0], saved, gx);
+                       return autograd::GradList{gx};
+                     });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor exp(const Tensor& x) { return unary(UnaryOp::exp, "exp", x); }
+Tensor log(const Tensor& x) { return unary(UnaryOp::log, "log", x); }
+Tensor sqrt(const Tensor& x) { return unary(UnaryOp::sqrt, "sqrt", x); }
+Tensor square(const Tensor& x) { return unary(UnaryOp::square, "square", x); }
+Tensor relu(const Tensor& x) { return unary(UnaryOp::relu, "relu", x); }
+Tensor hardswish(const Tensor& x) { return unary(UnaryOp::hardswish, "hardswish", x); }
+Tensor hardsigmoid(const Tensor& x) { return unary(UnaryOp::hardsigmoid, "hardsigmoid", x); }
+Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::sigmoid, "sigmoid", x); }
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  check_input(x, "dropout");
+  DPAR_CHECK(p >= 0.0 && p < 1.0, "dropout: probability p must be in [0, 1), got ", p);
+  if (!training || p == 0.0) return x;
+  // The mask is drawn on the CPU in logical (row-major) element order, one uniform per
+  // element, so the same generator state gives the same mask for any layout or device.
+  Tensor mask = Tensor::empty(x.shape(), DType::u8);
+  uint8_t* m = mask.data<uint8_t>();
+  const float keep = static_cast<float>(1.0 - p);
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) m[i] = gen.uniform() < keep ? 1 : 0;
+  if (!x.device().is_cpu()) mask = mask.to(x.device());
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  Tensor out = Tensor::empty_like(x);
+  kernels::masked_scale.get(x.device())(x, mask, scale, out);
+  if (autograd::needs_grad({x})) {
+    autograd::record("dropout", {x}, {out},
+                     [mask, scale](const autograd::GradList& g, const autograd::NeedsGrad&) {
+                       Tensor gx = Tensor::empty_like(g[0]);
+                       kernels::masked_scale.get(g[0].device())(g[0], mask, scale, gx);
+                       return autograd::GradList{gx};
+                     });
+  }
+  return out;
+}
+
+}  // namespace dpar

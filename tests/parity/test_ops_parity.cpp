@@ -1,0 +1,217 @@
+// Op-level parity with PyTorch 1.13: forward outputs, side effects (BatchNorm running stats)
+// and the gradients of every input for the cases fixtures_ops.py writes. Each case runs with
+// its activations in three layouts: contiguous NCHW, channels-last (4-D only; the layout
+// dpar's models use) and a non-dense strided view, since every op must accept any strides.
+#include <catch2/catch.hpp>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "parity/parity_util.h"
+
+namespace {
+
+using namespace dpar;
+using parity::check_close;
+using parity::ErrorTable;
+using parity::Fixture;
+
+constexpr double kTolerance = 1e-4;  // forward and backward, relative error per tensor
+
+enum class Layout { Contiguous, ChannelsLast, Strided };
+
+const char* layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::Contiguous:
+      return "contiguous";
+    case Layout::ChannelsLast:
+      return "channels_last";
+    case Layout::Strided:
+      return "strided";
+  }
+  return "?";
+}
+
+// A differentiable input: the tensor handed to the op and the leaf whose gradient autograd
+// fills. For the strided layout the op sees every other element of a twice-as-wide leaf.
+struct Input {
+  Tensor leaf;
+  Tensor value;
+  bool strided = false;
+
+  Tensor grad() const {
+    Tensor g = leaf.grad();
+    if (!g.defined() || !strided) return g;
+    return g.slice(-1, 0, g.size(-1), 2);
+  }
+};
+
+Input make_input(const Tensor& src, Layout layout) {
+  Input in;
+  if (layout == Layout::Strided && src.dim() > 0) {
+    Shape wide = src.shape();
+    wide.back() *= 2;
+    in.leaf = Tensor::zeros(wide);
+    in.leaf.slice(-1, 0, wide.back(), 2).copy_(src);
+    in.leaf.set_requires_grad();
+    in.value = in.leaf.slice(-1, 0, wide.back(), 2);
+    in.strided = true;
+    return in;
+  }
+  const MemoryFormat format = (layout == Layout::ChannelsLast && src.dim() == 4)
+                                  ? MemoryFormat::ChannelsLast
+                                  : MemoryFormat::Contiguous;
+  in.leaf = Tensor::empty(src.shape(), DType::f32, Device::cpu(), format);
+  in.leaf.copy_(src);
+  in.leaf.set_requires_grad();
+  in.value = in.leaf;
+  return in;
+}
+
+// What an op case receives: the fixture (for config and non-differentiable inputs) and the
+// differentiable inputs by name ("x", "y", "weight", "bias"; absent ones are undefined).
+// Running statistics are fresh copies under "running_mean" / "running_var" that the op may
+// update in place; they are compared with running_*_after when the fixture has them.
+using Args = std::map<std::string, Tensor>;
+using OpFn = std::function<Tensor(const Fixture&, Args&)>;
+
+// Runs one fixture file in every applicable layout, recording errors in table.
+void run_case(const std::string& case_name, const OpFn& op, ErrorTable& table) {
+  const Fixture f(case_name + ".safetensors");
+  bool has_4d = false;
+  for (const char* name : {"x", "y"}) has_4d |= f.has(name) && f[name].dim() == 4;
+  std::vector<Layout> layouts{Layout::Contiguous};
+  if (has_4d) layouts.push_back(Layout::ChannelsLast);
+  layouts.push_back(Layout::Strided);
+
+  for (Layout layout : layouts) {
+    const std::string tag = case_name + " [" + layout_name(layout) + "]";
+    INFO("case " << tag);
+    std::map<std::string, Input> inputs;
+    Args args;
+    for (const char* name : {"x", "y", "weight", "bias"}) {
+      if (!f.has(name)) continue;
+      // Parameters stay contiguous; the layouts under test are those of activations.
+      const bool activation = std::string(name) == "x" || std::string(name) == "y";
+      inputs[name] = make_input(f[name], activation ? layout : Layout::Contiguous);
+      args[name] = inputs[name].value;
+    }
+    for (const char* name : {"running_mean", "running_var"}) {
+      if (f.has(name)) args[name] = f[name].clone();
+    }
+
+    const Tensor out = op(f, args);
+    std::string line = tag + ":";
+    auto check = [&](const Tensor& ours, const std::string& ref_name, const char* kind) {
+      const double err = check_close(ours, f[ref_name], kTolerance, tag + " " + ref_name, table,
+                                     case_name + " " + kind);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " %s=%.2e", ref_name.c_str(), err);
+      line += buf;
+    };
+    check(out, "out", "forward");
+    for (const char* name : {"running_mean", "running_var"}) {
+      const std::string after = std::string(name) + "_after";
+      if (f.has(after)) check(args[name], after, "forward");
+    }
+    if (f.has("grad_out")) {
+      // A loss is [] on both sides; anything else must already have out's shape.
+      const Tensor grad_out = f["grad_out"].reshape(out.shape());
+      out.backward(grad_out);
+      for (const auto& [name, input] : inputs) {
+        const std::string ref = "grad_" + name;
+        if (f.has(ref)) check(input.grad(), ref, "backward");
+      }
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+Conv2dOptions conv_options(const Fixture& f) {
+  Conv2dOptions opt;
+  opt.stride = {f.int_at("cfg.stride", 0), f.int_at("cfg.stride", 1)};
+  opt.padding = {f.int_at("cfg.padding", 0), f.int_at("cfg.padding", 1)};
+  opt.dilation = {f.int_at("cfg.dilation", 0), f.int_at("cfg.dilation", 1)};
+  opt.groups = f.int_at("cfg.groups");
+  return opt;
+}
+
+void run_all(const std::string& title, const std::vector<std::string>& cases, const OpFn& op) {
+  ErrorTable table;
+  for (const std::string& name : cases) run_case(name, op, table);
+  table.print("parity " + title);
+}
+
+}  // namespace
+
+TEST_CASE("parity: conv2d matches torch", "[parity][conv2d]") {
+  run_all("conv2d",
+          {"conv2d_3x3s1p1_bias", "conv2d_3x3s2p1_nobias", "conv2d_1x1", "conv2d_dw5x5",
+           "conv2d_groups2", "conv2d_dilation2"},
+          [](const Fixture& f, Args& a) {
+            return conv2d(a["x"], a["weight"], a["bias"], conv_options(f));
+          });
+}
+
+TEST_CASE("parity: batch_norm matches torch", "[parity][batch_norm]") {
+  run_all("batch_norm", {"batch_norm_train", "batch_norm_train_noaffine", "batch_norm_eval"},
+          [](const Fixture& f, Args& a) {
+            return batch_norm(a["x"], a["weight"], a["bias"], a["running_mean"], a["running_var"],
+                              f.int_at("cfg.training") != 0, f.float_at("cfg.momentum"),
+                              f.float_at("cfg.eps"));
+          });
+}
+
+TEST_CASE("parity: activations match torch", "[parity][activation]") {
+  const std::map<std::string, Tensor (*)(const Tensor&)> ops{
+      {"relu", relu}, {"hardswish", hardswish}, {"hardsigmoid", hardsigmoid}, {"sigmoid", sigmoid}};
+  for (const auto& [name, fn] : ops) {
+    run_all(name, {name}, [fn = fn](const Fixture&, Args& a) { return fn(a["x"]); });
+  }
+}
+
+TEST_CASE("parity: exp, log and sqrt match torch", "[parity][unary]") {
+  const std::map<std::string, Tensor (*)(const Tensor&)> ops{
+      {"exp", dpar::exp}, {"log", dpar::log}, {"sqrt", dpar::sqrt}};
+  for (const auto& [name, fn] : ops) {
+    run_all(name, {name}, [fn = fn](const Fixture&, Args& a) { return fn(a["x"]); });
+  }
+}
+
+TEST_CASE("parity: global_avg_pool2d and flatten match torch", "[parity][pool]") {
+  run_all("global_avg_pool2d", {"global_avg_pool2d"},
+          [](const Fixture&, Args& a) { return global_avg_pool2d(a["x"]); });
+  run_all("flatten", {"flatten"}, [](const Fixture& f, Args& a) {
+    return a["x"].flatten(f.int_at("cfg.start_dim"), f.int_at("cfg.end_dim"));
+  });
+}
+
+TEST_CASE("parity: linear matches torch", "[parity][linear]") {
+  run_all("linear", {"linear_bias", "linear_nobias"},
+          [](const Fixture&, Args& a) { return linear(a["x"], a["weight"], a["bias"]); });
+}
+
+TEST_CASE("parity: broadcasting add, sub, mul, div match torch", "[parity][elementwise]") {
+  run_all("add", {"add_same", "add_se", "add_bcast"},
+          [](const Fixture&, Args& a) { return add(a["x"], a["y"]); });
+  run_all("sub", {"sub_same", "sub_bcast"},
+          [](const Fixture&, Args& a) { return sub(a["x"], a["y"]); });
+  run_all("mul", {"mul_same", "mul_se", "mul_bcast"},
+          [](const Fixture&, Args& a) { return mul(a["x"], a["y"]); });
+  run_all("div", {"div_same", "div_bcast"},
+          [](const Fixture&, Args& a) { return div(a["x"], a["y"]); });
+}
+
+TEST_CASE("parity: softmax and log_softmax match torch", "[parity][softmax]") {
+  run_all("softmax", {"softmax_dim1", "softmax_dim0"},
+          [](const Fixture& f, Args& a) { return softmax(a["x"], f.int_at("cfg.dim")); });
+  run_all("log_softmax", {"log_softmax_dim1", "log_softmax_dim0"},
+          [](const Fixture& f, Args& a) { return log_softmax(a["x"], f.int_at("cfg.dim")); });
+}
+
+TEST_CASE("parity: cross_entropy matches torch", "[parity][cross_entropy]") {
+  run_all("cross_entropy", {"cross_entropy", "cross_entropy_ls0p1"}, [](const Fixture& f, Args& a) {
+    return cross_entropy(a["x"], f["target"], f.float_at("cfg.label_smoothing"));
+  });
+}

@@ -1,0 +1,207 @@
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "gradcheck.h"
+
+using namespace dpar;
+using dpar::testing::gradcheck;
+using dpar::testing::max_rel_error;
+using dpar::testing::random_tensor;
+
+namespace {
+
+struct ConvCase {
+  const char* name;
+  Shape x;  // [N,C,H,W]
+  Shape w;  // [O,C/g,kH,kW]
+  Conv2dOptions opt;
+  bool bias;
+  MemoryFormat format;
+};
+
+// Direct loops over PyTorch's definition; values in logical NCHW order.
+std::vector<float> reference_conv(const Tensor& x, const Tensor& w, const Tensor& b,
+                                  Conv2dOptions o, const Shape& out) {
+  for (auto* v : {&o.stride, &o.padding, &o.dilation}) {
+    if (v->size() == 1) v->push_back(v->front());
+  }
+  const std::vector<float> xv = x.to_float_vector(), wv = w.to_float_vector();
+  const std::vector<float> bv = b.defined() ? b.to_float_vector() : std::vector<float>();
+  const int64_t C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t O = w.size(0), Cg = w.size(1), kH = w.size(2), kW = w.size(3);
+  const int64_t Og = O / o.groups;
+  std::vector<float> y(static_cast<size_t>(shape_numel(out)));
+  size_t i = 0;
+  for (int64_t n = 0; n < out[0]; ++n)
+    for (int64_t oc = 0; oc < O; ++oc)
+      for (int64_t oh = 0; oh < out[2]; ++oh)
+        for (int64_t ow = 0; ow < out[3]; ++ow) {
+          double s = bv.empty() ? 0.0 : bv[oc];
+          const int64_t grp = oc / Og;
+          for (int64_t ci = 0; ci < Cg; ++ci)
+            for (int64_t kh = 0; kh < kH; ++kh)
+              for (int64_t kw = 0; kw < kW; ++kw) {
+                const int64_t ih = oh * o.stride[0] - o.padding[0] + kh * o.dilation[0];
+                const int64_t iw = ow * o.stride[1] - o.padding[1] + kw * o.dilation[1];
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const int64_t c = grp * Cg + ci;
+                s += static_cast<double>(xv[((n * C + c) * H + ih) * W + iw]) *
+                     wv[((oc * Cg + ci) * kH + kh) * kW + kw];
+              }
+          y[i++] = static_cast<float>(s);
+        }
+  return y;
+}
+
+Conv2dOptions opts(std::vector<int64_t> stride, std::vector<int64_t> padding,
+                   std::vector<int64_t> dilation = {1, 1}, int64_t groups = 1) {
+  Conv2dOptions o;
+  o.stride = std::move(stride);
+  o.padding = std::move(padding);
+  o.dilation = std::move(dilation);
+  o.groups = groups;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") {
+  const MemoryFormat CL = MemoryFormat::ChannelsLast, NCHW = MemoryFormat::Contiguous;
+  const std::vector<ConvCase> cases = {
+      {"3x3 s1 p1 bias", {2, 3, 5, 4}, {4, 3, 3, 3}, opts({1, 1}, {1, 1}), true, CL},
+      {"3x3 s2 p1", {1, 4, 7, 6}, {3, 4, 3, 3}, opts({2, 2}, {1, 1}), false, NCHW},
+      {"1x1 bias", {2, 5, 3, 3}, {6, 5, 1, 1}, opts({1, 1}, {0, 0}), true, CL},
+      {"1x1 nchw", {2, 5, 3, 2}, {4, 5, 1, 1}, opts({1, 1}, {0, 0}), false, NCHW},
+      {"depthwise 5x5 s2 p2",
+       {1, 4, 9, 8},
+       {4, 1, 5, 5},
+       opts({2, 2}, {2, 2}, {1, 1}, 4),
+       false,
+       CL},
+      {"depthwise x2 3x3 bias",
+       {1, 3, 5, 5},
+       {6, 1, 3, 3},
+       opts({1, 1}, {1, 1}, {1, 1}, 3),
+       true,
+       NCHW},
+      {"groups 2 bias", {1, 4, 5, 5}, {6, 2, 3, 3}, opts({1, 1}, {1, 1}, {1, 1}, 2), true, NCHW},
+      {"dilation 2", {1, 2, 7, 6}, {3, 2, 3, 3}, opts({1, 1}, {2, 2}, {2, 2}), true, CL},
+      {"3x1 kernel, stride (2,1), pad (1,0)",
+       {2, 2, 6, 3},
+       {3, 2, 3, 1},
+       opts({2, 1}, {1, 0}),
+       true,
+       CL},
+      {"floor output size s2 no pad", {1, 2, 6, 5}, {2, 2, 3, 3}, opts({2}, {0}), false, CL},
+  };
+  Generator gen(21);
+  for (const ConvCase& c : cases) {
+    SECTION(c.name) {
+      Tensor x = random_tensor(c.x, gen, -1, 1, c.format).set_requires_grad();
+      Tensor w = random_tensor(c.w, gen).set_requires_grad();
+      Tensor b = c.bias ? random_tensor({c.w[0]}, gen).set_requires_grad() : Tensor();
+
+      const Tensor y = conv2d(x, w, b, c.opt);
+      CHECK(y.is_contiguous(MemoryFormat::ChannelsLast));
+      CHECK(max_rel_error(y.to_float_vector(), reference_conv(x, w, b, c.opt, y.shape()), 0.1) <
+            1e-4);
+
+      std::vector<Tensor> inputs{x, w};
+      if (c.bias) inputs.push_back(b);
+      gradcheck(
+          [&](const std::vector<Tensor>& in) {
+            return conv2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), c.opt);
+          },
+          inputs);
+    }
+  }
+}
+
+TEST_CASE("conv2d skips the input gradient when the input needs none", "[conv]") {
+  Generator gen(22);
+  Tensor x = random_tensor({2, 3, 6, 6}, gen);  // an image batch: no grad
+  Tensor w = random_tensor({4, 3, 3, 3}, gen).set_requires_grad();
+  Tensor b = random_tensor({4}, gen).set_requires_grad();
+  gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0], in[1], in[2], opts({2, 2}, {1, 1}));
+      },
+      {x, w, b});
+  CHECK_FALSE(x.grad().defined());
+  CHECK(w.grad().is_contiguous());
+  CHECK(w.grad().shape() == Shape{4, 3, 3, 3});
+}
+
+TEST_CASE("conv2d accepts strided (non-dense) inputs and weights", "[conv]") {
+  Generator gen(23);
+  Tensor big = random_tensor({2, 3, 8, 10}, gen);
+  Tensor x = big.slice(3, 1, 9, 2);  // [2,3,8,4], non-dense
+  Tensor wt = random_tensor({3, 4, 3, 3}, gen);
+  Tensor w = wt.transpose(0, 1);  // [4,3,3,3], not contiguous
+  const Tensor y = conv2d(x, w, {}, opts({1, 1}, {1, 1}));
+  CHECK(max_rel_error(y.to_float_vector(),
+                      reference_conv(x, w, {}, opts({1, 1}, {1, 1}), y.shape())) < 1e-4);
+}
+
+TEST_CASE("conv2d and batch_norm on an empty batch", "[conv]") {
+  Tensor x = Tensor::zeros({0, 3, 5, 5}).set_requires_grad();
+  Tensor w = Tensor::ones({4, 3, 3, 3}).set_requires_grad();
+  Tensor b = Tensor::ones({4}).set_requires_grad();
+  Tensor y = conv2d(x, w, b, opts({2, 2}, {1, 1}));
+  CHECK(y.shape() == Shape{0, 4, 3, 3});
+  Tensor rm = Tensor::zeros({4}), rv = Tensor::ones({4});
+  sum(batch_norm(y, b, b, rm, rv, false, 0.1, 1e-5)).backward();
+  CHECK(x.grad().shape() == Shape{0, 3, 5, 5});
+  CHECK(w.grad().to_float_vector() == std::vector<float>(4 * 3 * 3 * 3, 0.f));
+  CHECK(b.grad().to_float_vector() == std::vector<float>(4, 0.f));
+}
+
+TEST_CASE("conv2d is deterministic", "[conv]") {
+  Generator gen(24);
+  Tensor x =
+      random_tensor({4, 8, 10, 10}, gen, -1, 1, MemoryFormat::ChannelsLast).set_requires_grad();
+  Tensor w = random_tensor({8, 1, 5, 5}, gen).set_requires_grad();
+  auto run = [&] {
+    x.set_grad(Tensor());
+    w.set_grad(Tensor());
+    Tensor y = conv2d(x, w, {}, opts({2, 2}, {2, 2}, {1, 1}, 8));
+    sum(mul(y, y)).backward();
+    std::vector<float> out = y.to_float_vector();
+    for (float v : x.grad().to_float_vector()) out.push_back(v);
+    for (float v : w.grad().to_float_vector()) out.push_back(v);
+    return out;
+  };
+  const std::vector<float> a = run(), b = run();
+  REQUIRE(a.size() == b.size());
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("conv2d argument errors name the op and shapes", "[conv]") {
+  Tensor x = Tensor::zeros({1, 4, 5, 5});
+  Tensor w = Tensor::zeros({6, 4, 3, 3});
+  using Catch::Contains;
+  CHECK_THROWS_WITH(conv2d(Tensor::zeros({4, 5, 5}), w),
+                    Contains("conv2d") && Contains("4-D input") && Contains("[4,5,5]"));
+  CHECK_THROWS_WITH(conv2d(x, Tensor::zeros({6, 4, 3})), Contains("conv2d") && Contains("[6,4,3]"));
+  CHECK_THROWS_WITH(conv2d(x, Tensor::zeros({6, 3, 3, 3})),
+                    Contains("conv2d") && Contains("[1,4,5,5]") && Contains("[6,3,3,3]"));
+  CHECK_THROWS_WITH(conv2d(x, Tensor::zeros({6, 2, 3, 3}), {}, opts({1, 1}, {0, 0}, {1, 1}, 3)),
+                    Contains("conv2d: groups 3 does not divide") && Contains("[1,4,5,5]"));
+  CHECK_THROWS_WITH(conv2d(x, Tensor::zeros({5, 2, 3, 3}), {}, opts({1, 1}, {0, 0}, {1, 1}, 2)),
+                    Contains("conv2d: groups 2 does not divide the 5 output channels"));
+  CHECK_THROWS_WITH(conv2d(x, Tensor::zeros({6, 4, 7, 7})),
+                    Contains("conv2d: kernel [7,7]") && Contains("larger than the padded input"));
+  CHECK_NOTHROW(conv2d(x, Tensor::zeros({6, 4, 7, 7}), {}, opts({1, 1}, {1, 1})));
+  CHECK_THROWS_WITH(conv2d(x, w, {}, opts({0, 1}, {0, 0})),
+                    Contains("conv2d: stride must be positive"));
+  CHECK_THROWS_WITH(conv2d(x, w, {}, opts({1, 1}, {0, 0}, {1, -1})),
+                    Contains("conv2d: dilation must be positive"));
+  CHECK_THROWS_WITH(conv2d(x, w, {}, opts({1, 1}, {-1, 0})),
+                    Contains("conv2d: padding must be non-negative"));
+  CHECK_THROWS_WITH(conv2d(x, w, {}, opts({1, 1, 1}, {0, 0})),
+                    Contains("conv2d: stride needs 1 or 2 values"));
+  CHECK_THROWS_WITH(conv2d(x, w, Tensor::zeros({5})),
+                    Contains("conv2d: bias must have shape [6]") && Contains("[5]"));
+  CHECK_THROWS_WITH(conv2d(x.to(DType::f16), w), Contains("conv2d: input has dtype"));
+  CHECK_THROWS_WITH(conv2d(x, w.to(DType::i64)), Contains("conv2d: weight has dtype"));
+}

@@ -1,0 +1,51 @@
+#include <catch2/catch.hpp>
+
+#include "dpar/core/flags.h"
+
+using namespace dpar;
+
+TEST_CASE("flags parse both spellings and value forms", "[flags]") {
+  Flags f("prog", "test program");
+  auto& dir = f.add_string("log_dir", "log", "where logs go");
+  auto& n = f.add_int("nproc-per-node", 1, "processes");
+  auto& lr = f.add_double("lr", 0.1, "learning rate");
+  auto& gpu = f.add_bool("use_gpu", false, "use the GPU");
+  auto& gpus = f.add_string("gpus", "", "GPU list");
+  f.add_alias("devices", "gpus");
+  auto rest = f.parse({"--log-dir=/tmp/x", "--nproc_per_node", "4", "--lr=0.5", "--use-gpu=True",
+                       "--devices=0,1", "--", "a"});
+  CHECK(dir == "/tmp/x");
+  CHECK(n == 4);
+  CHECK(lr == 0.5);
+  CHECK(gpu);
+  CHECK(gpus == "0,1");
+  CHECK(rest == std::vector<std::string>{"a"});
+  CHECK(f.was_set("log_dir"));
+  CHECK_FALSE(Flags("p", "").was_set("x"));
+}
+
+TEST_CASE("flags: launcher style stops at the program", "[flags]") {
+  Flags f("launch", "");
+  auto& n = f.add_int("nproc_per_node", 1, "");
+  auto rest = f.parse({"--nproc_per_node=2", "./train", "--epochs", "3"}, /*allow_positional=*/true);
+  CHECK(n == 2);
+  CHECK(rest == std::vector<std::string>{"./train", "--epochs", "3"});
+}
+
+TEST_CASE("flags: bad input is one clear FlagError", "[flags][errors]") {
+  Flags f("prog", "");
+  f.add_int("epochs", 1, "");
+  f.add_bool("amp", false, "");
+  CHECK_THROWS_AS(f.parse({"--epoch=3"}), FlagError);
+  CHECK_THROWS_WITH(f.parse({"--epoch=3"}), "prog: unknown flag --epoch (see --help)");
+  CHECK_THROWS_WITH(f.parse({"--epochs=three"}), "prog: --epochs=three: expected an integer");
+  CHECK_THROWS_WITH(f.parse({"--epochs"}), "prog: --epochs needs a value");
+  CHECK_THROWS_WITH(f.parse({"--amp=maybe"}), "prog: --amp=maybe: expected true or false");
+  CHECK_THROWS_WITH(f.parse({"stray"}), Catch::Contains("unexpected argument 'stray'"));
+}
+
+TEST_CASE("run_main maps errors to exit codes", "[flags]") {
+  CHECK(run_main("p", [] { return 0; }) == 0);
+  CHECK(run_main("p", []() -> int { throw FlagError("bad flag"); }) == 2);
+  CHECK(run_main("p", []() -> int { throw Error("boom"); }) == 1);
+}

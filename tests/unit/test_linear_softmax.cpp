@@ -1,0 +1,277 @@
+// matmul / linear, softmax / log_softmax, cross-entropy, argmax and top-k: values against
+// hand-computed numbers, gradients against finite differences, layouts and errors.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "gradcheck.h"
+
+using namespace dpar;
+using dpar::testing::gradcheck;
+using dpar::testing::random_tensor;
+
+namespace {
+
+void check_close(const std::vector<float>& got, const std::vector<float>& want, double tol = 1e-5) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": got " << got[i] << " want " << want[i]);
+    CHECK(std::abs(got[i] - want[i]) <= tol * std::max(1.0, std::abs(double(want[i]))));
+  }
+}
+
+// Reference product in double, logical (row-major) order.
+std::vector<float> naive_matmul(const Tensor& a, const Tensor& b) {
+  const auto av = a.to_float_vector(), bv = b.to_float_vector();
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  std::vector<float> c(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t l = 0; l < k; ++l) s += double(av[i * k + l]) * bv[l * n + j];
+      c[i * n + j] = static_cast<float>(s);
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("matmul values and strided operands", "[linear]") {
+  Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = Tensor::from_vector(std::vector<float>{1, 0, -1, 2, 0.5, 1}, {3, 2});
+  // [1 2 3; 4 5 6] x [1 0; -1 2; 0.5 1]
+  CHECK(matmul(a, b).to_float_vector() == std::vector<float>{0.5, 7, 2, 16});
+
+  Generator gen(21);
+  Tensor x = random_tensor({37, 61}, gen), y = random_tensor({61, 29}, gen);
+  const auto want = naive_matmul(x, y);
+  check_close(matmul(x, y).to_float_vector(), want, 1e-4);
+  // Transposed views (column-major) and sliced rows (leading dimension > width).
+  Tensor xt = x.transpose(0, 1).contiguous().transpose(0, 1);
+  Tensor yt = y.transpose(0, 1).contiguous().transpose(0, 1);
+  check_close(matmul(xt, yt).to_float_vector(), want, 1e-4);
+  Tensor wide = random_tensor({37, 80}, gen);
+  Tensor xs = wide.slice(1, 5, 66);
+  check_close(matmul(xs, y).to_float_vector(), naive_matmul(xs.contiguous(), y), 1e-4);
+  // Every-other-column slice: neither row- nor column-major, copied internally.
+  Tensor xe = random_tensor({37, 122}, gen).slice(1, 0, 122, 2);
+  check_close(matmul(xe, y).to_float_vector(), naive_matmul(xe.contiguous(), y), 1e-4);
+  // Vectors as matrices and an empty inner dimension.
+  check_close(matmul(x.slice(0, 3, 4), y).to_float_vector(),
+              naive_matmul(x.slice(0, 3, 4).contiguous(), y), 1e-4);
+  CHECK(matmul(Tensor::ones({2, 0}), Tensor::ones({0, 3})).to_float_vector() ==
+        std::vector<float>(6, 0.f));
+}
+
+TEST_CASE("matmul is deterministic", "[linear]") {
+  Generator gen(22);
+  Tensor x = random_tensor({256, 512}, gen), y = random_tensor({512, 300}, gen);
+  CHECK(matmul(x, y).to_float_vector() == matmul(x, y).to_float_vector());
+}
+
+TEST_CASE("linear values", "[linear]") {
+  Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor w = Tensor::from_vector(std::vector<float>{1, 0, 1, 0, 1, 0}, {2, 3});
+  Tensor b = Tensor::from_vector(std::vector<float>{0.5, -1}, {2});
+  CHECK(linear(x, w, b).to_float_vector() == std::vector<float>{4.5, 1, 10.5, 4});
+  CHECK(linear(x, w).to_float_vector() == std::vector<float>{4, 2, 10, 5});
+}
+
+TEST_CASE("matmul and linear gradients", "[linear][gradcheck]") {
+  Generator gen(23);
+  Tensor a = random_tensor({3, 4}, gen).set_requires_grad();
+  Tensor b = random_tensor({4, 5}, gen).set_requires_grad();
+  gradcheck([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); }, {a, b});
+  // Through transposed views: gradients flow back through the view.
+  gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return matmul(in[1].transpose(0, 1), in[0].transpose(0, 1));
+      },
+      {a, b});
+
+  Tensor x = random_tensor({6, 5}, gen).set_requires_grad();
+  Tensor w = random_tensor({4, 5}, gen).set_requires_grad();
+  Tensor bias = random_tensor({4}, gen).set_requires_grad();
+  gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
+            {x, w, bias});
+  gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1]); }, {x, w});
+  // A single-sample batch and a strided bias.
+  Tensor x1 = random_tensor({1, 5}, gen).set_requires_grad();
+  Tensor b2 = random_tensor({8}, gen).set_requires_grad();
+  gradcheck(
+      [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2].slice(0, 0, 8, 2)); },
+      {x1, w, b2});
+}
+
+TEST_CASE("linear and matmul argument errors", "[linear][errors]") {
+  Tensor a = Tensor::ones({2, 3});
+  CHECK_THROWS_WITH(matmul(a, Tensor::ones({4, 2})),
+                    Catch::Contains("matmul: inner dimensions differ: [2,3] x [4,2]"));
+  CHECK_THROWS_WITH(matmul(Tensor::ones({2, 3, 1}), a), Catch::Contains("must be 2-D"));
+  CHECK_THROWS_WITH(matmul(a, Tensor::ones({3, 2}, DType::i64)),
+                    Catch::Contains("matmul: second operand must be f32"));
+  CHECK_THROWS_WITH(linear(a, Tensor::ones({4, 5})),
+                    Catch::Contains("linear: input [2,3] has 3 features but weight [4,5]"));
+  CHECK_THROWS_WITH(linear(a, Tensor::ones({4, 3}), Tensor::ones({3})),
+                    Catch::Contains("linear: bias shape [3] does not match weight [4,3]"));
+  CHECK_THROWS_WITH(linear(Tensor::ones({3}), Tensor::ones({4, 3})),
+                    Catch::Contains("linear: input must be 2-D, got shape [3]"));
+}
+
+TEST_CASE("softmax and log_softmax values", "[softmax]") {
+  Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3, 1000, 1001, 1002}, {2, 3});
+  const std::vector<float> p{0.0900305732f, 0.244728471f, 0.665240956f};
+  std::vector<float> want = p;
+  want.insert(want.end(), p.begin(), p.end());
+  check_close(softmax(x, 1).to_float_vector(), want);  // large logits stay finite
+  std::vector<float> lwant;
+  for (float v : want) lwant.push_back(std::log(v));
+  check_close(log_softmax(x, -1).to_float_vector(), lwant);
+  // Along dim 0: each column is a pair (a, a + 999).
+  const auto s0 = softmax(x, 0).to_float_vector();
+  for (size_t j = 0; j < 3; ++j) {
+    CHECK(s0[j] < 1e-30f);
+    CHECK(s0[3 + j] == Approx(1.0f));
+  }
+}
+
+TEST_CASE("softmax on any dim and layout", "[softmax]") {
+  Generator gen(31);
+  Tensor x = random_tensor({2, 5, 3, 4}, gen, -3, 3, MemoryFormat::ChannelsLast);
+  Tensor xc = x.contiguous();
+  for (int64_t dim : {0, 1, 2, 3, -1}) {
+    INFO("dim " << dim);
+    Tensor y = softmax(x, dim);
+    CHECK(y.is_contiguous(MemoryFormat::ChannelsLast));
+    check_close(y.to_float_vector(), softmax(xc, dim).to_float_vector(), 1e-6);
+    check_close(log_softmax(x, dim).to_float_vector(), log_softmax(xc, dim).to_float_vector(),
+                1e-6);
+    // Probabilities along dim sum to one.
+    const auto total = sum(y, {dim}).to_float_vector();
+    for (float t : total) CHECK(t == Approx(1.0f).epsilon(1e-5));
+  }
+  // Non-dense input (strided view).
+  Tensor v = xc.slice(3, 0, 4, 2);
+  check_close(softmax(v, 1).to_float_vector(), softmax(v.contiguous(), 1).to_float_vector(), 1e-6);
+  // Large enough for the parallel path; blocks of lines give the same numbers as one row.
+  Tensor big = random_tensor({64, 2000}, gen, -5, 5);
+  Tensor bigt = big.transpose(0, 1).contiguous();
+  check_close(softmax(big, 1).to_float_vector(),
+              softmax(bigt, 0).transpose(0, 1).contiguous().to_float_vector(), 1e-6);
+}
+
+TEST_CASE("softmax gradients", "[softmax][gradcheck]") {
+  Generator gen(32);
+  Tensor x2 = random_tensor({3, 5}, gen, -2, 2).set_requires_grad();
+  Tensor x4 =
+      random_tensor({2, 3, 2, 3}, gen, -2, 2, MemoryFormat::ChannelsLast).set_requires_grad();
+  for (int64_t dim : {0, 1}) {
+    gradcheck([dim](const std::vector<Tensor>& in) { return softmax(in[0], dim); }, {x2});
+    gradcheck([dim](const std::vector<Tensor>& in) { return log_softmax(in[0], dim); }, {x2});
+  }
+  for (int64_t dim : {1, 3}) {
+    gradcheck([dim](const std::vector<Tensor>& in) { return softmax(in[0], dim); }, {x4});
+    gradcheck([dim](const std::vector<Tensor>& in) { return log_softmax(in[0], dim); }, {x4});
+  }
+  // The incoming gradient has another layout than the output (transposed consumer).
+  gradcheck([](const std::vector<Tensor>& in) { return softmax(in[0], 1).transpose(0, 1); }, {x2});
+}
+
+TEST_CASE("cross_entropy matches hand-computed values", "[softmax][loss]") {
+  // Rows [1,2,3] -> target 2 and [1,0,-1] -> target 0: both have log-sum-exp minus the target
+  // logit = log(1 + e^-1 + e^-2) = 0.40760596, and lse - mean(z) = 1.40760596.
+  Tensor z = Tensor::from_vector(std::vector<float>{1, 2, 3, 1, 0, -1}, {2, 3}).set_requires_grad();
+  Tensor t = Tensor::from_vector(std::vector<int64_t>{2, 0}, {2});
+  Tensor loss = cross_entropy(z, t);
+  CHECK(loss.shape().empty());
+  CHECK(loss.item() == Approx(0.40760596).epsilon(1e-6));
+  loss.backward();
+  // (softmax - onehot) / N with softmax([1,2,3]) = [0.09003057, 0.24472847, 0.66524096]
+  check_close(z.grad().to_float_vector(),
+              {0.04501529f, 0.12236424f, -0.16737952f, -0.16737952f, 0.12236424f, 0.04501529f});
+
+  // eps = 0.1: 0.9 * 0.40760596 + 0.1 * 1.40760596; target = 0.9 onehot + 0.1/3.
+  z.set_grad(Tensor());
+  Tensor smooth = cross_entropy(z, t, 0.1);
+  CHECK(smooth.item() == Approx(0.50760596).epsilon(1e-6));
+  smooth.backward();
+  check_close(z.grad().to_float_vector(),
+              {0.02834862f, 0.10569758f, -0.13404617f, -0.13404617f, 0.10569758f, 0.02834862f});
+}
+
+TEST_CASE("cross_entropy gradients and strided logits", "[softmax][loss][gradcheck]") {
+  Generator gen(33);
+  Tensor z = random_tensor({4, 6}, gen, -3, 3).set_requires_grad();
+  Tensor t = Tensor::from_vector(std::vector<int64_t>{5, 0, 2, 2}, {4});
+  for (double eps : {0.0, 0.1}) {
+    gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], t, eps); }, {z});
+  }
+  // Column-major logits give the same loss as a dense copy.
+  Tensor zt = z.detach().transpose(0, 1).contiguous().transpose(0, 1);
+  CHECK(cross_entropy(zt, t, 0.1).item() == Approx(cross_entropy(z, t, 0.1).item()));
+  gradcheck(
+      [&](const std::vector<Tensor>& in) { return cross_entropy(in[0].transpose(0, 1), t, 0.1); },
+      {random_tensor({6, 4}, gen, -3, 3).set_requires_grad()});
+  // Large logits stay finite.
+  Tensor big = Tensor::from_vector(std::vector<float>{1000, 0, -1000, 50}, {2, 2});
+  const double l = cross_entropy(big, Tensor::from_vector(std::vector<int64_t>{1, 0}, {2})).item();
+  CHECK(l == Approx(1025.0));  // rows: 1000 - 0 and 50 - (-1000)
+}
+
+TEST_CASE("cross_entropy argument errors", "[softmax][loss][errors]") {
+  Tensor z = Tensor::zeros({2, 3});
+  CHECK_THROWS_WITH(cross_entropy(z, Tensor::from_vector(std::vector<int64_t>{0, 3}, {2})),
+                    Catch::Contains("cross_entropy: target value 3 at position 1") &&
+                        Catch::Contains("3 classes"));
+  CHECK_THROWS_WITH(cross_entropy(z, Tensor::from_vector(std::vector<int64_t>{-1, 0}, {2})),
+                    Catch::Contains("target value -1 at position 0"));
+  CHECK_THROWS_WITH(cross_entropy(z, Tensor::zeros({2})),
+                    Catch::Contains("cross_entropy: target must be i64"));
+  CHECK_THROWS_WITH(cross_entropy(z, Tensor::zeros({3}, DType::i64)),
+                    Catch::Contains("target shape [3] does not match logits [2,3]"));
+  CHECK_THROWS_WITH(cross_entropy(Tensor::zeros({6}), Tensor::zeros({6}, DType::i64)),
+                    Catch::Contains("cross_entropy: logits must be [N,K], got shape [6]"));
+  CHECK_THROWS_WITH(cross_entropy(z, Tensor::zeros({2}, DType::i64), 1.5),
+                    Catch::Contains("label_smoothing must be in [0, 1]"));
+}
+
+TEST_CASE("argmax and topk_indices", "[softmax][index]") {
+  Tensor x =
+      Tensor::from_vector(std::vector<float>{1, 5, 5, 2, 7, 0, 7, 3, -1, -2, -3, -1}, {3, 4});
+  CHECK(argmax(x, 1).to_int_vector() == std::vector<int64_t>{1, 0, 0});  // ties: first index
+  CHECK(argmax(x, 0).to_int_vector() == std::vector<int64_t>{1, 0, 1, 1});
+  CHECK(argmax(x, -1).shape() == Shape{3});
+  CHECK(argmax(x, 1).dtype() == DType::i64);
+
+  Tensor top = topk_indices(x, 3);
+  CHECK(top.shape() == Shape{3, 3});
+  CHECK(top.to_int_vector() == std::vector<int64_t>{1, 2, 3, 0, 2, 3, 0, 3, 1});
+  CHECK(topk_indices(x, 1).to_int_vector() == argmax(x, 1).to_int_vector());
+  // Column-major input gives the same answer.
+  Tensor xt = x.transpose(0, 1).contiguous().transpose(0, 1);
+  CHECK(topk_indices(xt, 4).to_int_vector() == topk_indices(x, 4).to_int_vector());
+
+  // argmax over the channel dim of a channels-last 4-D tensor equals the dense answer.
+  Generator gen(34);
+  Tensor cl = random_tensor({2, 6, 3, 2}, gen, -1, 1, MemoryFormat::ChannelsLast);
+  for (int64_t d : {1, 2, 3}) {
+    CHECK(argmax(cl, d).to_int_vector() == argmax(cl.contiguous(), d).to_int_vector());
+  }
+  // NaN counts as the largest value.
+  Tensor n = Tensor::from_vector(std::vector<float>{1, std::nanf(""), 3}, {1, 3});
+  CHECK(argmax(n, 1).to_int_vector() == std::vector<int64_t>{1});
+  CHECK(topk_indices(n, 2).to_int_vector() == std::vector<int64_t>{1, 2});
+}
+
+TEST_CASE("softmax and index argument errors", "[softmax][errors]") {
+  Tensor x = Tensor::zeros({2, 3});
+  CHECK_THROWS_WITH(softmax(x, 2), Catch::Contains("dimension 2 out of range"));
+  CHECK_THROWS_WITH(log_softmax(Tensor::zeros({2}, DType::i64), 0),
+                    Catch::Contains("log_softmax: input must be f32"));
+  CHECK_THROWS_WITH(argmax(x, -3), Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(topk_indices(x, 4), Catch::Contains("topk_indices: k = 4 must be in [1, 3]"));
+  CHECK_THROWS_WITH(topk_indices(x, 0), Catch::Contains("topk_indices: k = 0"));
+  CHECK_THROWS_WITH(topk_indices(Tensor::zeros({6}), 1),
+                    Catch::Contains("topk_indices: expects a 2-D tensor [N,K], got shape [6]"));
+}

@@ -1,0 +1,217 @@
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+
+#include "gradcheck.h"
+
+using namespace dpar;
+using dpar::testing::gradcheck;
+using dpar::testing::max_rel_error;
+using dpar::testing::random_tensor;
+
+namespace {
+
+// Per-channel mean and biased variance of x (logical NCHW values), in double.
+void channel_stats(const Tensor& x, std::vector<double>& mean, std::vector<double>& var) {
+  const std::vector<float> v = x.to_float_vector();
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  mean.assign(C, 0.0);
+  var.assign(C, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t p = 0; p < HW; ++p) mean[c] += v[(n * C + c) * HW + p];
+  for (auto& m : mean) m /= static_cast<double>(N * HW);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t p = 0; p < HW; ++p) {
+        const double d = v[(n * C + c) * HW + p] - mean[c];
+        var[c] += d * d;
+      }
+  for (auto& s : var) s /= static_cast<double>(N * HW);
+}
+
+// y = (x - mean) / sqrt(var + eps) * w + b in logical NCHW order.
+std::vector<float> normalize(const Tensor& x, const std::vector<double>& mean,
+                             const std::vector<double>& var, const Tensor& w, const Tensor& b,
+                             double eps) {
+  const std::vector<float> v = x.to_float_vector();
+  const std::vector<float> wv = w.defined() ? w.to_float_vector() : std::vector<float>();
+  const std::vector<float> bv = b.defined() ? b.to_float_vector() : std::vector<float>();
+  const int64_t C = x.size(1), HW = x.size(2) * x.size(3);
+  std::vector<float> y(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int64_t c = (static_cast<int64_t>(i) / HW) % C;
+    double r = (v[i] - mean[c]) / std::sqrt(var[c] + eps);
+    if (!wv.empty()) r *= wv[c];
+    if (!bv.empty()) r += bv[c];
+    y[i] = static_cast<float>(r);
+  }
+  return y;
+}
+
+std::vector<double> to_double(const Tensor& t) {
+  const std::vector<float> v = t.to_float_vector();
+  return {v.begin(), v.end()};
+}
+
+}  // namespace
+
+TEST_CASE("batch_norm training: batch statistics and PyTorch running-stat update", "[norm]") {
+  Generator gen(31);
+  const double momentum = 0.1, eps = 1e-3;
+  for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
+    Tensor x = random_tensor({3, 4, 3, 2}, gen, -2, 2, format);
+    Tensor w = random_tensor({4}, gen, 0.5f, 1.5f);
+    Tensor b = random_tensor({4}, gen);
+    Tensor rm = random_tensor({4}, gen);
+    Tensor rv = random_tensor({4}, gen, 0.5f, 2.f);
+    const std::vector<float> rm0 = rm.to_float_vector(), rv0 = rv.to_float_vector();
+
+    const Tensor y = batch_norm(x, w, b, rm, rv, /*training=*/true, momentum, eps);
+    CHECK(y.strides() == x.strides());  // keeps the input's layout
+
+    std::vector<double> mean, var;
+    channel_stats(x, mean, var);
+    CHECK(max_rel_error(y.to_float_vector(), normalize(x, mean, var, w, b, eps), 0.1) < 1e-4);
+    const double n = 3 * 3 * 2;
+    std::vector<float> expect_rm(4), expect_rv(4);
+    for (int c = 0; c < 4; ++c) {
+      expect_rm[c] = static_cast<float>((1 - momentum) * rm0[c] + momentum * mean[c]);
+      expect_rv[c] = static_cast<float>((1 - momentum) * rv0[c] + momentum * var[c] * n / (n - 1));
+    }
+    CHECK(max_rel_error(rm.to_float_vector(), expect_rm) < 1e-5);
+    CHECK(max_rel_error(rv.to_float_vector(), expect_rv) < 1e-5);
+  }
+}
+
+TEST_CASE("batch_norm training gradients", "[norm]") {
+  Generator gen(32);
+  dpar::testing::GradcheckOptions opt;
+  opt.eps = 1e-3;  // batch statistics make the map curved; a smaller step keeps truncation low
+  opt.atol = 5e-3;
+  for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
+    Tensor x = random_tensor({3, 3, 2, 3}, gen, -2, 2, format).set_requires_grad();
+    Tensor w = random_tensor({3}, gen, 0.5f, 1.5f).set_requires_grad();
+    Tensor b = random_tensor({3}, gen).set_requires_grad();
+    Tensor rm = Tensor::zeros({3}), rv = Tensor::ones({3});
+    gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          return batch_norm(in[0], in[1], in[2], rm, rv, true, 0.1, 1e-3);
+        },
+        {x, w, b}, opt);
+    // affine=false and no running statistics
+    gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          return batch_norm(in[0], {}, {}, {}, {}, true, 0.1, 1e-3);
+        },
+        {x}, opt);
+  }
+}
+
+TEST_CASE("batch_norm eval uses running statistics, forward and backward", "[norm]") {
+  Generator gen(33);
+  const double eps = 1e-5;
+  Tensor x =
+      random_tensor({2, 3, 4, 3}, gen, -1, 1, MemoryFormat::ChannelsLast).set_requires_grad();
+  Tensor w = random_tensor({3}, gen, 0.5f, 1.5f).set_requires_grad();
+  Tensor b = random_tensor({3}, gen).set_requires_grad();
+  Tensor rm = random_tensor({3}, gen);
+  Tensor rv = random_tensor({3}, gen, 0.5f, 2.f);
+  const std::vector<float> rm0 = rm.to_float_vector(), rv0 = rv.to_float_vector();
+
+  const Tensor y = batch_norm(x, w, b, rm, rv, /*training=*/false, 0.1, eps);
+  CHECK(max_rel_error(y.to_float_vector(), normalize(x, to_double(rm), to_double(rv), w, b, eps),
+                      0.1) < 1e-5);
+  CHECK(rm.to_float_vector() == rm0);  // eval leaves the running statistics alone
+  CHECK(rv.to_float_vector() == rv0);
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return batch_norm(in[0], in[1], in[2], rm, rv, false, 0.1, eps);
+      },
+      {x, w, b});
+  // Only a bias, and a non-dense input (sliced), which runs channels-last.
+  Tensor big = random_tensor({2, 3, 4, 6}, gen);
+  Tensor xs = big.slice(3, 0, 6, 2).set_requires_grad();
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return batch_norm(in[0], {}, in[1], rm, rv, false, 0.1, eps);
+      },
+      {xs, b});
+}
+
+TEST_CASE("batch_norm argument errors name the op and shapes", "[norm]") {
+  using Catch::Contains;
+  Tensor x = Tensor::zeros({2, 3, 4, 4});
+  Tensor c3 = Tensor::ones({3});
+  CHECK_THROWS_WITH(batch_norm(Tensor::zeros({2, 3}), c3, c3, c3, c3, true, 0.1, 1e-5),
+                    Contains("batch_norm: expected a 4-D input") && Contains("[2,3]"));
+  CHECK_THROWS_WITH(batch_norm(x, Tensor::ones({4}), c3, c3, c3, true, 0.1, 1e-5),
+                    Contains("batch_norm: weight must have shape [3]") && Contains("[4]"));
+  CHECK_THROWS_WITH(batch_norm(x, c3, Tensor::ones({1, 3}), c3, c3, true, 0.1, 1e-5),
+                    Contains("batch_norm: bias must have shape [3]") && Contains("[1,3]"));
+  CHECK_THROWS_WITH(batch_norm(x, c3, c3, Tensor::zeros({2}), c3, true, 0.1, 1e-5),
+                    Contains("batch_norm: running_mean must have shape [3]"));
+  CHECK_THROWS_WITH(batch_norm(x, c3, c3, c3, Tensor::zeros({5}), false, 0.1, 1e-5),
+                    Contains("batch_norm: running_var must have shape [3]"));
+  CHECK_THROWS_WITH(batch_norm(x, c3, c3, c3, {}, true, 0.1, 1e-5),
+                    Contains("batch_norm: running_mean and running_var"));
+  CHECK_THROWS_WITH(batch_norm(x.to(DType::f16), c3, c3, c3, c3, true, 0.1, 1e-5),
+                    Contains("batch_norm: input has dtype"));
+  CHECK_THROWS_WITH(batch_norm(Tensor::zeros({1, 3, 1, 1}), c3, c3, c3, c3, true, 0.1, 1e-5),
+                    Contains("batch_norm: expected more than 1 value per channel"));
+}
+
+TEST_CASE("global_avg_pool2d forward and gradient in both layouts", "[pool]") {
+  Generator gen(34);
+  for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
+    Tensor x = random_tensor({2, 5, 3, 4}, gen, -1, 1, format).set_requires_grad();
+    const Tensor y = global_avg_pool2d(x);
+    REQUIRE(y.shape() == Shape{2, 5, 1, 1});
+    const std::vector<float> v = x.to_float_vector();
+    std::vector<float> expect(10);
+    for (int i = 0; i < 10; ++i) {
+      double s = 0;
+      for (int p = 0; p < 12; ++p) s += v[i * 12 + p];
+      expect[i] = static_cast<float>(s / 12);
+    }
+    CHECK(max_rel_error(y.to_float_vector(), expect, 0.1) < 1e-5);
+    gradcheck([](const std::vector<Tensor>& in) { return global_avg_pool2d(in[0]); }, {x});
+  }
+  // Non-dense input, and a gradient arriving through a broadcast (stride-0) view.
+  Tensor big = random_tensor({2, 3, 4, 6}, gen);
+  Tensor xs = big.slice(3, 1, 6, 2).set_requires_grad();
+  gradcheck([](const std::vector<Tensor>& in) { return global_avg_pool2d(in[0]); }, {xs});
+  xs.set_grad(Tensor());
+  sum(global_avg_pool2d(xs)).backward();
+  CHECK(max_rel_error(xs.grad().to_float_vector(), std::vector<float>(2 * 3 * 4 * 3, 1.f / 12)) <
+        1e-6);
+}
+
+TEST_CASE("global_avg_pool2d argument errors", "[pool]") {
+  using Catch::Contains;
+  CHECK_THROWS_WITH(global_avg_pool2d(Tensor::zeros({2, 3, 4})),
+                    Contains("global_avg_pool2d: expected a 4-D input") && Contains("[2,3,4]"));
+  CHECK_THROWS_WITH(global_avg_pool2d(Tensor::zeros({2, 3, 4, 4}).to(DType::f16)),
+                    Contains("global_avg_pool2d: input has dtype"));
+}
+
+TEST_CASE("batch_norm and pooling are deterministic", "[norm][pool]") {
+  Generator gen(35);
+  Tensor x =
+      random_tensor({4, 16, 9, 9}, gen, -1, 1, MemoryFormat::ChannelsLast).set_requires_grad();
+  Tensor w = random_tensor({16}, gen).set_requires_grad();
+  Tensor b = random_tensor({16}, gen).set_requires_grad();
+  auto run = [&] {
+    for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+    Tensor rm = Tensor::zeros({16}), rv = Tensor::ones({16});
+    Tensor y = global_avg_pool2d(batch_norm(x, w, b, rm, rv, true, 0.1, 1e-3));
+    sum(mul(y, y)).backward();
+    std::vector<float> out = y.to_float_vector();
+    for (const Tensor* t : {&x, &w, &b})
+      for (float v : t->grad().to_float_vector()) out.push_back(v);
+    return out;
+  };
+  const std::vector<float> a = run(), c = run();
+  REQUIRE(a.size() == c.size());
+  CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) == 0);
+}
