@@ -118,6 +118,13 @@ int main(int argc, char** argv) {
     if (batch_size < 1) throw FlagError("train: --batch-size must be >= 1");
     if (img_size < 16) throw FlagError("train: --img-size must be >= 16");
     if (print_freq < 1) throw FlagError("train: --print-freq must be >= 1");
+    // Validate every choice before loading data, so usage errors come back at once.
+    if (opt_name != "sgd" && opt_name != "momentum" && opt_name != "rmsprop" && opt_name != "adamw") {
+      throw FlagError("train: --opt=" + opt_name + ": expected sgd, rmsprop or adamw");
+    }
+    if (scheduler != "cosine" && scheduler != "step") {
+      throw FlagError("train: --lr-scheduler=" + scheduler + ": expected cosine or step");
+    }
     if (threads > 0) set_num_threads(static_cast<int>(threads));
     manual_seed(static_cast<uint64_t>(seed));
 

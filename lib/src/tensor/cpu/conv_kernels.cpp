@@ -9,6 +9,12 @@
 #include "tensor/nn_kernels.h"
 
 namespace dpar::cpu {
+
+// depthwise_kernels.cpp: handles depthwise filters oneDNN has no fast kernel for; returns false
+// for the shapes it leaves to oneDNN.
+bool depthwise_backward_weights(const kernels::Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
+                                Tensor& dweight, Tensor& dbias);
+
 namespace {
 
 using dnnl::memory;
@@ -180,6 +186,7 @@ void conv2d_backward_data_cpu(const Conv2dGeometry& g, const Tensor& dy, const T
 
 void conv2d_backward_weights_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
                                  Tensor& dweight, Tensor& dbias) {
+  if (depthwise_backward_weights(g, x, dy, dweight, dbias)) return;
   const ConvBackwardWeights& e = backward_weights_entry(g);
   memory plain = onednn::wrap(e.plain_weights, dweight);
   onednn::OwnedMemory blocked;

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Bad input to the training program: one clear line on stderr, non-zero exit, no crash.
+set -uo pipefail
+train=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+expect() {  # expect <exit code> <text in stderr> -- args...
+  local code=$1 text=$2; shift 3
+  "$train" "$@" >"$work/out" 2>"$work/err"
+  local got=$?
+  local lines
+  lines=$(wc -l <"$work/err")
+  if [ "$got" -ne "$code" ] || ! grep -qF -- "$text" "$work/err" || [ "$lines" -ne 1 ]; then
+    echo "FAIL: train $* -> exit $got (want $code), stderr ($lines lines):"; cat "$work/err"; fail=1
+  else
+    echo "ok: train $* -> exit $got: $(cat "$work/err")"
+  fi
+}
+expect 2 "unknown flag --epoch" -- --epoch 3
+expect 2 "--batch-size=abc: expected an integer" -- --batch-size=abc
+expect 2 "--lr-scheduler=linear: expected cosine or step" -- --lr-scheduler=linear --limit-train 64 --limit-val 8
+expect 2 "--opt=lamb: expected sgd, rmsprop or adamw" -- --opt lamb --limit-train 64 --limit-val 8
+expect 1 "data path /nonexistent is not a directory" -- --data-path /nonexistent
+mkdir -p "$work/empty"
+expect 1 "has neither Fashion-MNIST idx files nor a train/ folder" -- --data-path "$work/empty"
+expect 2 "is larger than the 64 training images" -- --limit-train 64 --batch-size 128 --limit-val 8
+printf 'not a safetensors file' >"$work/bad.safetensors"
+expect 1 "bad.safetensors" -- --pretrained "$work/bad.safetensors" --limit-train 64 --limit-val 8
+exit $fail
