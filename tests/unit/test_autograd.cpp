@@ -108,3 +108,16 @@ TEST_CASE("op argument errors name the op and shapes", "[autograd][errors]") {
                     Catch::Contains("mul: second operand has dtype i64"));
   CHECK_THROWS_AS(Tensor::ones({2}, DType::i64).set_requires_grad(), Error);
 }
+
+TEST_CASE("queued callbacks run once when backward finishes", "[autograd]") {
+  Tensor w = Tensor::ones({2}).set_requires_grad();
+  std::vector<std::string> events;
+  w.register_grad_ready_hook([&](Tensor&) {
+    events.push_back("hook");
+    autograd::queue_callback([&] { events.push_back("final"); });
+  });
+  sum(mul(w, 2.0)).backward();
+  CHECK(events == std::vector<std::string>{"hook", "final"});
+  CHECK_FALSE(autograd::in_backward());
+  CHECK_THROWS_WITH(autograd::queue_callback([] {}), Catch::Contains("outside a backward pass"));
+}

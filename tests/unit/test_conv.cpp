@@ -87,7 +87,7 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
       // Channel counts that cover the 16- and 8-wide blocks and single-channel tails of the
       // depthwise weight-gradient kernel.
       {"depthwise 5x5 27 channels bias",
-       {2, 27, 6, 5},
+       {1, 27, 5, 4},
        {27, 1, 5, 5},
        opts({1, 1}, {2, 2}, {1, 1}, 27),
        true,
@@ -98,10 +98,10 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
        opts({2, 2}, {3, 3}, {1, 1}, 19),
        false,
        CL},
-      {"depthwise 3x3 dilation 2 s2 24 channels",
-       {2, 24, 7, 6},
-       {24, 1, 3, 3},
-       opts({2, 2}, {2, 1}, {2, 2}, 24),
+      {"depthwise 5x5 dilation 2 s2 24 channels",
+       {2, 24, 9, 8},
+       {24, 1, 5, 5},
+       opts({2, 2}, {4, 1}, {2, 2}, 24),
        false,
        NCHW},
       {"groups 2 bias", {1, 4, 5, 5}, {6, 2, 3, 3}, opts({1, 1}, {1, 1}, {1, 1}, 2), true, NCHW},

@@ -23,13 +23,31 @@ void accumulate(Tensor& slot, Tensor g) {
   slot = slot.defined() ? add(slot, g) : std::move(g);
 }
 
+// Callbacks queued by queue_callback() during the running backward pass on this thread.
+thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
+
 }  // namespace
+
+void queue_callback(std::function<void()> fn) {
+  DPAR_CHECK(pending_callbacks != nullptr,
+             "autograd::queue_callback: called outside a backward pass");
+  pending_callbacks->push_back(std::move(fn));
+}
+
+bool in_backward() { return pending_callbacks != nullptr; }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
               bool retain_graph) {
   DPAR_CHECK(roots.size() == grad_roots.size(), "backward: ", roots.size(), " roots but ",
              grad_roots.size(), " gradients");
   NoGradGuard no_grad;  // backward functions compute with plain tensors
+  DPAR_CHECK(pending_callbacks == nullptr,
+             "backward: called from inside another backward pass on the same thread");
+  std::vector<std::function<void()>> callbacks;
+  pending_callbacks = &callbacks;
+  struct ResetCallbacks {
+    ~ResetCallbacks() { pending_callbacks = nullptr; }
+  } reset_callbacks;
 
   // 1. Root edges and their gradients.
   std::vector<std::pair<Edge, Tensor>> starts;
@@ -135,6 +153,12 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       if (--dependencies[e.node.get()] == 0) ready.push(e.node.get());
     }
     keep_alive.erase(node);
+  }
+
+  // Final callbacks run after every node; one may queue another (drained in order).
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    std::function<void()> fn = std::move(callbacks[i]);
+    fn();
   }
 }
 

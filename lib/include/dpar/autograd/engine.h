@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "dpar/tensor/tensor.h"
@@ -11,5 +12,13 @@ namespace dpar::autograd {
 // nodes finish. The backward functions themselves run with grad mode off.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
               bool retain_graph = false);
+
+// Registers fn to run once, on this thread, when the backward pass currently executing
+// finishes (after every node ran). Called from inside backward (e.g. a gradient-ready hook);
+// DataParallel uses it to wait for its last buckets before backward() returns. Callbacks may
+// throw; the exception leaves backward(). Calling it outside a backward pass is an error.
+void queue_callback(std::function<void()> fn);
+// True while a backward pass runs on this thread.
+bool in_backward();
 
 }  // namespace dpar::autograd

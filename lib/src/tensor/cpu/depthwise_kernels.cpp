@@ -131,7 +131,9 @@ bool depthwise_backward_weights(const Conv2dGeometry& g, const Tensor& x, const 
   // Task list: wide blocks, then at most one 8-channel block, then single channels.
   const int64_t blocks = full / width + (eights - full) / 8 + (C - eights);
   const int64_t tasks = blocks * g.kH;
-#pragma omp parallel for schedule(static)
+  // Threads only pay off once each has a few hundred thousand multiply-adds.
+  const int64_t work = g.N * g.OH * g.OW * C * g.kH * g.kW;
+#pragma omp parallel for schedule(static) if (work > (1 << 18))
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t b = t / g.kH, kh = t % g.kH;
     if (b < full / width) {

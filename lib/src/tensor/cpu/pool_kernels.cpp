@@ -13,7 +13,7 @@ void global_avg_pool2d_forward_cpu(const Tensor& x, Tensor& y) {
   float* py = y.data<float>();  // [N,C,1,1], contiguous
   const float scale = 1.0f / static_cast<float>(HW);
   if (x.is_contiguous(MemoryFormat::ChannelsLast)) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 16))
     for (int64_t n = 0; n < N; ++n) {
       std::vector<float> acc(static_cast<size_t>(C), 0.0f);
       float* a = acc.data();
@@ -28,7 +28,7 @@ void global_avg_pool2d_forward_cpu(const Tensor& x, Tensor& y) {
   }
   // Contiguous NCHW: eight partial sums per plane let the compiler vectorise the reduction
   // while keeping a fixed summation order.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 16))
   for (int64_t nc = 0; nc < N * C; ++nc) {
     const float* plane = px + nc * HW;
     float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -50,7 +50,7 @@ void global_avg_pool2d_backward_cpu(const Tensor& dy, Tensor& dx) {
   float* px = dx.data<float>();
   const float scale = 1.0f / static_cast<float>(HW);
   if (dx.is_contiguous(MemoryFormat::ChannelsLast)) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 16))
     for (int64_t n = 0; n < N; ++n) {
       std::vector<float> v(static_cast<size_t>(C));
       for (int64_t c = 0; c < C; ++c) v[c] = pg[n * sn + c * sc] * scale;
@@ -62,7 +62,7 @@ void global_avg_pool2d_backward_cpu(const Tensor& dy, Tensor& dx) {
     }
     return;
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 16))
   for (int64_t nc = 0; nc < N * C; ++nc) {
     const float v = pg[(nc / C) * sn + (nc % C) * sc] * scale;
     float* plane = px + nc * HW;

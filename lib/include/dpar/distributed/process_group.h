@@ -1,0 +1,99 @@
+#pragma once
+// Collectives. A ProcessGroup is one backend (Gloo for CPU tensors; NCCL for CUDA tensors in
+// CUDA builds) over a fixed set of ranks. Group routes each call to the backend for the
+// tensors' device, so CPU and GPU collectives coexist in one build and one job.
+//
+// Every collective is asynchronous: it returns a Work whose wait() rethrows any failure. Every
+// collective has a timeout (default 30 min; DPAR_TIMEOUT=<seconds> or the options); a timeout
+// error names the op, this rank, the tensor shape, and the ranks that have not arrived when
+// known. With DPAR_DEBUG=DETAIL each collective first checks that all ranks issue the same op
+// with the same shapes and dtypes, and reports a mismatch instead of hanging.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpar/distributed/store.h"
+#include "dpar/tensor/tensor.h"
+
+namespace dpar::dist {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() = 0;
+  // Blocks until done; throws dpar::Error if the collective failed, or if timeout passes
+  // first (a zero timeout means the group's timeout).
+  virtual void wait(Millis timeout = Millis(0)) = 0;
+};
+
+struct ProcessGroupOptions {
+  Millis timeout{std::chrono::minutes(30)};
+  bool debug_detail = false;  // DPAR_DEBUG=DETAIL: cross-rank op/shape check before each op
+  // Address this rank's transport binds to (Gloo TCP); empty: the address used to reach the
+  // store host, or loopback for a local job.
+  std::string bind_address;
+  // Reads DPAR_TIMEOUT (seconds) and DPAR_DEBUG from the environment into these options.
+  static ProcessGroupOptions from_env();
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+  virtual ~ProcessGroup() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend_name() const = 0;
+
+  // In place on each tensor (all ranks pass tensors of equal shapes and dtypes). Several
+  // tensors are reduced as one fused operation.
+  virtual std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op = ReduceOp::Sum) = 0;
+  // In place: root's values are copied to every rank.
+  virtual std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0) = 0;
+  // outputs[r] receives rank r's input; outputs has size() tensors shaped like input.
+  virtual std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input) = 0;
+  // output = reduction over ranks of inputs[rank()] (inputs has size() tensors; their sizes
+  // may differ between positions, so uneven splits of a buffer are fine).
+  virtual std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
+                                               ReduceOp op = ReduceOp::Sum) = 0;
+  virtual std::shared_ptr<Work> barrier() = 0;
+
+ protected:
+  int rank_;
+  int size_;
+};
+
+// Creates the Gloo process group (TCP transport) for CPU tensors, rendezvousing through store.
+std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size,
+                                              const ProcessGroupOptions& options = ProcessGroupOptions::from_env());
+
+// Routes collectives by tensor device: CPU -> Gloo, CUDA -> NCCL (when built). Backends are
+// created on first use from the shared store.
+class Group {
+ public:
+  Group(std::shared_ptr<Store> store, int rank, int size,
+        ProcessGroupOptions options = ProcessGroupOptions::from_env());
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  ProcessGroup& backend_for(Device device);
+  std::shared_ptr<ProcessGroup> backend_ptr_for(Device device);
+
+  std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op = ReduceOp::Sum);
+  std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0);
+  std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input);
+  std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op = ReduceOp::Sum);
+  void barrier();  // on the CPU backend
+  const std::shared_ptr<Store>& store() const { return store_; }
+
+ private:
+  std::shared_ptr<Store> store_;
+  int rank_;
+  int size_;
+  ProcessGroupOptions options_;
+  std::shared_ptr<ProcessGroup> backends_[kNumDeviceTypes];
+};
+
+}  // namespace dpar::dist
