@@ -37,6 +37,39 @@ size_t Key::hash() const {
   return static_cast<size_t>(h);
 }
 
+namespace {
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::conv_forward:
+      return "conv2d forward";
+    case Kind::conv_backward_data:
+      return "conv2d backward-data";
+    case Kind::conv_backward_weights:
+      return "conv2d backward-weights";
+    case Kind::batch_norm_forward:
+      return "batch_norm forward";
+    case Kind::batch_norm_backward:
+      return "batch_norm backward";
+  }
+  return "unknown";
+}
+
+const char* kind_name(dnnl::primitive::kind kind) {
+  switch (kind) {
+    case dnnl::primitive::kind::convolution:
+      return "convolution";
+    case dnnl::primitive::kind::batch_normalization:
+      return "batch normalization";
+    case dnnl::primitive::kind::reorder:
+      return "reorder";
+    default:
+      return "oneDNN";
+  }
+}
+
+}  // namespace
+
 namespace detail {
 
 std::shared_ptr<const void> cached(const Key& key,
@@ -48,7 +81,12 @@ std::shared_ptr<const void> cached(const Key& key,
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  std::shared_ptr<const void> entry = make();
+  std::shared_ptr<const void> entry;
+  try {
+    entry = make();
+  } catch (const dnnl::error& e) {
+    DPAR_FAIL("oneDNN could not create the ", kind_name(key.kind()), " primitive: ", e.what());
+  }
   std::lock_guard<std::mutex> lock(mutex);
   // Another thread may have built the same entry meanwhile; keep the first so every caller
   // shares one primitive.
@@ -106,8 +144,12 @@ void execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratchpad_m
   if (bytes > 0) {
     args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad_md, engine(), scratchpad.get(bytes)));
   }
-  prim.execute(stream(), args);
-  stream().wait();
+  try {
+    prim.execute(stream(), args);
+    stream().wait();
+  } catch (const dnnl::error& e) {
+    DPAR_FAIL("oneDNN could not execute a ", kind_name(prim.get_kind()), " primitive: ", e.what());
+  }
 }
 
 }  // namespace dpar::cpu::onednn

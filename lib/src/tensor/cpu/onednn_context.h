@@ -34,6 +34,7 @@ class Key {
     values_.push_back(value);
     return *this;
   }
+  Kind kind() const { return static_cast<Kind>(values_[0]); }
   bool operator==(const Key& other) const { return values_ == other.values_; }
   size_t hash() const;
 
