@@ -1,5 +1,6 @@
 #include "dpar/autograd/engine.h"
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -126,14 +127,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       }
     }
     std::vector<Tensor> results;
-    if (profiler::enabled()) {
-      const auto start = std::chrono::steady_clock::now();
-      results = node->apply(std::move(grads));
-      profiler::record(node->name() + "_backward",
-                       std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now() - start)
-                           .count());
-    } else {
+    {
+      std::optional<profiler::Scope> timed;
+      if (profiler::enabled()) timed.emplace(node->name() + "_backward");
       results = node->apply(std::move(grads));
     }
     if (!retain_graph) node->release_saved();

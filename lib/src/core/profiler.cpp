@@ -29,12 +29,32 @@ std::mutex& table_mutex() {
   return m;
 }
 
+thread_local int scope_depth = 0;
+
 std::map<std::string, Entry>& table() {
   static std::map<std::string, Entry> t;
   return t;
 }
 
 }  // namespace
+
+void Scope::begin(std::string name) {
+  active_ = true;
+  outermost_ = scope_depth++ == 0;
+  if (outermost_) {
+    name_ = std::move(name);
+    start_ = std::chrono::steady_clock::now();
+  }
+}
+
+void Scope::end() {
+  --scope_depth;
+  if (outermost_) {
+    record(name_, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start_)
+                      .count());
+  }
+}
 
 bool enabled() { return flag().load(std::memory_order_relaxed); }
 void set_enabled(bool on) { flag().store(on); }

@@ -1,6 +1,7 @@
 // AdamW: option checks, bias corrections (in double, as torch computes them in Python) and
 // the per-parameter fused update.
 #include "dpar/optim/adamw.h"
+#include "dpar/core/profiler.h"
 
 #include <cmath>
 
@@ -26,6 +27,7 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
 std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
 
 void AdamW::step() {
+  DPAR_PROFILE_SCOPE("optimizer_step");
   NoGradGuard no_grad;
   const AdamWOptions& o = options_;
   for (size_t i = 0; i < params_.size(); ++i) {

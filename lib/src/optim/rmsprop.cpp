@@ -1,5 +1,6 @@
 // RMSprop: option checks and the per-parameter fused update.
 #include "dpar/optim/rmsprop.h"
+#include "dpar/core/profiler.h"
 
 #include <cmath>
 
@@ -30,6 +31,7 @@ std::vector<std::string> RMSprop::buffer_names() const {
 }
 
 void RMSprop::step() {
+  DPAR_PROFILE_SCOPE("optimizer_step");
   NoGradGuard no_grad;
   kernels::RmspropStepArgs args;
   args.lr = static_cast<float>(lr_);

@@ -1,5 +1,6 @@
 // SGD: option checks and the per-parameter fused update.
 #include "dpar/optim/sgd.h"
+#include "dpar/core/profiler.h"
 
 #include <cmath>
 
@@ -29,6 +30,7 @@ std::vector<std::string> SGD::buffer_names() const {
 }
 
 void SGD::step() {
+  DPAR_PROFILE_SCOPE("optimizer_step");
   NoGradGuard no_grad;
   kernels::SgdStepArgs args;
   args.lr = static_cast<float>(lr_);

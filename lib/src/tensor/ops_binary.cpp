@@ -1,6 +1,7 @@
 // add / sub / mul / div with broadcasting, scalar forms, and the in-place updates.
 #include "dpar/autograd/function.h"
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
@@ -52,6 +53,7 @@ void check_float(const Tensor& t, const char* op, const char* which) {
 }
 
 Tensor binary(kernels::BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  DPAR_PROFILE_SCOPE(name);
   check_float(a, name, "first operand");
   check_float(b, name, "second operand");
   DPAR_CHECK(a.device() == b.device(), name, ": operands on different devices (", a.device(),
@@ -134,6 +136,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 namespace {
 Tensor affine(const Tensor& a, double alpha, double beta, const char* name) {
+  DPAR_PROFILE_SCOPE(name);
   check_float(a, name, "input");
   Tensor out = Tensor::empty_like(a);
   kernels::affine.get(a.device())(a, alpha, beta, out);

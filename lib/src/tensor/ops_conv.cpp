@@ -1,6 +1,7 @@
 // conv2d: argument checks, layout preparation and the autograd record. The kernels (oneDNN on
 // CPU) see channels-last activations and plain contiguous weights only.
 #include "dpar/autograd/function.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/nn_kernels.h"
 
@@ -85,6 +86,7 @@ kernels::Conv2dGeometry make_geometry(const Tensor& x, const Tensor& weight, con
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options) {
+  DPAR_PROFILE_SCOPE("conv2d");
   const kernels::Conv2dGeometry g = make_geometry(x, weight, bias, options);
   const Device device = x.device();
   const Tensor xc = detail::nn_layout_copy(x, MemoryFormat::ChannelsLast);

@@ -1,5 +1,6 @@
 // matmul and linear (y = x W^T + b), both on the gemm kernel slot.
 #include "dpar/autograd/function.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/linear_kernels.h"
@@ -25,6 +26,7 @@ Tensor gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  DPAR_PROFILE_SCOPE("matmul");
   check_matrix(a, "matmul", "first operand");
   check_matrix(b, "matmul", "second operand");
   DPAR_CHECK(a.size(1) == b.size(0), "matmul: inner dimensions differ: ", a.shape(), " x ",
@@ -45,6 +47,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  DPAR_PROFILE_SCOPE("linear");
   check_matrix(x, "linear", "input");
   check_matrix(weight, "linear", "weight");
   DPAR_CHECK(x.size(1) == weight.size(1), "linear: input ", x.shape(), " has ", x.size(1),

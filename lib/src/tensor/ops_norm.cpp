@@ -1,5 +1,6 @@
 // batch_norm: argument checks, running-statistics update and the autograd record.
 #include "dpar/autograd/function.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/nn_kernels.h"
 
@@ -20,6 +21,7 @@ void check_channel_vector(const Tensor& t, int64_t C, const Tensor& x, const cha
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
                   Tensor running_var, bool training, double momentum, double eps) {
+  DPAR_PROFILE_SCOPE("batch_norm");
   DPAR_CHECK(x.defined(), "batch_norm: input is undefined");
   DPAR_CHECK(x.dim() == 4, "batch_norm: expected a 4-D input [N,C,H,W], got ", x.shape());
   DPAR_CHECK(x.dtype() == DType::f32, "batch_norm: input has dtype ", x.dtype(), " (shape ",

@@ -1,11 +1,13 @@
 // global_avg_pool2d: [N,C,H,W] -> [N,C,1,1] mean over the spatial dims.
 #include "dpar/autograd/function.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/nn_kernels.h"
 
 namespace dpar {
 
 Tensor global_avg_pool2d(const Tensor& x) {
+  DPAR_PROFILE_SCOPE("global_avg_pool2d");
   DPAR_CHECK(x.defined(), "global_avg_pool2d: input is undefined");
   DPAR_CHECK(x.dim() == 4, "global_avg_pool2d: expected a 4-D input [N,C,H,W], got ", x.shape());
   DPAR_CHECK(x.dtype() == DType::f32, "global_avg_pool2d: input has dtype ", x.dtype(), " (shape ",

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "dpar/autograd/function.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
@@ -22,6 +23,7 @@ Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, const 
 
 Tensor reduce_sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, double scale,
                   const char* op) {
+  DPAR_PROFILE_SCOPE(op);
   DPAR_CHECK(x.defined() && x.dtype() == DType::f32, op, ": expects an f32 tensor, got ", x.str());
   const bool all = dims.empty();
   const Shape keep = reduced_shape(x.shape(), dims, op);

@@ -1,5 +1,6 @@
 // softmax, log_softmax, fused cross-entropy, argmax and top-k indices.
 #include "dpar/autograd/function.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
@@ -14,6 +15,7 @@ void check_f32(const Tensor& x, const char* op, const char* which) {
 }
 
 Tensor softmax_impl(const Tensor& x_in, int64_t dim, bool log, const char* op) {
+  DPAR_PROFILE_SCOPE(op);
   check_f32(x_in, op, "input");
   DPAR_CHECK(x_in.dim() > 0, op, ": expects at least a 1-D tensor, got shape ", x_in.shape());
   const int64_t d = normalize_dim(dim, x_in.dim(), op);
@@ -46,6 +48,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing) {
+  DPAR_PROFILE_SCOPE("cross_entropy");
   check_f32(logits, "cross_entropy", "logits");
   DPAR_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N,K], got shape ", logits.shape());
   DPAR_CHECK(target.defined(), "cross_entropy: target is undefined");

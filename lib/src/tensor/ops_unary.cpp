@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "dpar/autograd/function.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/activation_kernels.h"
 
@@ -18,6 +19,7 @@ void check_input(const Tensor& x, const char* op) {
 }
 
 Tensor unary(UnaryOp op, const char* name, const Tensor& x) {
+  DPAR_PROFILE_SCOPE(name);
   check_input(x, name);
   // empty_like keeps a dense input's layout (channels-last stays channels-last).
   Tensor out = Tensor::empty_like(x);
@@ -46,6 +48,7 @@ Tensor hardsigmoid(const Tensor& x) { return unary(UnaryOp::hardsigmoid, "hardsi
 Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::sigmoid, "sigmoid", x); }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  DPAR_PROFILE_SCOPE("dropout");
   check_input(x, "dropout");
   DPAR_CHECK(p >= 0.0 && p < 1.0, "dropout: probability p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;

@@ -16,23 +16,28 @@ void record(const std::string& name, int64_t nanoseconds);
 // A table sorted by total time: name, calls, total ms, share of all recorded time.
 std::string report();
 
+// Times one region. Only the outermost region on a thread is recorded, so ops called inside
+// a backward node (e.g. mul inside mul_backward) are not counted twice and shares add up.
 class Scope {
  public:
-  explicit Scope(const char* name) : name_(enabled() ? name : nullptr) {
-    if (name_) start_ = std::chrono::steady_clock::now();
+  explicit Scope(const char* name) {
+    if (enabled()) begin(name);
+  }
+  explicit Scope(const std::string& name) {
+    if (enabled()) begin(name);
   }
   ~Scope() {
-    if (name_) {
-      record(name_, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - start_)
-                        .count());
-    }
+    if (active_) end();
   }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
 
  private:
-  const char* name_;
+  void begin(std::string name);
+  void end();
+  bool active_ = false;
+  bool outermost_ = false;
+  std::string name_;
   std::chrono::steady_clock::time_point start_;
 };
 
