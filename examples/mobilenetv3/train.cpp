@@ -1,7 +1,7 @@
 // Trains MobileNetV3 (small or large) on Fashion-MNIST or an ImageNet-style image folder in
 // one process. Log lines follow PaddlePaddle's format so existing log tooling keeps working.
 //   train --model mobilenet_v3_small --data-path /usr/share/datasets/fashion-mnist
-//         --img-size 32 --epochs 3 --batch-size 128 --lr 0.2
+//         --img-size 32 --epochs 3 --batch-size 64 --lr 0.1
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -91,9 +91,9 @@ int main(int argc, char** argv) {
     auto& data_path = flags.add_string("data-path", data::FashionMnist::kDebianDir,
                                        "Fashion-MNIST idx folder, or a folder with train/ and val/");
     auto& epochs = flags.add_int("epochs", 3, "passes over the training data");
-    auto& batch_size = flags.add_int("batch-size", 128, "images per step");
+    auto& batch_size = flags.add_int("batch-size", 64, "images per step (per rank)");
     auto& opt_name = flags.add_string("opt", "sgd", "optimizer: sgd, rmsprop or adamw");
-    auto& lr = flags.add_double("lr", 0.2, "peak learning rate");
+    auto& lr = flags.add_double("lr", 0.1, "peak learning rate");
     auto& momentum = flags.add_double("momentum", 0.9, "momentum (sgd, rmsprop)");
     auto& weight_decay = flags.add_double("weight-decay", 4e-5, "weight decay");
     auto& scheduler = flags.add_string("lr-scheduler", "cosine", "cosine (with warmup) or step");

@@ -1,0 +1,88 @@
+"""PyTorch DDP peer for bench_ddp: MobileNetV3-small, gloo backend, N processes x 1 thread.
+
+Spawns the ranks itself (torch.multiprocessing) on loopback, trains on random data, and prints
+one JSON line: {"img_per_s": total over ranks, "single_img_per_s": one process alone,
+"scaling": img_per_s / (N * single), ...}.
+"""
+import argparse
+import json
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torchvision
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(model, opt, x, y, warmup, steps):
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t0) / steps
+
+
+def worker(rank, world, port, a, results):
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(num_classes=1000)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(a.batch, 3, a.img, a.img, generator=g)
+    y = torch.randint(0, 1000, (a.batch,), generator=g)
+    sec = train(ddp, opt, x, y, a.warmup, a.steps)
+    results[rank] = sec
+    dist.destroy_process_group()
+
+
+def single(a):
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(num_classes=1000)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+    x = torch.randn(a.batch, 3, a.img, a.img)
+    y = torch.randint(0, 1000, (a.batch,))
+    return a.batch / train(model, opt, x, y, a.warmup, a.steps)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--img", type=int, default=224)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    a = p.parse_args()
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(worker, args=(a.world, free_port(), a, results), nprocs=a.world, join=True)
+    slowest = max(results.values())
+    total = a.world * a.batch / slowest
+    one = single(a)
+    print(json.dumps({"img_per_s": total, "single_img_per_s": one,
+                      "scaling": total / (a.world * one), "world": a.world, "batch": a.batch,
+                      "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()
