@@ -24,8 +24,10 @@ struct DataParallelOptions {
   double comm_buffer_size = 25;      // MB, buckets after the first
   double last_comm_buffer_size = 1;  // MB, the first bucket (the last layers' gradients)
   bool find_unused_parameters = false;
-  bool broadcast_buffers = true;     // BN running stats from rank 0 at every forward
-  std::shared_ptr<Group> group;      // default: default_group()
+  bool broadcast_buffers = true;  // BN running stats from rank 0 at every forward
+  // default: default_group_ptr(). Without a group (init_parallel_env() not called) or with a
+  // group of one, DataParallel is a plain wrapper that communicates nothing.
+  std::shared_ptr<Group> group;
 };
 
 struct BucketInfo {
@@ -41,10 +43,22 @@ class DataParallel : public nn::Module {
   ~DataParallel() override;
 
   Tensor forward(const Tensor& input) override;
-  // For unequal local batches: gradients are weighted by local_batch / global_batch.
+  // For unequal local batches: gradients are weighted by local_batch / global_batch, where
+  // global_batch is the sum over ranks (an all-reduce issued here, overlapping the forward).
+  // Every rank must use the same form of forward in a given iteration.
   Tensor forward(const Tensor& input, int64_t local_batch_size);
 
-  // RAII scope in which backward accumulates gradients locally without communication.
+  // The wrapped module's own names (no "module." prefix), like paddle.DataParallel, so
+  // checkpoints load into an unwrapped model. parameters()/buffers()/zero_grad() follow.
+  nn::NamedTensors named_parameters(bool recurse = true) const override;
+  nn::NamedTensors named_buffers(bool recurse = true) const override;
+  nn::NamedTensors state_dict() const override;
+  nn::LoadReport load_state_dict(const nn::NamedTensors& entries, bool strict = true) override;
+  nn::LoadReport compare_state_dict(const nn::NamedTensors& entries) const override;
+
+  // RAII scope in which backward accumulates gradients locally without communication. As in
+  // DDP, what counts is whether the forward ran inside the scope; the next synchronised
+  // backward reduces the accumulated sums.
   class NoSyncGuard {
    public:
     explicit NoSyncGuard(DataParallel& dp);
@@ -63,15 +77,20 @@ class DataParallel : public nn::Module {
   std::vector<BucketInfo> buckets() const;
   // "all_reduce tensors: 142, after fusion: 3 buckets [1.0 MB, 8.7 MB, ...]"
   std::string bucket_summary() const;
-  // Time from the last bucket's launch to the end of all communication, and total
-  // communication time, of the last synchronised backward (for overlap reports).
+  // Communication of the last synchronised backward (for overlap reports). Buckets run one
+  // after another on the communication thread; a bucket's duration runs from its launch (or
+  // the previous bucket's end) to its completion, observed at the next gradient hook or at
+  // the final wait, so durations of buckets that finish mid-backward are upper bounds.
   struct CommStats {
-    double comm_seconds = 0;         // sum over buckets of all-reduce durations
-    double exposed_seconds = 0;      // communication time after backward finished
+    double comm_seconds = 0;     // sum over buckets of all-reduce durations
+    double exposed_seconds = 0;  // communication still running after backward's last node:
+                                 // the part the overlap did not hide
   };
   CommStats last_comm_stats() const;
 
  private:
+  Tensor run_forward(const Tensor& input, int64_t local_batch_size);
+
   std::shared_ptr<nn::Module> module_;
   DataParallelOptions options_;
   std::unique_ptr<Reducer> reducer_;

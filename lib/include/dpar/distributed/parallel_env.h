@@ -24,7 +24,7 @@ struct ParallelEnv {
   std::vector<std::string> endpoints;  // one ip:port per rank, when the launcher gave them
   std::string current_endpoint;
   std::string job_id = "default";
-  std::string device = "cpu";  // "cpu" or "gpu:<n>"
+  std::string device = "cpu";   // "cpu" or "gpu:<n>"
   std::string source = "none";  // dpar-launch | torchrun | paddle | slurm | openmpi | none
 };
 
@@ -41,17 +41,44 @@ struct InitOptions {
   ProcessGroupOptions group = ProcessGroupOptions::from_env();
 };
 
+// The state behind init_parallel_env(): the store server (rank 0 hosts it), this rank's store
+// client and the default Group. The free functions below use one process-wide instance;
+// tests and embedders may create several, e.g. one per thread acting as a rank. A world of
+// one has no store and no group (no network at all). Construction blocks until every rank
+// has joined (a barrier) and throws dpar::Error naming the master endpoint on failure.
+class ParallelContext {
+ public:
+  explicit ParallelContext(const ParallelEnv& env, const InitOptions& options = {});
+  ~ParallelContext();
+  ParallelContext(const ParallelContext&) = delete;
+  ParallelContext& operator=(const ParallelContext&) = delete;
+
+  const ParallelEnv& env() const { return env_; }
+  const std::shared_ptr<Store>& store() const { return store_; }  // null for a world of one
+  const std::shared_ptr<Group>& group() const { return group_; }  // null for a world of one
+  void barrier();                                                 // no-op for a world of one
+  // Drops the group and the store client; rank 0 first waits (bounded) until every rank has
+  // called destroy() so the store outlives its last user, then stops the server. Idempotent.
+  void destroy();
+
+ private:
+  ParallelEnv env_;
+  std::unique_ptr<StoreServer> server_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<Group> group_;
+};
+
 // Initialises this process as a rank of the job described by the environment.
 void init_parallel_env(const InitOptions& options = {});
 // The same from an explicit description (tests; embedding).
 void init_parallel_env(const ParallelEnv& env, const InitOptions& options = {});
 bool is_initialized();
-int get_rank();         // 0 when not initialised
-int get_world_size();   // 1 when not initialised
+int get_rank();        // 0 when not initialised
+int get_world_size();  // 1 when not initialised
 int get_local_rank();
 const ParallelEnv& parallel_env();
-Group& default_group();  // throws if not initialised
-std::shared_ptr<Group> default_group_ptr();
+Group& default_group();                      // throws if not initialised or a world of one
+std::shared_ptr<Group> default_group_ptr();  // null if not initialised or a world of one
 void barrier();
 void destroy();  // tears down the default group and the store (idempotent)
 

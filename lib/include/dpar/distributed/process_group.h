@@ -10,6 +10,7 @@
 // with the same shapes and dtypes, and reports a mismatch instead of hanging.
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@
 
 namespace dpar::dist {
 
+// Avg is the sum divided by the world size; for i64 it truncates toward zero. f16 and bf16 are
+// combined in f32 and rounded to their format at each step of the reduction.
 enum class ReduceOp { Sum, Avg, Max, Min };
 const char* reduce_op_name(ReduceOp op);
 
@@ -26,7 +29,8 @@ class Work {
   virtual ~Work() = default;
   virtual bool is_completed() = 0;
   // Blocks until done; throws dpar::Error if the collective failed, or if timeout passes
-  // first (a zero timeout means the group's timeout).
+  // first. A zero timeout waits for the collective itself, which the group's timeout bounds
+  // (the error then is the collective's own timeout error, naming op, ranks and shape).
   virtual void wait(Millis timeout = Millis(0)) = 0;
 };
 
@@ -50,7 +54,8 @@ class ProcessGroup {
 
   // In place on each tensor (all ranks pass tensors of equal shapes and dtypes). Several
   // tensors are reduced as one fused operation.
-  virtual std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op = ReduceOp::Sum) = 0;
+  virtual std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors,
+                                          ReduceOp op = ReduceOp::Sum) = 0;
   // In place: root's values are copied to every rank.
   virtual std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0) = 0;
   // outputs[r] receives rank r's input; outputs has size() tensors shaped like input.
@@ -66,12 +71,16 @@ class ProcessGroup {
   int size_;
 };
 
-// Creates the Gloo process group (TCP transport) for CPU tensors, rendezvousing through store.
-std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size,
-                                              const ProcessGroupOptions& options = ProcessGroupOptions::from_env());
+// Creates the Gloo process group (TCP transport) for CPU tensors, rendezvousing through store
+// (under "gloo/<k>" for this rank's k-th Gloo group, so every rank must create its groups in
+// the same order). A world of one needs no store (it may be null) and no network.
+std::shared_ptr<ProcessGroup> make_gloo_group(
+    std::shared_ptr<Store> store, int rank, int size,
+    const ProcessGroupOptions& options = ProcessGroupOptions::from_env());
 
-// Routes collectives by tensor device: CPU -> Gloo, CUDA -> NCCL (when built). Backends are
-// created on first use from the shared store.
+// Routes collectives by tensor device: CPU -> Gloo, CUDA -> NCCL (when built; until then a
+// CUDA tensor is a dpar::Error naming the device). Backends are created on first use from the
+// shared store, thread-safely.
 class Group {
  public:
   Group(std::shared_ptr<Store> store, int rank, int size,
@@ -84,7 +93,8 @@ class Group {
   std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op = ReduceOp::Sum);
   std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0);
   std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input);
-  std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op = ReduceOp::Sum);
+  std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
+                                       ReduceOp op = ReduceOp::Sum);
   void barrier();  // on the CPU backend
   const std::shared_ptr<Store>& store() const { return store_; }
 
@@ -93,6 +103,7 @@ class Group {
   int rank_;
   int size_;
   ProcessGroupOptions options_;
+  std::mutex mutex_;  // guards backends_ (lazy creation)
   std::shared_ptr<ProcessGroup> backends_[kNumDeviceTypes];
 };
 

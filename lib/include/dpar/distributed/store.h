@@ -5,6 +5,7 @@
 // so. The same store backs Gloo's rendezvous (see gloo adapter) and, later, NCCL's id exchange.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,7 +25,8 @@ class Store {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Sets key to desired if its current value equals expected (an empty expected means "key
   // absent"). Returns the value after the operation.
-  virtual Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
+  virtual Bytes compare_set(const std::string& key, const Bytes& expected,
+                            const Bytes& desired) = 0;
   // Waits until every key exists; throws dpar::Error naming the missing keys on timeout.
   virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
   void wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
@@ -69,7 +71,14 @@ class StoreServer {
 struct StoreClientOptions {
   Millis connect_timeout{std::chrono::minutes(5)};  // how long to wait for rank 0's server
   Millis timeout{std::chrono::minutes(30)};         // default for get/wait
+  // Deadline of calls that do not wait for keys (set/add/compare_set/check): a store that does
+  // not answer within it is reported as unresponsive instead of hanging the caller.
+  Millis rpc_timeout{std::chrono::seconds(30)};
   bool log_waiting = true;  // print "waiting for rank 0 at <ip:port> (<n> s)" while connecting
+  Millis log_interval{std::chrono::seconds(5)};  // how often that line repeats
+  // Where the waiting line goes (one line, no newline); empty means std::cerr. Lets a launcher
+  // add its rank prefix and tests capture the line.
+  std::function<void(const std::string&)> log;
 };
 
 // Connects to a StoreServer with backoff until connect_timeout; identifies itself, and fails

@@ -63,9 +63,11 @@ class Module {
   }
 
   // ---- traversal; every list is in registration order, recursion is depth-first ----------
-  NamedTensors named_parameters(bool recurse = true) const;
+  // Virtual (with named_buffers and the state-dict functions) so that wrappers such as
+  // dist::DataParallel can present the wrapped module's own names.
+  virtual NamedTensors named_parameters(bool recurse = true) const;
   std::vector<Tensor> parameters(bool recurse = true) const;
-  NamedTensors named_buffers(bool recurse = true) const;
+  virtual NamedTensors named_buffers(bool recurse = true) const;
   std::vector<Tensor> buffers(bool recurse = true) const;
   std::vector<std::pair<std::string, ModulePtr>> named_children() const;
   std::vector<ModulePtr> children() const;
@@ -86,13 +88,13 @@ class Module {
   // Per module: its parameters, then its buffers, then each child's entries under
   // "<child>." - exactly torch.nn.Module.state_dict()'s order. The tensors are detached
   // handles that share memory with the module.
-  NamedTensors state_dict() const;
+  virtual NamedTensors state_dict() const;
   // Copies matching entries into the module's tensors in place (any dtype/layout is
   // converted). strict: any missing / unexpected / mis-shaped entry throws a dpar::Error that
   // lists every problem, and nothing is copied. Not strict: copies what matches and reports.
-  LoadReport load_state_dict(const NamedTensors& entries, bool strict = true);
+  virtual LoadReport load_state_dict(const NamedTensors& entries, bool strict = true);
   // What load_state_dict(entries) would report, without copying anything.
-  LoadReport compare_state_dict(const NamedTensors& entries) const;
+  virtual LoadReport compare_state_dict(const NamedTensors& entries) const;
 
   // ---- modes and gradients ---------------------------------------------------------------
   virtual void train(bool on = true);  // recursive

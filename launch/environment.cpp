@@ -1,0 +1,179 @@
+#include "environment.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "dpar/core/flags.h"
+#include "text.h"
+
+extern char** environ;
+
+namespace dpar::launch {
+
+Env current_environment() {
+  Env env;
+  for (char** it = environ; it && *it; ++it) {
+    const char* eq = std::strchr(*it, '=');
+    if (eq) env.emplace(std::string(*it, static_cast<size_t>(eq - *it)), std::string(eq + 1));
+  }
+  return env;
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
+}
+
+namespace {
+
+// The node's GPU list for CUDA_VISIBLE_DEVICES; empty when its processes run on CPUs.
+std::string visible_devices(const Node& node, const Env& base) {
+  std::vector<std::string> gpus;
+  for (const Process& p : node.procs) {
+    if (!p.gpu.empty()) gpus.push_back(p.gpu);
+  }
+  if (gpus.empty()) return "";
+  auto inherited = base.find("CUDA_VISIBLE_DEVICES");
+  if (inherited != base.end() && !trim(inherited->second).empty()) {
+    const std::vector<std::string> allowed = split(inherited->second, ',');
+    for (const std::string& gpu : gpus) {
+      if (std::find(allowed.begin(), allowed.end(), gpu) == allowed.end()) {
+        throw FlagError("dpar-launch: GPU " + gpu +
+                        " is not in this launcher's "
+                        "CUDA_VISIBLE_DEVICES=" +
+                        inherited->second + " (--gpus names GPUs from that list)");
+      }
+    }
+  }
+  return join(gpus, ",");
+}
+
+}  // namespace
+
+Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& base,
+                       int restart_count, int cpus) {
+  Env env = base;
+  const Node& node = plan.node();
+  const std::string rank = std::to_string(proc.rank);
+  const std::string world = std::to_string(plan.cluster.world_size());
+  const std::string local_rank = std::to_string(proc.local_rank);
+  const std::string local_size = std::to_string(node.procs.size());
+  const std::string endpoints = join(plan.endpoints, ",");
+  const std::string& current = plan.endpoints[static_cast<size_t>(proc.rank)];
+  const std::string devices = visible_devices(node, base);
+
+  env["DPAR_RANK"] = rank;
+  env["DPAR_WORLD_SIZE"] = world;
+  env["DPAR_LOCAL_RANK"] = local_rank;
+  env["DPAR_LOCAL_SIZE"] = local_size;
+  env["DPAR_NODE_RANK"] = std::to_string(plan.node_rank);
+  env["DPAR_NNODES"] = std::to_string(plan.cluster.nodes.size());
+  env["DPAR_MASTER"] = plan.master();
+  env["DPAR_ENDPOINTS"] = endpoints;
+  env["DPAR_CURRENT_ENDPOINT"] = current;
+  env["DPAR_JOB_ID"] = plan.job_id;
+  env["DPAR_DEVICE"] = proc.gpu.empty() ? "cpu" : "gpu:" + local_rank;
+  env["DPAR_RESTART_COUNT"] = std::to_string(restart_count);
+
+  env["PADDLE_TRAINER_ID"] = rank;
+  env["PADDLE_TRAINERS_NUM"] = world;
+  env["PADDLE_TRAINER_ENDPOINTS"] = endpoints;
+  env["PADDLE_CURRENT_ENDPOINT"] = current;
+  env["PADDLE_RANK_IN_NODE"] = local_rank;
+
+  env["RANK"] = rank;
+  env["WORLD_SIZE"] = world;
+  env["LOCAL_RANK"] = local_rank;
+  env["LOCAL_WORLD_SIZE"] = local_size;
+  env["MASTER_ADDR"] = plan.master_ip;
+  env["MASTER_PORT"] = std::to_string(plan.master_port);
+
+  if (!proc.gpu.empty()) {
+    env["CUDA_VISIBLE_DEVICES"] = devices;
+    env["FLAGS_selected_gpus"] = local_rank;
+  }
+  // Without a limit every process would start one OpenMP thread per core and the node
+  // would run local_size times more threads than cores.
+  if (!env.count("OMP_NUM_THREADS")) {
+    env["OMP_NUM_THREADS"] =
+        std::to_string(std::max(1, cpus / static_cast<int>(node.procs.size())));
+  }
+  return env;
+}
+
+std::vector<std::pair<std::string, std::string>> launcher_variables(const Env& env) {
+  static const char* const kNames[] = {"DPAR_RANK",
+                                       "DPAR_WORLD_SIZE",
+                                       "DPAR_LOCAL_RANK",
+                                       "DPAR_LOCAL_SIZE",
+                                       "DPAR_NODE_RANK",
+                                       "DPAR_NNODES",
+                                       "DPAR_MASTER",
+                                       "DPAR_ENDPOINTS",
+                                       "DPAR_CURRENT_ENDPOINT",
+                                       "DPAR_JOB_ID",
+                                       "DPAR_DEVICE",
+                                       "DPAR_RESTART_COUNT",
+                                       "PADDLE_TRAINER_ID",
+                                       "PADDLE_TRAINERS_NUM",
+                                       "PADDLE_TRAINER_ENDPOINTS",
+                                       "PADDLE_CURRENT_ENDPOINT",
+                                       "PADDLE_RANK_IN_NODE",
+                                       "FLAGS_selected_gpus",
+                                       "RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_RANK",
+                                       "LOCAL_WORLD_SIZE",
+                                       "MASTER_ADDR",
+                                       "MASTER_PORT",
+                                       "CUDA_VISIBLE_DEVICES",
+                                       "OMP_NUM_THREADS"};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* name : kNames) {
+    if (auto it = env.find(name); it != env.end()) out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
+std::string format_env_table(const Env& env, const std::string& title) {
+  constexpr size_t kMaxValue = 72;  // long endpoint lists are shortened, not wrapped
+  auto rows = launcher_variables(env);
+  for (auto& [name, value] : rows) {
+    if (value.size() > kMaxValue) {
+      const size_t count = static_cast<size_t>(std::count(value.begin(), value.end(), ',')) + 1;
+      value = value.substr(0, kMaxValue - 24) + "... (" + std::to_string(count) + " entries)";
+    }
+  }
+  size_t name_w = 4, value_w = 5;
+  for (const auto& [name, value] : rows) {
+    name_w = std::max(name_w, name.size());
+    value_w = std::max(value_w, value.size());
+  }
+  const size_t inner = std::max(name_w + value_w + 5, title.size() + 4);
+  value_w = inner - name_w - 5;
+  auto pad = [](const std::string& s, size_t w) { return s + std::string(w - s.size(), ' '); };
+  // Appending (rather than "+" + std::string(...)) sidesteps a GCC 12 -Wrestrict false alarm.
+  auto rule_of = [inner](char c) {
+    std::string line(1, '+');
+    line.append(inner, c).append("+\n");
+    return line;
+  };
+  const std::string rule_eq = rule_of('=');
+  const std::string rule = rule_of('-');
+  const size_t left = (inner - title.size()) / 2;
+  std::string out = rule_eq;
+  out.append("|").append(left, ' ').append(title).append(inner - left - title.size(), ' ');
+  out.append("|\n").append(rule);
+  for (const auto& [name, value] : rows) {
+    out += "| " + pad(name, name_w) + " | " + pad(value, value_w) + " |\n";
+  }
+  return out + rule_eq;
+}
+
+}  // namespace dpar::launch

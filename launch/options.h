@@ -1,0 +1,36 @@
+#pragma once
+// dpar-launch's command line: `dpar-launch [flags] <program> [args...]`. Flags follow
+// dpar::Flags (--log_dir == --log-dir, --name=value or --name value); the first argument that
+// is not a flag is the program, and everything after it belongs to the program.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpar::launch {
+
+struct Options {
+  std::string ips = "127.0.0.1";
+  std::string host;        // this node's address among the nodes (skips auto-detection)
+  int64_t node_rank = -1;  // this node's index among the nodes; -1: detect
+  std::string gpus;        // "0,1": one process per GPU
+  int64_t nproc_per_node = 1;
+  std::string hostfile;
+  std::string rank_table;
+  std::string log_dir = "log";  // "": no log files, every process echoes to the console
+  int64_t start_port = 6070;
+  std::string master;  // ip:port of the store; default derived (see plan.h)
+  std::string job_id;  // default derived from the master endpoint
+  std::string run_mode = "collective";
+  int64_t max_restarts = 0;
+  double grace_period = 3.0;  // seconds between SIGTERM and SIGKILL when stopping workers
+
+  bool ips_given = false;
+  bool gpus_given = false;
+  bool nproc_given = false;
+  std::vector<std::string> command;  // program and its arguments
+};
+
+// Parses and checks the flags on their own (no files, no network); throws FlagError.
+Options parse_options(const std::vector<std::string>& args);
+
+}  // namespace dpar::launch

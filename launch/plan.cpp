@@ -1,0 +1,184 @@
+#include "plan.h"
+
+#include <algorithm>
+#include <map>
+
+#include "address.h"
+#include "dpar/core/flags.h"
+#include "text.h"
+
+namespace dpar::launch {
+namespace {
+
+[[noreturn]] void bad(const std::string& message) { throw FlagError("dpar-launch: " + message); }
+
+const Node& node_of_rank(const Cluster& cluster, int rank) {
+  for (const Node& node : cluster.nodes) {
+    for (const Process& p : node.procs) {
+      if (p.rank == rank) return node;
+    }
+  }
+  bad("internal: no node runs rank " + std::to_string(rank));
+}
+
+Cluster build_cluster(const Options& o) {
+  std::vector<std::string> gpus;
+  if (o.gpus_given) gpus = parse_gpu_list(o.gpus, "--gpus");
+  if (!gpus.empty() && o.nproc_given && o.nproc_per_node != static_cast<int64_t>(gpus.size())) {
+    bad("--nproc_per_node=" + std::to_string(o.nproc_per_node) +
+        " does not match --gpus=" + o.gpus + " (one process per GPU; give one of the two)");
+  }
+  const int nproc = static_cast<int>(o.nproc_per_node);
+  if (!o.rank_table.empty()) {
+    return cluster_from_rank_table(read_text_file(o.rank_table, "--rank_table"), o.rank_table);
+  }
+  if (!o.hostfile.empty()) {
+    return cluster_from_hostfile(read_text_file(o.hostfile, "--hostfile"), o.hostfile, gpus, nproc);
+  }
+  return cluster_from_ips(o.ips, gpus, nproc);
+}
+
+// Two nodes with one address would give two ranks one endpoint; say so in the input's terms.
+void check_distinct_nodes(const Cluster& cluster) {
+  std::map<std::string, size_t> seen;
+  for (size_t n = 0; n < cluster.nodes.size(); ++n) {
+    const Node& node = cluster.nodes[n];
+    auto [it, inserted] = seen.emplace(node.ip, n);
+    if (!inserted) {
+      bad(cluster.source + ": nodes " + std::to_string(it->second) + " and " + std::to_string(n) +
+          " have the same address " + node.ip + ", so their ranks would get duplicate endpoints " +
+          node.ip + ":<port>");
+    }
+  }
+}
+
+}  // namespace
+
+bool LaunchPlan::hosts_rank0() const {
+  for (const Process& p : node().procs) {
+    if (p.rank == 0) return true;
+  }
+  return false;
+}
+
+int select_node(const Cluster& cluster, const std::string& host, int node_rank,
+                const std::vector<std::string>& local_addresses) {
+  const int nnodes = static_cast<int>(cluster.nodes.size());
+  std::string host_ip;
+  if (!host.empty()) {
+    host_ip = resolve_ipv4(host);
+    if (host_ip.empty()) bad("--host=" + host + ": not an IPv4 address or a known host name");
+  }
+  if (node_rank >= 0) {
+    if (node_rank >= nnodes) {
+      bad("--node_rank=" + std::to_string(node_rank) + ": " + cluster.source + " has " +
+          std::to_string(nnodes) + " node(s), so expected 0.." + std::to_string(nnodes - 1));
+    }
+    const Node& node = cluster.nodes[static_cast<size_t>(node_rank)];
+    if (!host.empty() && host_ip != node.ip) {
+      bad("--host=" + host + " and --node_rank=" + std::to_string(node_rank) + " disagree: node " +
+          std::to_string(node_rank) + " of " + cluster.source + " is " + node.ip);
+    }
+    return node_rank;
+  }
+  if (!host.empty()) {
+    for (int n = 0; n < nnodes; ++n) {
+      if (cluster.nodes[static_cast<size_t>(n)].ip == host_ip) return n;
+    }
+    bad("--host=" + host + " is not one of the nodes in " + cluster.source);
+  }
+  std::vector<int> matches;
+  for (int n = 0; n < nnodes; ++n) {
+    const std::string& ip = cluster.nodes[static_cast<size_t>(n)].ip;
+    if (std::find(local_addresses.begin(), local_addresses.end(), ip) != local_addresses.end()) {
+      matches.push_back(n);
+    }
+  }
+  const std::string found = local_addresses.empty() ? "none" : join(local_addresses, ", ");
+  if (matches.empty()) {
+    bad("this host is not in " + cluster.source + " (local addresses: " + found +
+        "); run it on one of those nodes or pass --host=<its ip> / --node_rank=<n>");
+  }
+  if (matches.size() > 1) {
+    std::vector<std::string> ips;
+    for (int n : matches) ips.push_back(cluster.nodes[static_cast<size_t>(n)].ip);
+    bad("several nodes of " + cluster.source + " are addresses of this host (" + join(ips, ", ") +
+        "); pass --host=<ip> or --node_rank=<n> to say which one this launcher is");
+  }
+  return matches[0];
+}
+
+LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_addresses) {
+  LaunchPlan plan;
+  plan.cluster = build_cluster(o);
+  const Cluster& cluster = plan.cluster;
+  if (cluster.world_size() < 1) bad(cluster.source + " describes no processes");
+  check_distinct_nodes(cluster);
+  plan.node_rank = select_node(cluster, o.host, static_cast<int>(o.node_rank), local_addresses);
+  plan.start_port = static_cast<int>(o.start_port);
+  const int block = cluster.max_local_size();
+  if (plan.start_port + block > 65535) {
+    bad("--start_port=" + std::to_string(plan.start_port) + ": the endpoints and the store need " +
+        "ports " + std::to_string(plan.start_port) + ".." +
+        std::to_string(plan.start_port + block) + ", past 65535");
+  }
+
+  plan.endpoints.assign(static_cast<size_t>(cluster.world_size()), "");
+  std::map<std::string, int> owner;  // endpoint -> rank, to catch duplicates
+  for (const Node& node : cluster.nodes) {
+    for (const Process& p : node.procs) {
+      const std::string ep = node.ip + ":" + std::to_string(plan.start_port + p.local_rank);
+      if (auto [it, inserted] = owner.emplace(ep, p.rank); !inserted) {
+        bad("duplicate endpoint " + ep + " (ranks " + std::to_string(it->second) + " and " +
+            std::to_string(p.rank) + ")");
+      }
+      plan.endpoints[static_cast<size_t>(p.rank)] = ep;
+    }
+  }
+
+  if (o.master.empty()) {
+    plan.master_ip = node_of_rank(cluster, 0).ip;
+    plan.master_port = plan.start_port + block;
+  } else {
+    std::string host;
+    if (!split_endpoint(o.master, &host, &plan.master_port)) {
+      bad("--master=" + o.master + ": expected ip:port with a port in 1..65535");
+    }
+    plan.master_ip = resolve_ipv4(host);
+    if (plan.master_ip.empty()) {
+      bad("--master=" + o.master + ": '" + host + "' is not an IPv4 address or a known host name");
+    }
+    if (auto it = owner.find(plan.master()); it != owner.end()) {
+      bad("--master=" + o.master + " is also the endpoint of rank " + std::to_string(it->second) +
+          " (duplicate endpoint); pick a port outside " + std::to_string(plan.start_port) + ".." +
+          std::to_string(plan.start_port + block - 1));
+    }
+  }
+  plan.job_id = o.job_id.empty() ? "dpar-" + plan.master_ip + "-" + std::to_string(plan.master_port)
+                                 : o.job_id;
+  plan.command = o.command;
+  plan.log_dir = o.log_dir;
+  plan.max_restarts = static_cast<int>(o.max_restarts);
+  plan.grace_period = o.grace_period;
+  return plan;
+}
+
+void check_ports_free(const LaunchPlan& plan) {
+  const Node& node = plan.node();
+  for (const Process& p : node.procs) {
+    const int port = plan.start_port + p.local_rank;
+    if (std::string why = probe_port(node.ip, port); !why.empty()) {
+      bad("port " + std::to_string(port) + " on " + node.ip + " (endpoint of rank " +
+          std::to_string(p.rank) + ") is not free: " + why + "; choose another --start_port");
+    }
+  }
+  if (plan.hosts_rank0()) {
+    if (std::string why = probe_port(plan.master_ip, plan.master_port); !why.empty()) {
+      bad("port " + std::to_string(plan.master_port) + " on " + plan.master_ip +
+          " (the store's endpoint, DPAR_MASTER) is not free: " + why +
+          "; choose another --start_port or --master");
+    }
+  }
+}
+
+}  // namespace dpar::launch

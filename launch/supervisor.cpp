@@ -1,0 +1,323 @@
+#include "supervisor.h"
+
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "dpar/core/error.h"
+#include "spawner.h"
+
+namespace dpar::launch {
+namespace {
+
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+void say(const std::string& line) { write_all(STDERR_FILENO, "dpar-launch: " + line + "\n"); }
+
+std::string seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", s);
+  return text;
+}
+
+// Direct children of the launcher: the workers, and with the subreaper flag also whatever a
+// dead worker left behind.
+std::vector<pid_t> direct_children() {
+  std::vector<pid_t> out;
+  const std::string path = "/proc/self/task/" + std::to_string(::getpid()) + "/children";
+  std::ifstream in(path);
+  for (pid_t pid; in >> pid;) out.push_back(pid);
+  return out;
+}
+
+}  // namespace
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")" +
+           (WCOREDUMP(status) ? ", core dumped" : "");
+  }
+  return "ended with wait status " + std::to_string(status);
+}
+
+Supervisor::Supervisor(const LaunchPlan& plan, std::vector<Env> envs) : plan_(plan) {
+  const auto& procs = plan.node().procs;
+  DPAR_CHECK(envs.size() == procs.size(), "dpar-launch: ", envs.size(), " environments for ",
+             procs.size(), " processes");
+  for (size_t i = 0; i < procs.size(); ++i) {
+    Worker w;
+    w.proc = &procs[i];
+    w.env = std::move(envs[i]);
+    workers_.push_back(std::move(w));
+  }
+  // Orphans of the workers (a worker's own children) become the launcher's, so they are
+  // reaped here instead of lingering as zombies under a container's init.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // A console that went away must not kill the launcher while it still supervises workers.
+  ::signal(SIGPIPE, SIG_IGN);
+  // An inherited SIG_IGN for SIGCHLD would make the kernel reap the workers itself.
+  ::signal(SIGCHLD, SIG_DFL);
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : kHandledSignals) {
+    // A signal the launcher was started with ignored (nohup, or '&' in a script without job
+    // control) stays ignored: the caller asked for that.
+    struct sigaction current {};
+    if (sig != SIGCHLD && ::sigaction(sig, nullptr, &current) == 0 &&
+        current.sa_handler == SIG_IGN) {
+      continue;
+    }
+    sigaddset(&handled, sig);
+  }
+  DPAR_CHECK(::sigprocmask(SIG_BLOCK, &handled, &child_mask_) == 0,
+             "dpar-launch: sigprocmask failed: ", std::strerror(errno));
+  signal_fd_ = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+  DPAR_CHECK(signal_fd_ >= 0, "dpar-launch: signalfd failed: ", std::strerror(errno));
+}
+
+Supervisor::~Supervisor() {
+  // Only reached with workers still running when starting them failed part-way.
+  for (Worker& w : workers_) {
+    if (w.running) ::killpg(w.pid, SIGKILL);
+    close_output(w);
+  }
+  kill_leftovers();
+  if (signal_fd_ >= 0) ::close(signal_fd_);
+}
+
+size_t Supervisor::running_count() const {
+  size_t n = 0;
+  for (const Worker& w : workers_) n += w.running ? 1 : 0;
+  return n;
+}
+
+void Supervisor::start_all(int restart) {
+  stopping_ = killed_ = false;
+  failed_ = -1;
+  const bool to_files = !plan_.log_dir.empty();
+  for (Worker& w : workers_) {
+    const int local = w.proc->local_rank;
+    const std::string path =
+        to_files ? plan_.log_dir + "/workerlog." + std::to_string(local) : std::string();
+    // With log files only the node's first process is echoed (as paddle's launcher does);
+    // without them every process is, behind a rank prefix when there are several.
+    const bool echo = !to_files || local == 0;
+    const std::string prefix = !to_files && workers_.size() > 1
+                                   ? "[rank " + std::to_string(w.proc->rank) + "] "
+                                   : std::string();
+    w.log = std::make_unique<LogSink>(path, restart > 0, echo, prefix);
+    if (restart > 0) {
+      w.log->write_file_only("----- dpar-launch: restart " + std::to_string(restart) + " of " +
+                             std::to_string(plan_.max_restarts) + " -----\n");
+    }
+    w.env["DPAR_RESTART_COUNT"] = std::to_string(restart);
+    const Child child = spawn_worker(plan_.program_path, plan_.command, w.env, child_mask_);
+    w.pid = child.pid;
+    w.out = child.output;
+    w.running = true;
+    w.sweep = false;
+    w.status = 0;
+  }
+}
+
+void Supervisor::close_output(Worker& w) {
+  if (w.out >= 0) {
+    ::close(w.out);
+    w.out = -1;
+  }
+}
+
+void Supervisor::drain(Worker& w) {
+  char buf[65536];
+  while (w.out >= 0) {
+    const ssize_t n = ::read(w.out, buf, sizeof buf);
+    if (n > 0) {
+      w.log->write(buf, static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      // EOF: every writer is gone. EAGAIN: nothing more for now; a worker that already
+      // exited may have left a child holding the pipe, so once it is reaped we stop reading.
+      if (n == 0 || !w.running) close_output(w);
+      return;
+    }
+  }
+}
+
+void Supervisor::signal_groups(int sig) {
+  for (Worker& w : workers_) {
+    if (w.pid > 0 && (w.running || w.sweep)) ::killpg(w.pid, sig);
+  }
+}
+
+void Supervisor::begin_stop(int sig) {
+  stopping_ = true;
+  deadline_ =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(plan_.grace_period * 1000));
+  signal_groups(sig);
+}
+
+void Supervisor::report_failure(const Worker& w) const {
+  const size_t others = running_count();
+  std::string msg = "rank " + std::to_string(w.proc->rank) + " (local rank " +
+                    std::to_string(w.proc->local_rank) + ", pid " + std::to_string(w.pid) + ") " +
+                    describe_wait_status(w.status);
+  if (others > 0) {
+    msg += "; stopping the other " + std::to_string(others) + " local process" +
+           (others == 1 ? "" : "es");
+  }
+  say(msg);
+  const std::vector<std::string> tail = w.log->tail();
+  const std::string source = w.log->path().empty() ? "its output" : w.log->path();
+  if (tail.empty()) {
+    say(source + " is empty");
+  } else {
+    say("last " + std::to_string(tail.size()) + " lines of " + source + ":");
+    std::string block;
+    for (const std::string& line : tail) block += "    " + line + "\n";
+    write_all(STDERR_FILENO, block);
+  }
+}
+
+void Supervisor::reap() {
+  while (true) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;  // 0: others still run; -1 (ECHILD): no children left
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (w.pid != pid || !w.running) continue;
+      w.running = false;
+      w.status = status;
+      drain(w);
+      close_output(w);
+      w.log->finish();
+      if (stopping_) {
+        w.sweep = true;  // exited on our signal; what it started may still need one
+      } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        failed_ = static_cast<int>(i);
+        w.sweep = true;
+        report_failure(w);
+        begin_stop(SIGTERM);
+      }
+    }
+  }
+}
+
+void Supervisor::handle_signals() {
+  signalfd_siginfo info;
+  while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+    const int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGCHLD) continue;  // reap() runs after every wake-up anyway
+    if (interrupt_ == 0) interrupt_ = sig;
+    if (!stopping_) {
+      say("got " + signal_name(sig) + "; passing it to " + std::to_string(running_count()) +
+          " local process(es), SIGKILL after " + seconds(plan_.grace_period));
+      begin_stop(sig);
+    } else if (!killed_) {
+      say("got " + signal_name(sig) + " again; sending SIGKILL");
+      signal_groups(SIGKILL);
+      killed_ = true;
+    }
+  }
+}
+
+void Supervisor::kill_leftovers() {
+  // Processes a worker started and left behind (reparented here by the subreaper flag, or
+  // still in a stopped group) end with the job; reap them so none stays a zombie.
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  size_t killed = 0;
+  while (true) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    const std::vector<pid_t> left = direct_children();
+    if (left.empty() || Clock::now() >= until) break;
+    for (pid_t pid : left) killed += ::kill(pid, SIGKILL) == 0 ? 1 : 0;
+    ::usleep(10000);
+  }
+  if (killed > 0) say("stopped processes the workers left behind");
+}
+
+Supervisor::Outcome Supervisor::supervise() {
+  std::vector<pollfd> fds;
+  std::vector<Worker*> owners;
+  while (running_count() > 0) {
+    fds.assign(1, pollfd{signal_fd_, POLLIN, 0});
+    owners.assign(1, nullptr);
+    for (Worker& w : workers_) {
+      if (w.out >= 0) {
+        fds.push_back(pollfd{w.out, POLLIN, 0});
+        owners.push_back(&w);
+      }
+    }
+    int timeout = -1;
+    if (stopping_ && !killed_) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+      timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+    }
+    const int ready = ::poll(fds.data(), fds.size(), timeout);
+    if (ready < 0 && errno != EINTR) {
+      DPAR_FAIL("dpar-launch: poll failed: ", std::strerror(errno));
+    }
+    for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents != 0) drain(*owners[i]);
+    }
+    if (ready > 0 && fds[0].revents != 0) handle_signals();
+    reap();
+    if (stopping_ && !killed_ && running_count() > 0 && Clock::now() >= deadline_) {
+      say(std::to_string(running_count()) + " local process(es) still running after " +
+          seconds(plan_.grace_period) + "; sending SIGKILL");
+      signal_groups(SIGKILL);
+      killed_ = true;
+    }
+  }
+  if (stopping_) signal_groups(SIGKILL);  // what the stopped workers started in their groups
+  for (Worker& w : workers_) close_output(w);
+  kill_leftovers();
+  if (interrupt_ != 0) return Outcome::kInterrupted;
+  return failed_ >= 0 ? Outcome::kFailure : Outcome::kSuccess;
+}
+
+int Supervisor::run() {
+  for (int restart = 0;; ++restart) {
+    start_all(restart);
+    const Outcome outcome = supervise();
+    if (outcome == Outcome::kSuccess) {
+      say("all " + std::to_string(workers_.size()) + " local process(es) exited with code 0");
+      return 0;
+    }
+    if (outcome == Outcome::kInterrupted) {
+      say("stopped by " + signal_name(interrupt_));
+      return 128 + interrupt_;
+    }
+    const Worker& w = workers_[static_cast<size_t>(failed_)];
+    const std::string what =
+        "rank " + std::to_string(w.proc->rank) + " " + describe_wait_status(w.status);
+    if (restart < plan_.max_restarts) {
+      say(what + "; restarting all " + std::to_string(workers_.size()) +
+          " local process(es) (restart " + std::to_string(restart + 1) + " of " +
+          std::to_string(plan_.max_restarts) + ")");
+      continue;
+    }
+    say("job failed: " + what +
+        (w.log->path().empty() ? std::string() : " (full log: " + w.log->path() + ")"));
+    return 1;
+  }
+}
+
+}  // namespace dpar::launch

@@ -1,0 +1,74 @@
+#pragma once
+// Runs the local workers and watches them until the job on this node is over:
+//  - all workers exit 0                        -> exit status 0
+//  - a worker exits non-zero or by a signal    -> the others are stopped (SIGTERM to each
+//    process group, SIGKILL after the grace period), the failure is reported with the last
+//    lines of its log, and all local workers restart if --max_restarts allows; else status 1
+//  - the launcher gets SIGINT/SIGTERM/SIGHUP   -> the same signal goes to every worker's group,
+//    SIGKILL after the grace period (at once on a second signal); status 128 + signal
+// The launcher is a child subreaper, so processes the workers leave behind are reaped too.
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "environment.h"
+#include "log_sink.h"
+#include "plan.h"
+
+namespace dpar::launch {
+
+class Supervisor {
+ public:
+  // `envs[i]` is the environment of the node's local rank i (DPAR_RESTART_COUNT is set per
+  // start). Blocks the signals it handles from here on; throws dpar::Error on system failures.
+  Supervisor(const LaunchPlan& plan, std::vector<Env> envs);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  int run();
+
+ private:
+  struct Worker {
+    const Process* proc = nullptr;
+    Env env;
+    pid_t pid = -1;
+    int out = -1;
+    bool running = false;
+    bool sweep = false;  // its process group may still hold processes to stop
+    int status = 0;      // wait status once it exited
+    std::unique_ptr<LogSink> log;
+  };
+  enum class Outcome { kSuccess, kFailure, kInterrupted };
+  using Clock = std::chrono::steady_clock;
+
+  void start_all(int restart);
+  Outcome supervise();
+  void handle_signals();
+  void reap();
+  void drain(Worker& w);
+  void close_output(Worker& w);
+  void begin_stop(int sig);
+  void signal_groups(int sig);
+  void report_failure(const Worker& w) const;
+  void kill_leftovers();
+  size_t running_count() const;
+
+  const LaunchPlan& plan_;
+  std::vector<Worker> workers_;
+  sigset_t child_mask_{};
+  int signal_fd_ = -1;
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point deadline_{};
+  int failed_ = -1;    // index of the worker whose failure stops this attempt
+  int interrupt_ = 0;  // signal that interrupted the launcher
+};
+
+// "exited with code 3", "was killed by signal 9 (SIGKILL)".
+std::string describe_wait_status(int status);
+
+}  // namespace dpar::launch

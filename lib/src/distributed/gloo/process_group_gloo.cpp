@@ -1,0 +1,281 @@
+#include "distributed/gloo/process_group_gloo.h"
+
+#include <gloo/allgather.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <chrono>
+
+#include "distributed/gloo/bind_address.h"
+#include "distributed/gloo/gloo_store_adapter.h"
+#include "distributed/gloo/reduce_functions.h"
+#include "dpar/core/error.h"
+
+namespace dpar::dist::detail {
+namespace {
+
+// Fingerprint exchanges use one fixed tag: ranks that disagree on the sequence number still
+// meet in the exchange, so the check reports "a rank skipped a collective" instead of hanging.
+constexpr uint32_t kFingerprintTag = 0xffffffffu;
+
+// Gloo messages start with "[/path/file.cc:123] "; keep the text after it, on one line.
+std::string clean_gloo_message(const std::string& what) {
+  std::string text = what;
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find("] ");
+    if (close != std::string::npos) text = text.substr(close + 2);
+  }
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
+std::string format_duration(Millis t) {
+  if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
+  return std::to_string(t.count()) + " ms";
+}
+
+std::exception_ptr make_error(const std::string& message) {
+  try {
+    DPAR_FAIL(message);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+void check_cpu(const Tensor& t, const char* what) {
+  DPAR_CHECK(t.defined(), what, ": got an undefined tensor");
+  DPAR_CHECK(t.device().is_cpu(), what, ": the gloo group takes CPU tensors, got a tensor on ",
+             t.device().str());
+}
+
+}  // namespace
+
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
+                                   ProcessGroupOptions options)
+    : ProcessGroup(rank, size), options_(std::move(options)) {
+  DPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "make_gloo_group: rank ", rank,
+             " is outside a world of size ", size);
+  DPAR_CHECK(options_.timeout.count() > 0, "make_gloo_group: the timeout must be positive, got ",
+             options_.timeout.count(), " ms");
+  if (size > 1) {
+    DPAR_CHECK(store != nullptr, "make_gloo_group: a world of ", size, " needs a store");
+    // Rank r's k-th Gloo group on this store meets every other rank's k-th group.
+    const int64_t instance = store->add("gloo/instances/" + std::to_string(rank), 1);
+    store_ = std::make_shared<PrefixStore>("gloo/" + std::to_string(instance), store);
+    bind_address_ =
+        options_.bind_address.empty() ? default_bind_address(store.get()) : options_.bind_address;
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = bind_address_;
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      DPAR_FAIL("make_gloo_group: rank ", rank, " cannot listen on ", bind_address_, ": ",
+                clean_gloo_message(e.what()));
+    }
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options_.timeout);
+    GlooStoreAdapter adapter(store_, options_.timeout);
+    try {
+      context->connectFullMesh(adapter, device_);
+    } catch (const std::exception& e) {
+      DPAR_FAIL("make_gloo_group: rank ", rank, " (world size ", size,
+                ") could not connect to the other ranks within ", format_duration(options_.timeout),
+                " (listening on ", bind_address_, "): ", clean_gloo_message(e.what()));
+    }
+    context_ = std::move(context);
+    fingerprints_.resize(static_cast<size_t>(size));
+  }
+  heartbeat_ = std::make_unique<ProgressHeartbeat>(store_, rank, size);
+  thread_ = std::thread([this] { comm_loop(); });
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  heartbeat_.reset();
+  context_.reset();
+  device_.reset();
+}
+
+// ---- issuing ---------------------------------------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroupGloo::enqueue(CollectiveInfo info, std::vector<Tensor> tensors,
+                                                Tensor single) {
+  std::shared_ptr<WorkImpl> work;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    DPAR_CHECK(!stop_, collective_name(info.kind), ": the gloo group is shutting down");
+    info.seq = next_seq_++;
+    work = std::make_shared<WorkImpl>(std::move(info), rank_, size_);
+    queue_.push_back(PendingOp{work, std::move(tensors), std::move(single)});
+  }
+  queue_cv_.notify_one();
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, ReduceOp op) {
+  DPAR_CHECK(!tensors.empty(), "allreduce: no tensors given");
+  for (const Tensor& t : tensors) {
+    check_cpu(t, "allreduce");
+    DPAR_CHECK(t.dtype() == tensors[0].dtype(),
+               "allreduce: tensors of one call must share a "
+               "dtype, got ",
+               dtype_name(tensors[0].dtype()), " and ", dtype_name(t.dtype()));
+  }
+  reduce_function(tensors[0].dtype(), op, "allreduce");  // validates dtype and op
+  auto info = describe_call(CollectiveKind::Allreduce, tensors, op, 0);
+  return enqueue(std::move(info), std::move(tensors), {});
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, int root) {
+  DPAR_CHECK(!tensors.empty(), "broadcast: no tensors given");
+  DPAR_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is outside a world of size ",
+             size_);
+  for (const Tensor& t : tensors) check_cpu(t, "broadcast");
+  auto info = describe_call(CollectiveKind::Broadcast, tensors, ReduceOp::Sum, root);
+  return enqueue(std::move(info), std::move(tensors), {});
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor> outputs, Tensor input) {
+  check_cpu(input, "allgather");
+  DPAR_CHECK(static_cast<int>(outputs.size()) == size_, "allgather: expected ", size_,
+             " output tensors (one per rank), got ", outputs.size());
+  for (const Tensor& t : outputs) {
+    check_cpu(t, "allgather");
+    DPAR_CHECK(t.shape() == input.shape() && t.dtype() == input.dtype(),
+               "allgather: every output must match the input ", dtype_name(input.dtype()),
+               input.shape(), ", got ", dtype_name(t.dtype()), t.shape());
+  }
+  auto info = describe_call(CollectiveKind::Allgather, {input}, ReduceOp::Sum, 0);
+  return enqueue(std::move(info), std::move(outputs), std::move(input));
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(Tensor output, std::vector<Tensor> inputs,
+                                                       ReduceOp op) {
+  check_cpu(output, "reduce_scatter");
+  DPAR_CHECK(static_cast<int>(inputs.size()) == size_, "reduce_scatter: expected ", size_,
+             " input tensors (one per rank), got ", inputs.size());
+  for (const Tensor& t : inputs) {
+    check_cpu(t, "reduce_scatter");
+    DPAR_CHECK(t.dtype() == output.dtype(), "reduce_scatter: inputs must have the output's dtype ",
+               dtype_name(output.dtype()), ", got ", dtype_name(t.dtype()));
+  }
+  DPAR_CHECK(inputs[rank_].numel() == output.numel(), "reduce_scatter: the output ", output.shape(),
+             " must have as many elements as inputs[", rank_, "] ", inputs[rank_].shape());
+  reduce_function(output.dtype(), op, "reduce_scatter");
+  auto info = describe_call(CollectiveKind::ReduceScatter, inputs, op, 0);
+  return enqueue(std::move(info), std::move(inputs), std::move(output));
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::barrier() {
+  return enqueue(describe_call(CollectiveKind::Barrier, {}, ReduceOp::Sum, 0), {}, {});
+}
+
+// ---- running -------------------------------------------------------------------------------
+
+void ProcessGroupGloo::comm_loop() {
+  for (;;) {
+    PendingOp op;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything issued has run
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    execute(op);
+  }
+}
+
+void ProcessGroupGloo::execute(PendingOp& op) {
+  const CollectiveInfo& info = op.work->info();
+  heartbeat_->entered(info.seq);
+  if (!failed_.empty()) {
+    op.work->finish(make_error(info.describe() + " #" + std::to_string(info.seq) + " on rank " +
+                               std::to_string(rank_) +
+                               " cannot run: the gloo group failed "
+                               "earlier: " +
+                               failed_));
+    return;
+  }
+  bool in_check = false;
+  try {
+    if (options_.debug_detail && size_ > 1) {
+      in_check = true;
+      check_fingerprints(info);
+      in_check = false;
+    }
+    switch (info.kind) {
+      case CollectiveKind::Allreduce:
+        run_allreduce(op);
+        break;
+      case CollectiveKind::Broadcast:
+        run_broadcast(op);
+        break;
+      case CollectiveKind::Allgather:
+        run_allgather(op);
+        break;
+      case CollectiveKind::ReduceScatter:
+        run_reduce_scatter(op);
+        break;
+      case CollectiveKind::Barrier:
+        run_barrier(op);
+        break;
+    }
+    op.work->finish(nullptr);
+  } catch (const gloo::Exception& e) {
+    const std::string what = e.what();
+    const bool timed_out = what.find("Timed out") != std::string::npos;
+    failed_ = failure_message(info, clean_gloo_message(what), timed_out, in_check);
+    op.work->finish(make_error(failed_));
+  } catch (...) {
+    // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.
+    op.work->finish(std::current_exception());
+  }
+  // Drop the tensor handles now rather than when the next collective arrives.
+  op.tensors.clear();
+  op.single = Tensor();
+}
+
+std::string ProcessGroupGloo::failure_message(const CollectiveInfo& info, const std::string& what,
+                                              bool timed_out, bool in_check) {
+  std::string msg = info.describe() + " #" + std::to_string(info.seq);
+  msg += timed_out ? " timed out after " + format_duration(options_.timeout) : " failed";
+  if (in_check) msg += " in the DPAR_DEBUG=DETAIL check";
+  msg += " on rank " + std::to_string(rank_) + " (world size " + std::to_string(size_) + ")";
+  if (!timed_out) msg += ": " + what;
+  const std::string laggards = heartbeat_->describe_laggards(info.seq);
+  msg += "; " + laggards;
+  if (timed_out && laggards.rfind("every rank", 0) == 0 && !options_.debug_detail) {
+    msg += " (did the ranks call different collectives? DPAR_DEBUG=DETAIL checks)";
+  }
+  return msg;
+}
+
+void ProcessGroupGloo::check_fingerprints(const CollectiveInfo& info) {
+  Fingerprint mine = make_fingerprint(info, size_);
+  gloo::AllgatherOptions opts(context_);
+  opts.setInput<uint8_t>(reinterpret_cast<uint8_t*>(&mine), sizeof(mine));
+  opts.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(fingerprints_.data()),
+                          sizeof(Fingerprint) * fingerprints_.size());
+  opts.setTag(kFingerprintTag);
+  opts.setTimeout(options_.timeout);
+  gloo::allgather(opts);
+  const std::string mismatch = find_mismatch(fingerprints_);
+  DPAR_CHECK(mismatch.empty(), mismatch, " (DPAR_DEBUG=DETAIL, reported on rank ", rank_, ")");
+}
+
+uint8_t* ProcessGroupGloo::staging(size_t bytes) {
+  const size_t words = (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t);
+  if (staging_.size() < words) staging_.resize(words);
+  return reinterpret_cast<uint8_t*>(staging_.data());
+}
+
+}  // namespace dpar::dist::detail

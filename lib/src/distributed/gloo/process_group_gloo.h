@@ -1,0 +1,100 @@
+#pragma once
+// ProcessGroupGloo: the CPU collective backend over Gloo's TCP transport.
+//
+// Calls validate their arguments on the caller's thread (bad arguments throw at once), take
+// the next sequence number and queue the collective; one communication thread per group runs
+// the queue in issue order, so every rank runs the same collective at the same time, and
+// completes the Work. Every Gloo operation gets the group timeout; a timeout or transport
+// failure marks the group failed (Gloo closes the connections of a context after a timeout),
+// and later collectives fail at once with the first error. With debug_detail, each collective
+// first exchanges fingerprints (collective_check.h) and fails on every rank on a mismatch,
+// which leaves the group usable.
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distributed/collective_check.h"
+#include "distributed/progress_heartbeat.h"
+#include "distributed/work_impl.h"
+#include "dpar/distributed/process_group.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace dpar::dist::detail {
+
+class ProcessGroupGloo final : public ProcessGroup {
+ public:
+  // Rendezvous: this group's keys live under "gloo/<k>" of store, where k counts the Gloo
+  // groups this rank created on the store (so every rank's k-th group meets the others' k-th
+  // group). A world of one needs no store (it may be null) and no network.
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options);
+  // Runs the collectives still queued (each is bounded by the timeout), then stops.
+  ~ProcessGroupGloo() override;
+
+  std::string backend_name() const override { return "gloo"; }
+  std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op) override;
+  std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root) override;
+  std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input) override;
+  std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
+                                       ReduceOp op) override;
+  std::shared_ptr<Work> barrier() override;
+
+  const ProcessGroupOptions& options() const { return options_; }
+  const std::string& bind_address() const { return bind_address_; }
+
+ private:
+  struct PendingOp {
+    std::shared_ptr<WorkImpl> work;
+    std::vector<Tensor> tensors;  // allreduce/broadcast tensors, allgather outputs, r_s inputs
+    Tensor single;                // allgather input, reduce_scatter output
+  };
+
+  std::shared_ptr<Work> enqueue(CollectiveInfo info, std::vector<Tensor> tensors, Tensor single);
+  void comm_loop();
+  void execute(PendingOp& op);
+  void check_fingerprints(const CollectiveInfo& info);
+  std::string failure_message(const CollectiveInfo& info, const std::string& what, bool timed_out,
+                              bool in_check);
+
+  // Collective bodies (gloo_collectives.cpp); run on the communication thread.
+  void run_allreduce(PendingOp& op);
+  void run_broadcast(PendingOp& op);
+  void run_allgather(PendingOp& op);
+  void run_reduce_scatter(PendingOp& op);
+  void run_barrier(PendingOp& op);
+  uint8_t* staging(size_t bytes);  // reused buffer for fused / non-contiguous tensors
+  uint32_t tag(const CollectiveInfo& info) const {
+    return static_cast<uint32_t>(info.seq % 0x7fffffff);
+  }
+
+  ProcessGroupOptions options_;
+  std::string bind_address_;
+  std::shared_ptr<Store> store_;  // this group's prefixed view
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<ProgressHeartbeat> heartbeat_;
+
+  // Communication-thread state.
+  std::vector<uint64_t> staging_;  // uint64_t elements: aligned for every dtype
+  std::vector<uint8_t> scratch_;
+  std::vector<Fingerprint> fingerprints_;
+  std::string failed_;  // first timeout / transport failure; the group is unusable after it
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<PendingOp> queue_;
+  int64_t next_seq_ = 1;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dpar::dist::detail

@@ -1,0 +1,127 @@
+// Options, names, make_gloo_group, and Group: the device router in front of the backends.
+#include "dpar/distributed/process_group.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "distributed/gloo/process_group_gloo.h"
+
+namespace dpar::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
+  }
+  return "unknown";
+}
+
+ProcessGroupOptions ProcessGroupOptions::from_env() {
+  ProcessGroupOptions options;
+  if (const char* text = std::getenv("DPAR_TIMEOUT"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    DPAR_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds > 0,
+               "DPAR_TIMEOUT: expected a positive number of seconds, got '", text, "'");
+    options.timeout = Millis(std::max<int64_t>(1, std::llround(seconds * 1000.0)));
+  }
+  if (const char* text = std::getenv("DPAR_DEBUG"); text != nullptr && *text != '\0') {
+    std::string level = text;
+    for (char& c : level) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    DPAR_CHECK(level == "OFF" || level == "INFO" || level == "DETAIL",
+               "DPAR_DEBUG: expected OFF, INFO or DETAIL, got '", text, "'");
+    options.debug_detail = level == "DETAIL";
+  }
+  return options;
+}
+
+std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size,
+                                              const ProcessGroupOptions& options) {
+  return std::make_shared<detail::ProcessGroupGloo>(std::move(store), rank, size, options);
+}
+
+// ---- Group ---------------------------------------------------------------------------------
+
+Group::Group(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
+    : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {
+  DPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "Group: rank ", rank,
+             " is outside a world of size ", size);
+  DPAR_CHECK(store_ != nullptr || size == 1, "Group: a world of ", size, " needs a store");
+}
+
+std::shared_ptr<ProcessGroup> Group::backend_ptr_for(Device device) {
+  // Backends are created on first use, possibly from several threads (e.g. a data loader and
+  // the training loop); creation rendezvouses with the other ranks, so it runs exactly once.
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = backends_[static_cast<int>(device.type)];
+  if (slot) return slot;
+  switch (device.type) {
+    case DeviceType::CPU:
+      slot = make_gloo_group(store_, rank_, size_, options_);
+      break;
+    case DeviceType::CUDA:
+      // The NCCL backend plugs in here; until then GPU tensors must be moved to the CPU.
+      DPAR_FAIL("Group: cannot run collectives on ", device.str(),
+                " tensors: no GPU collective backend (NCCL) is available in this build",
+                built_with_cuda() ? "" : " (built without CUDA)",
+                "; move the tensors to the CPU to use the Gloo backend");
+  }
+  return slot;
+}
+
+ProcessGroup& Group::backend_for(Device device) { return *backend_ptr_for(device); }
+
+namespace {
+
+Device common_device(const std::vector<Tensor>& tensors, const char* op) {
+  DPAR_CHECK(!tensors.empty(), op, ": no tensors given");
+  DPAR_CHECK(tensors[0].defined(), op, ": got an undefined tensor");
+  const Device device = tensors[0].device();
+  for (const Tensor& t : tensors) {
+    DPAR_CHECK(t.defined(), op, ": got an undefined tensor");
+    DPAR_CHECK(t.device() == device, op, ": all tensors must be on one device, got ", device.str(),
+               " and ", t.device().str());
+  }
+  return device;
+}
+
+}  // namespace
+
+std::shared_ptr<Work> Group::allreduce(std::vector<Tensor> tensors, ReduceOp op) {
+  const Device device = common_device(tensors, "allreduce");
+  return backend_for(device).allreduce(std::move(tensors), op);
+}
+
+std::shared_ptr<Work> Group::broadcast(std::vector<Tensor> tensors, int root) {
+  const Device device = common_device(tensors, "broadcast");
+  return backend_for(device).broadcast(std::move(tensors), root);
+}
+
+std::shared_ptr<Work> Group::allgather(std::vector<Tensor> outputs, Tensor input) {
+  DPAR_CHECK(input.defined(), "allgather: the input is undefined");
+  outputs.push_back(input);
+  const Device device = common_device(outputs, "allgather");
+  outputs.pop_back();
+  return backend_for(device).allgather(std::move(outputs), std::move(input));
+}
+
+std::shared_ptr<Work> Group::reduce_scatter(Tensor output, std::vector<Tensor> inputs,
+                                            ReduceOp op) {
+  DPAR_CHECK(output.defined(), "reduce_scatter: the output is undefined");
+  inputs.push_back(output);
+  const Device device = common_device(inputs, "reduce_scatter");
+  inputs.pop_back();
+  return backend_for(device).reduce_scatter(std::move(output), std::move(inputs), op);
+}
+
+void Group::barrier() { backend_for(Device::cpu()).barrier()->wait(); }
+
+}  // namespace dpar::dist

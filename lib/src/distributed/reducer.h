@@ -1,0 +1,129 @@
+#pragma once
+// Reducer: DataParallel's gradient machinery (see dpar/distributed/data_parallel.h).
+//
+// Parameters are grouped into buckets; each bucket is one flat buffer and every parameter's
+// .grad is a view into it, so backward accumulates straight into communication memory and the
+// optimizer reads the averaged result in place. Gradient-ready hooks count down each bucket;
+// a full bucket is scaled and its all-reduce launched (asynchronously, on the group's
+// communication thread) while backward continues. Buckets launch strictly in index order so
+// every rank issues the same collectives in the same order. A callback queued at the first
+// hook of a backward (autograd::queue_callback) finishes the iteration when backward ends:
+// unused parameters, waiting for the last buckets, statistics, and - once, after the first
+// iteration - rebuilding the buckets in the order gradients actually became ready.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "dpar/distributed/data_parallel.h"
+#include "dpar/distributed/process_group.h"
+
+namespace dpar::dist {
+
+// Broadcasts tensors of any dtypes and layouts from root as ONE collective: the tensors are
+// packed bytewise into a single buffer (a broadcast moves bits, so their dtypes do not matter).
+void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int root = 0);
+
+// "all_reduce tensors: 142, after fusion: 3 buckets [1.0 MB, 8.7 MB, 25.1 MB]"
+std::string format_bucket_summary(const std::vector<BucketInfo>& buckets);
+
+class Reducer {
+ public:
+  struct Options {
+    double first_bucket_mb = 1;
+    double bucket_mb = 25;
+    bool find_unused_parameters = false;
+  };
+
+  // params: (name, tensor) of every parameter that requires grad, in registration order.
+  Reducer(nn::NamedTensors params, std::shared_ptr<Group> group, Options options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Called by DataParallel::forward before the module runs. sync: whether the coming backward
+  // communicates (false inside no_sync()). local_batch >= 0 asks for sample weighting: the
+  // batch sizes are summed over ranks here (asynchronously; awaited at the first bucket).
+  void prepare_forward(bool sync, int64_t local_batch);
+  // Called with the module's output: with find_unused_parameters, walks the autograd graph
+  // to find parameters the output does not depend on, so their buckets need not wait.
+  void after_forward(const Tensor& output);
+
+  std::vector<BucketInfo> buckets() const;
+  size_t num_parameters() const { return params_.size(); }
+  DataParallel::CommStats last_comm_stats() const { return stats_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Bucket {
+    std::vector<size_t> params;    // indices into params_, in bucket order
+    std::vector<int64_t> offsets;  // element offset of each parameter in buffer
+    Tensor buffer;                 // flat, contiguous, one dtype/device
+    size_t pending = 0;            // gradients not yet ready in the running backward
+    std::shared_ptr<Work> work;
+    Clock::time_point launched, completed;
+    bool done = false;
+  };
+
+  struct Param {
+    std::string name;
+    Tensor tensor;
+    int hook = -1;
+    size_t bucket = 0;
+    Tensor view;  // the gradient's home in the bucket (contiguous strides)
+  };
+
+  // Partitions `order` (parameter indices, the order gradients are expected) into buckets.
+  std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order) const;
+  // Allocates buffers for a partition; gradients that exist move into the new views.
+  void install_buckets(const std::vector<std::vector<size_t>>& partition);
+
+  void on_grad_ready(size_t index);
+  void begin_backward();
+  void mark_ready(size_t index);
+  void restore_view(size_t index, bool zero_if_missing);
+  void launch_ready_buckets();
+  void launch(Bucket& bucket);
+  double scale_factor();
+  void poll_completions();
+  void finalize();
+  // Waits for whatever was launched (errors ignored) and forgets the iteration: after an
+  // error the next iteration must start from a clean state.
+  void abandon_iteration();
+  void rebuild_in_ready_order();
+  void log_summary(const char* what) const;
+
+  std::vector<Param> params_;
+  std::shared_ptr<Group> group_;
+  Options options_;
+  std::vector<Bucket> buckets_;
+
+  // Per forward.
+  bool sync_ = true;
+  std::shared_ptr<Work> batch_work_;  // allreduce of the local batch size
+  Tensor batch_sum_;
+  int64_t local_batch_ = -1;
+  bool graph_walked_ = false;
+  std::unordered_set<const TensorImpl*> reachable_;
+
+  // Per backward.
+  bool active_ = false;
+  std::vector<bool> ready_;
+  size_t next_launch_ = 0;
+  bool factor_known_ = false;
+  double factor_ = 1;  // gradients are multiplied by this before the sum over ranks
+  Clock::time_point backward_begin_;
+
+  // Rebuild after the first synchronised iteration.
+  bool rebuilt_ = false;
+  std::vector<size_t> ready_order_;
+
+  DataParallel::CommStats stats_;
+};
+
+}  // namespace dpar::dist

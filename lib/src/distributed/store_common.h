@@ -1,0 +1,44 @@
+#pragma once
+// Internals shared by the store server and client (lib/src/distributed/store_*.cpp).
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dpar/distributed/store.h"
+
+namespace dpar::dist::detail {
+
+// Identity metadata sent with every call. The job id travels as a "-bin" header so any bytes
+// are allowed (plain gRPC metadata values must be printable ASCII).
+inline constexpr char kJobIdKey[] = "dpar-job-id-bin";
+inline constexpr char kWorldSizeKey[] = "dpar-world-size";
+inline constexpr char kRankKey[] = "dpar-rank";
+
+// Explicit message size cap on both ends: values are small (addresses, NCCL ids), but a caller
+// may publish e.g. a serialized model config; 64 MiB is generous without being unbounded.
+inline constexpr int kMaxMessageBytes = 64 << 20;
+
+// The "(is rank 0 running?)" style messages quote seconds: whole numbers print plainly, short
+// test timeouts keep one decimal.
+inline std::string format_seconds(Millis t) {
+  if (t.count() % 1000 == 0 || t.count() >= 10000) return std::to_string((t.count() + 500) / 1000);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(t.count()) / 1000.0);
+  return buf;
+}
+
+// 'a', 'b', 'c' — for error messages naming keys.
+inline std::string quote_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", '" : "'") + keys[i] + "'";
+  return out;
+}
+
+// host:port, with brackets around an IPv6 literal so the port stays unambiguous.
+inline std::string join_host_port(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+}  // namespace dpar::dist::detail

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Bad input: one clear line on stderr, exit status 2, nothing started (no table, no log
+# directory, no worker process).
+set -u
+source "$(dirname "$0")/common.sh" "$@"
+
+# expect_bad TEXT args...: the launcher rejects args with one stderr line containing TEXT.
+expect_bad() {
+  local text=$1
+  shift
+  rm -rf "$work/log"
+  "$launcher" --log_dir="$work/log" --start_port=$port "$@" >"$work/out" 2>"$work/err"
+  local rc=$? lines
+  lines=$(wc -l <"$work/err")
+  if [ $rc -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -qF -- "$text" "$work/err"; then
+    fail "dpar-launch $* -> exit $rc (want 2), stderr ($lines lines, want 1 with '$text'):"
+    sed 's/^/    /' "$work/err"
+  elif [ -s "$work/out" ] || [ -e "$work/log" ] || pgrep -f -- "$marker" >/dev/null; then
+    fail "dpar-launch $* started something"
+  else
+    ok "$* -> $(cat "$work/err")"
+  fi
+}
+
+W=("$worker" "$marker")
+expect_bad "--ips=1.2.3: '1.2.3' is not an IPv4 address" --ips=1.2.3 "${W[@]}"
+expect_bad "--ips=127.0.0.1,,127.0.0.2: empty entry" --ips=127.0.0.1,,127.0.0.2 "${W[@]}"
+expect_bad "'node-a' is not an IPv4 address" --ips=node-a,node-b "${W[@]}"
+expect_bad "--gpus=0,x: 'x' is not a GPU id" --gpus=0,x "${W[@]}"
+expect_bad "--gpus=0,0: GPU 0 listed twice" --gpus=0,0 "${W[@]}"
+expect_bad "--gpus=-1: '-1' is not a GPU id" --devices=-1 "${W[@]}"
+expect_bad "--gpus is empty" --gpus= "${W[@]}"
+expect_bad "this host is not in --ips=10.231.99.1,10.231.99.2 (local addresses: 127.0.0.1" \
+  --ips=10.231.99.1,10.231.99.2 "${W[@]}"
+expect_bad "nodes 0 and 1 have the same address 127.0.0.1, so their ranks would get duplicate endpoints" \
+  --ips=127.0.0.1,127.0.0.1 "${W[@]}"
+expect_bad "--master=127.0.0.1:$port is also the endpoint of rank 0 (duplicate endpoint)" \
+  --master=127.0.0.1:$port "${W[@]}"
+expect_bad "--master=localhost: expected ip:port" --master=localhost "${W[@]}"
+expect_bad "--nproc_per_node=0: expected at least 1 process per node" --nproc_per_node=0 "${W[@]}"
+expect_bad "--nproc_per_node=-2: expected at least 1" --nproc_per_node -2 "${W[@]}"
+expect_bad "--nproc_per_node=3 does not match --gpus=0,1" --nproc_per_node=3 --gpus=0,1 "${W[@]}"
+expect_bad "--node_rank=2: --ips=127.0.0.1,127.0.0.2 has 2 node(s), so expected 0..1" \
+  --ips=127.0.0.1,127.0.0.2 --node_rank=2 "${W[@]}"
+expect_bad "--host=127.0.0.3 is not one of the nodes in --ips=127.0.0.1,127.0.0.2" \
+  --ips=127.0.0.1,127.0.0.2 --host=127.0.0.3 "${W[@]}"
+expect_bad "--run_mode=ps: this build's dpar-launch supports collective mode only" \
+  --run_mode=ps "${W[@]}"
+expect_bad "--run_mode=hybrid: expected collective" --run_mode=hybrid "${W[@]}"
+expect_bad "unknown flag --nprocs" --nprocs=2 "${W[@]}"
+expect_bad "--start_port=abc: expected an integer" --start_port=abc "${W[@]}"
+expect_bad "--start_port=70000: expected a port in 1..65535" --start_port=70000 "${W[@]}"
+expect_bad "--max_restarts=-1: expected 0 or more" --max_restarts=-1 "${W[@]}"
+expect_bad "no program given" --nproc_per_node=2
+expect_bad "program '$marker-missing' not found in PATH" "$marker-missing"
+expect_bad "program /nonexistent/$marker: No such file or directory" "/nonexistent/$marker"
+printf '#!/bin/sh\n' >"$work/not_exec"
+chmod 644 "$work/not_exec"
+expect_bad "program $work/not_exec: is not executable" "$work/not_exec" "$marker"
+expect_bad "program $work: is a directory" "$work" "$marker"
+CUDA_VISIBLE_DEVICES=4,5 expect_bad "GPU 0 is not in this launcher's CUDA_VISIBLE_DEVICES=4,5" \
+  --gpus=0 "${W[@]}"
+
+echo "== cluster files"
+expect_bad "--hostfile=$work/missing: cannot open the file" --hostfile="$work/missing" "${W[@]}"
+printf '127.0.0.1 slots=2\n127.0.0.2 slot=2\n' >"$work/hosts"
+expect_bad "hostfile $work/hosts line 2: unknown field 'slot=2' (expected 'host slots=N')" \
+  --hostfile="$work/hosts" "${W[@]}"
+printf '# nothing\n\n' >"$work/empty_hosts"
+expect_bad "hostfile $work/empty_hosts lists no hosts" --hostfile="$work/empty_hosts" "${W[@]}"
+printf '127.0.0.1 slots=1\n' >"$work/ok_hosts"
+expect_bad "--ips and --hostfile both describe the cluster" --ips=127.0.0.1 \
+  --hostfile="$work/ok_hosts" "${W[@]}"
+printf '{"server_list": [' >"$work/broken.json"
+expect_bad "rank table $work/broken.json: not valid JSON" --rank_table="$work/broken.json" "${W[@]}"
+printf '{"server_list": [{"server_id": "127.0.0.1", "device": [{"device_id": "0", "rank_id": "1"}]}]}' \
+  >"$work/gap.json"
+expect_bad "rank_id values must be 0..0 (one per device); rank 0 is missing" \
+  --rank_table="$work/gap.json" "${W[@]}"
+expect_bad "--gpus cannot be combined with --rank_table" --rank_table="$work/gap.json" --gpus=0 \
+  "${W[@]}"
+
+echo "== ports already in use"
+# The listener's command line must not carry $marker: the checks look for started workers.
+"$worker" listen=127.0.0.1:$((port + 1)) sleep=30 >"$work/listener" 2>&1 &
+listener=$!
+wait_for_text "$work/listener" "listening on" 10 || fail "the listener did not start"
+expect_bad "port $((port + 1)) on 127.0.0.1 (endpoint of rank 1) is not free: Address already in use" \
+  --nproc_per_node=2 "${W[@]}"
+# With one process the store takes port+1: the launcher checks it on rank 0's node as well.
+expect_bad "port $((port + 1)) on 127.0.0.1 (the store's endpoint, DPAR_MASTER) is not free" \
+  --nproc_per_node=1 "$worker" sleep=0
+kill $listener
+wait $listener 2>/dev/null
+finish

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The environment each process gets (dpar, PaddlePaddle and torchrun names), one log file per
+# process, rank 0 echoed on the console, and the GPU variables.
+set -u
+source "$(dirname "$0")/common.sh" "$@"
+
+echo "== 1 node x 3 CPU processes"
+unset OMP_NUM_THREADS CUDA_VISIBLE_DEVICES FLAGS_selected_gpus
+"$launcher" --nproc_per_node=3 --run_mode=collective --log_dir="$work/log" --start_port=$port \
+  "$worker" lines=3 "$marker" >"$work/out" 2>"$work/err"
+rc=$?
+[ $rc -eq 0 ] && ok "exit 0" || { fail "exit $rc"; cat "$work/err"; }
+master=127.0.0.1:$((port + 3))
+endpoints=127.0.0.1:$port,127.0.0.1:$((port + 1)),127.0.0.1:$((port + 2))
+omp=$(($(nproc) / 3)); [ $omp -lt 1 ] && omp=1
+for i in 0 1 2; do
+  log=$work/log/workerlog.$i
+  [ -f "$log" ] || { fail "no $log"; continue; }
+  for kv in DPAR_RANK=$i DPAR_WORLD_SIZE=3 DPAR_LOCAL_RANK=$i DPAR_LOCAL_SIZE=3 \
+      DPAR_NODE_RANK=0 DPAR_NNODES=1 DPAR_MASTER=$master DPAR_ENDPOINTS=$endpoints \
+      DPAR_CURRENT_ENDPOINT=127.0.0.1:$((port + i)) DPAR_JOB_ID=dpar-127.0.0.1-$((port + 3)) \
+      DPAR_DEVICE=cpu DPAR_RESTART_COUNT=0 \
+      PADDLE_TRAINER_ID=$i PADDLE_TRAINERS_NUM=3 PADDLE_TRAINER_ENDPOINTS=$endpoints \
+      PADDLE_CURRENT_ENDPOINT=127.0.0.1:$((port + i)) PADDLE_RANK_IN_NODE=$i \
+      RANK=$i WORLD_SIZE=3 LOCAL_RANK=$i LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$((port + 3)) OMP_NUM_THREADS=$omp "line 3 of rank $i" "rank $i done"; do
+    expect_line "$log" "$kv"
+  done
+  expect_no_text "$log" "FLAGS_selected_gpus="
+  expect_no_text "$log" "CUDA_VISIBLE_DEVICES="
+done
+# The console: the table, then rank 0's output only.
+expect_text "$work/out" "Distributed environment of local rank 0"
+expect_text "$work/out" "| DPAR_ENDPOINTS"
+expect_line "$work/out" "line 3 of rank 0"
+expect_line "$work/out" "DPAR_RANK=0"
+expect_no_text "$work/out" "of rank 1"
+expect_no_text "$work/out" "of rank 2"
+
+echo "== OMP_NUM_THREADS is kept when set; --log-dir spelling; --devices alias and GPU variables"
+OMP_NUM_THREADS=7 "$launcher" --devices=0,1 --log-dir="$work/gpu" --start_port=$port \
+  "$worker" "$marker" >"$work/out" 2>"$work/err" || { fail "gpu run failed"; cat "$work/err"; }
+for i in 0 1; do
+  log=$work/gpu/workerlog.$i
+  for kv in OMP_NUM_THREADS=7 CUDA_VISIBLE_DEVICES=0,1 FLAGS_selected_gpus=$i DPAR_DEVICE=gpu:$i \
+      DPAR_WORLD_SIZE=2; do
+    expect_line "$log" "$kv"
+  done
+done
+
+echo "== --gpus picks from an inherited CUDA_VISIBLE_DEVICES"
+CUDA_VISIBLE_DEVICES=4,5,6 "$launcher" --gpus=6,4 --log_dir="$work/cvd" --start_port=$port \
+  "$worker" "$marker" >"$work/out" 2>"$work/err" || { fail "cvd run failed"; cat "$work/err"; }
+expect_line "$work/cvd/workerlog.0" "CUDA_VISIBLE_DEVICES=6,4"
+expect_line "$work/cvd/workerlog.1" "DPAR_DEVICE=gpu:1"
+
+echo "== --log_dir='' puts every process on the console behind a rank prefix"
+"$launcher" --nproc_per_node=2 --log_dir= --start_port=$port "$worker" lines=1 "$marker" \
+  >"$work/out" 2>"$work/err" || { fail "console run failed"; cat "$work/err"; }
+expect_line "$work/out" "[rank 0] line 1 of rank 0"
+expect_line "$work/out" "[rank 1] line 1 of rank 1"
+
+echo "== processes a worker leaves behind end with the job"
+"$launcher" --nproc_per_node=2 --log_dir="$work/gc" --start_port=$port \
+  "$worker" grandchild=1 sleep=0.2 "$marker" >"$work/out" 2>"$work/err"
+rc=$?
+[ $rc -eq 0 ] && ok "exit 0" || { fail "exit $rc"; cat "$work/err"; }
+expect_text "$work/gc/workerlog.1" "started grandchild"
+expect_no_job_processes
+finish

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Two hosts on one machine: two network namespaces joined by a veth pair, 10.231.0.1/24 and
+# 10.231.0.2/24 (addresses that exist only inside those namespaces). One dpar-launch runs in
+# each with --ips=10.231.0.1,10.231.0.2 and finds its node among its own interface addresses,
+# as on real machines. The job's program and its arguments are parameters, so the same script
+# runs a collective test program later:
+#
+#   netns_two_hosts.sh [--expect-env] [--nproc=N] <dpar-launch> <program> [args...]
+#
+# Both launchers must exit 0. --expect-env also checks the env_worker output: world size 2N,
+# ranks, node ranks and endpoints agree across the two hosts.
+# Exit status: 0 passed, 1 failed, 77 skipped (no CAP_NET_ADMIN or no `ip`; the reason is
+# printed). NETNS_TEST_TIMEOUT (default 45 s) bounds each launcher.
+set -u
+expect_env=0
+nproc=2
+while [ $# -gt 0 ]; do
+  case $1 in
+    --expect-env) expect_env=1; shift ;;
+    --nproc=*) nproc=${1#--nproc=}; shift ;;
+    *) break ;;
+  esac
+done
+if [ $# -lt 2 ]; then
+  echo "usage: $0 [--expect-env] [--nproc=N] <dpar-launch> <program> [args...]" >&2
+  exit 1
+fi
+launcher=$1
+shift
+skip() {
+  echo "SKIPPED: $*"
+  exit 77
+}
+command -v ip >/dev/null || skip "the 'ip' tool (iproute2) is not installed"
+command -v timeout >/dev/null || skip "coreutils' timeout is not installed"
+
+ns_a=dpar_test_a_$$
+ns_b=dpar_test_b_$$
+ip_a=10.231.0.1
+ip_b=10.231.0.2
+work=$(mktemp -d)
+cleanup() {
+  ip netns del "$ns_a" 2>/dev/null
+  ip netns del "$ns_b" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+if ! err=$(ip netns add "$ns_a" 2>&1); then
+  skip "cannot create a network namespace (needs root or CAP_NET_ADMIN): $err"
+fi
+ip netns add "$ns_b" || skip "cannot create a second network namespace"
+# The veth pair is created inside the first namespace with its peer in the second, so no
+# interface ever appears in the machine's own namespace.
+setup() {
+  ip -n "$ns_a" link add veth_a type veth peer name veth_b netns "$ns_b" &&
+    ip -n "$ns_a" addr add "$ip_a/24" dev veth_a &&
+    ip -n "$ns_b" addr add "$ip_b/24" dev veth_b &&
+    ip -n "$ns_a" link set lo up && ip -n "$ns_b" link set lo up &&
+    ip -n "$ns_a" link set veth_a up && ip -n "$ns_b" link set veth_b up
+}
+if ! err=$(setup 2>&1); then
+  skip "cannot set up the veth pair between the namespaces (no veth support?): $err"
+fi
+
+limit=${NETNS_TEST_TIMEOUT:-45}
+port=6070  # the namespaces are fresh: the default ports are free there
+# run_node NS NAME PROGRAM [ARGS...]: one launcher in namespace NS, logs under $work/NAME.
+run_node() {
+  local ns=$1 name=$2
+  shift 2
+  timeout -s TERM "$limit" ip netns exec "$ns" "$launcher" --ips="$ip_a,$ip_b" \
+    --nproc_per_node="$nproc" --start_port=$port --log_dir="$work/$name" "$@" \
+    >"$work/$name.out" 2>"$work/$name.err"
+}
+run_node "$ns_a" a "$@" &
+pid_a=$!
+run_node "$ns_b" b "$@" &
+pid_b=$!
+wait $pid_a
+rc_a=$?
+wait $pid_b
+rc_b=$?
+
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+for node in a b; do
+  rc_var=rc_$node
+  if [ "${!rc_var}" -ne 0 ]; then
+    fail "launcher on host $node exited ${!rc_var}; its stderr and logs:"
+    cat "$work/$node.err"
+    for f in "$work/$node"/workerlog.*; do echo "--- $f"; tail -n 20 "$f"; done
+  else
+    echo "ok: launcher on host $node exited 0"
+  fi
+done
+
+if [ $expect_env -eq 1 ]; then
+  world=$((2 * nproc))
+  endpoints=""
+  for ip in $ip_a $ip_b; do
+    for ((l = 0; l < nproc; l++)); do endpoints+="${endpoints:+,}$ip:$((port + l))"; done
+  done
+  node=0
+  for name in a b; do
+    for ((l = 0; l < nproc; l++)); do
+      log=$work/$name/workerlog.$l
+      for kv in DPAR_RANK=$((node * nproc + l)) DPAR_WORLD_SIZE=$world DPAR_NODE_RANK=$node \
+          DPAR_NNODES=2 DPAR_LOCAL_RANK=$l DPAR_ENDPOINTS=$endpoints \
+          DPAR_MASTER=$ip_a:$((port + nproc)) WORLD_SIZE=$world MASTER_ADDR=$ip_a; do
+        if grep -qxF -- "$kv" "$log" 2>/dev/null; then echo "ok: host $name $l: $kv"; else
+          fail "host $name: $log lacks $kv"
+        fi
+      done
+    done
+    node=$((node + 1))
+  done
+fi
+[ $failures -eq 0 ] && echo "all checks passed" && exit 0
+echo "$failures check(s) failed"
+exit 1

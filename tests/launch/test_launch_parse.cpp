@@ -1,0 +1,283 @@
+// dpar-launch's parsers and environment builder, without starting processes: cluster
+// descriptions (--ips, hostfile, rank table), node selection, endpoints, the per-process
+// environment and the option checks. The shell tests next to this file run the real launcher.
+#include <catch2/catch.hpp>
+
+#include "cluster.h"
+#include "dpar/core/flags.h"
+#include "environment.h"
+#include "options.h"
+#include "plan.h"
+
+using namespace dpar::launch;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Options options(std::vector<std::string> args) {
+  args.push_back("prog");
+  return parse_options(args);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const dpar::FlagError& e) {
+    return e.what();
+  }
+  return "(no FlagError)";
+}
+
+}  // namespace
+
+TEST_CASE("launch: GPU lists", "[launch]") {
+  CHECK(parse_gpu_list("0,1, 3", "--gpus") == std::vector<std::string>{"0", "1", "3"});
+  CHECK(parse_gpu_list("01", "--gpus") == std::vector<std::string>{"1"});
+  CHECK_THAT(error_of([] { parse_gpu_list("0,,1", "--gpus"); }), Contains("empty entry"));
+  CHECK_THAT(error_of([] { parse_gpu_list("0,a", "--gpus"); }), Contains("'a' is not a GPU id"));
+  CHECK_THAT(error_of([] { parse_gpu_list("2,02", "--gpus"); }), Contains("GPU 2 listed twice"));
+  CHECK_THAT(error_of([] { parse_gpu_list("99999999999", "--gpus"); }), Contains("not a GPU id"));
+}
+
+TEST_CASE("launch: --ips gives node-by-node ranks", "[launch]") {
+  Cluster c = cluster_from_ips("10.0.0.1, 10.0.0.2", {"0", "1"}, 1);
+  REQUIRE(c.nodes.size() == 2);
+  CHECK(c.world_size() == 4);
+  CHECK(c.nodes[1].ip == "10.0.0.2");
+  CHECK(c.nodes[1].procs[1].rank == 3);
+  CHECK(c.nodes[1].procs[1].local_rank == 1);
+  CHECK(c.nodes[1].procs[1].gpu == "1");
+  Cluster cpu = cluster_from_ips("127.0.0.1", {}, 3);
+  CHECK(cpu.world_size() == 3);
+  CHECK(cpu.nodes[0].procs[2].gpu.empty());
+  CHECK_THAT(error_of([] { cluster_from_ips("10.0.0.1,10.0.0.256", {}, 1); }),
+             Contains("'10.0.0.256' is not an IPv4 address"));
+  CHECK_THAT(error_of([] { cluster_from_ips("10.0.0.01", {}, 1); }),
+             Contains("not an IPv4 address"));
+}
+
+TEST_CASE("launch: hostfiles in Horovod/Open MPI and MPICH style", "[launch]") {
+  const std::string text =
+      "# cluster\n"
+      "127.0.0.1 slots=2 max_slots=4\n"
+      "\n"
+      "localhost:3   # MPICH style\n"
+      "127.0.0.3\n";
+  Cluster c = cluster_from_hostfile(text, "hosts", {}, 1);
+  REQUIRE(c.nodes.size() == 3);
+  CHECK(c.nodes[0].procs.size() == 2);
+  CHECK(c.nodes[1].host == "localhost");
+  CHECK(c.nodes[1].ip == "127.0.0.1");
+  CHECK(c.nodes[1].procs.size() == 3);
+  CHECK(c.nodes[1].procs[0].rank == 2);
+  CHECK(c.nodes[2].procs.size() == 1);  // default: --nproc_per_node
+  CHECK(c.world_size() == 6);
+  CHECK(c.max_local_size() == 3);
+
+  // With --gpus, a line without slots runs one process per GPU.
+  Cluster g = cluster_from_hostfile("127.0.0.1\n127.0.0.2 slots=1\n", "h", {"2", "3"}, 1);
+  CHECK(g.nodes[0].procs.size() == 2);
+  CHECK(g.nodes[0].procs[1].gpu == "3");
+  CHECK(g.nodes[1].procs.size() == 1);
+
+  CHECK_THAT(error_of([] { cluster_from_hostfile("a slots=0\n", "h", {}, 1); }),
+             Contains("hostfile h line 1: 'slots=0': expected slots=N with N >= 1"));
+  CHECK_THAT(error_of([] { cluster_from_hostfile("127.0.0.1 gpus=2\n", "h", {}, 1); }),
+             Contains("unknown field 'gpus=2'"));
+  CHECK_THAT(error_of([] { cluster_from_hostfile("127.0.0.1:x\n", "h", {}, 1); }),
+             Contains("expected host:N"));
+  CHECK_THAT(error_of([] {
+               cluster_from_hostfile("127.0.0.1 slots=3\n", "h", {"0", "1"}, 1);
+             }),
+             Contains("slots=3 but --gpus lists only 2 GPUs"));
+  CHECK_THAT(error_of([] { cluster_from_hostfile("no-such-host.invalid\n", "h", {}, 1); }),
+             Contains("cannot resolve host 'no-such-host.invalid'"));
+  CHECK_THAT(error_of([] { cluster_from_hostfile("  # only comments\n", "h", {}, 1); }),
+             Contains("lists no hosts"));
+}
+
+TEST_CASE("launch: MindSpore-style rank tables", "[launch]") {
+  const std::string table = R"({
+    "version": "1.0", "server_count": "2",
+    "server_list": [
+      {"server_id": "10.0.0.1", "device": [
+        {"device_id": "0", "device_ip": "192.0.2.1", "rank_id": "3"},
+        {"device_id": "1", "device_ip": "192.0.2.2", "rank_id": "0"}]},
+      {"server_id": "10.0.0.2", "device": [
+        {"device_id": 4, "rank_id": 1}, {"device_id": 5, "rank_id": 2}]}],
+    "status": "completed"})";
+  Cluster c = cluster_from_rank_table(table, "rt.json");
+  REQUIRE(c.nodes.size() == 2);
+  CHECK(c.world_size() == 4);
+  // Local ranks follow rank_id within a node.
+  CHECK(c.nodes[0].procs[0].rank == 0);
+  CHECK(c.nodes[0].procs[0].gpu == "1");
+  CHECK(c.nodes[0].procs[1].rank == 3);
+  CHECK(c.nodes[0].procs[1].local_rank == 1);
+  CHECK(c.nodes[1].procs[0].gpu == "4");
+
+  CHECK_THAT(error_of([] { cluster_from_rank_table("[1,2]", "r"); }),
+             Contains("non-empty \"server_list\""));
+  CHECK_THAT(error_of([] { cluster_from_rank_table("{", "r"); }), Contains("not valid JSON"));
+  CHECK_THAT(error_of([] {
+               cluster_from_rank_table(
+                   R"({"server_list":[{"server_id":"10.0.0.1","device":[{"device_id":"0"}]}]})",
+                   "r");
+             }),
+             Contains("server_list[0].device[0].rank_id is missing"));
+  CHECK_THAT(error_of([] {
+               cluster_from_rank_table(
+                   R"({"server_list":[{"server_id":"10.0.0.1","device":[
+                {"device_id":"0","rank_id":"0"},{"device_id":"0","rank_id":"1"}]}]})",
+                   "r");
+             }),
+             Contains("device_id 0 appears twice on 10.0.0.1"));
+  CHECK_THAT(error_of([] {
+               cluster_from_rank_table(
+                   R"({"server_list":[{"server_id":"10.0.0.1","device":[
+                {"device_id":"0","rank_id":"0"},{"device_id":"1","rank_id":"2"}]}]})",
+                   "r");
+             }),
+             Contains("rank 1 is missing"));
+  CHECK_THAT(error_of([] {
+               cluster_from_rank_table(
+                   R"({"server_list":[{"server_id":"10.0.0.1","device":[
+                       {"device_id":"x","rank_id":"0"}]}]})",
+                   "r");
+             }),
+             Contains("device_id is \"x\" (expected a non-negative id)"));
+}
+
+TEST_CASE("launch: finding this node", "[launch]") {
+  Cluster c = cluster_from_ips("10.0.0.1,10.0.0.2", {}, 1);
+  const std::vector<std::string> local = {"127.0.0.1", "10.0.0.2"};
+  CHECK(select_node(c, "", -1, local) == 1);
+  CHECK(select_node(c, "10.0.0.1", -1, local) == 0);
+  CHECK(select_node(c, "", 0, local) == 0);
+  CHECK(select_node(c, "10.0.0.2", 1, local) == 1);
+  CHECK_THAT(error_of([&] {
+               select_node(c, "", -1, {"127.0.0.1", "192.0.2.7"});
+             }),
+             Contains("this host is not in --ips=10.0.0.1,10.0.0.2 (local addresses: "
+                      "127.0.0.1, 192.0.2.7)"));
+  CHECK_THAT(error_of([&] {
+               select_node(c, "", -1, {"10.0.0.1", "10.0.0.2"});
+             }),
+             Contains("several nodes of --ips=10.0.0.1,10.0.0.2 are addresses of this host"));
+  CHECK_THAT(error_of([&] { select_node(c, "10.0.0.1", 1, local); }), Contains("disagree"));
+  CHECK_THAT(error_of([&] { select_node(c, "", 2, local); }), Contains("expected 0..1"));
+  CHECK_THAT(error_of([&] { select_node(c, "10.0.0.9", -1, local); }),
+             Contains("--host=10.0.0.9 is not one of the nodes"));
+}
+
+TEST_CASE("launch: endpoints, store endpoint and job id", "[launch]") {
+  LaunchPlan plan = make_plan(options({"--ips=10.0.0.1,10.0.0.2", "--nproc_per_node=3",
+                                       "--start_port=7000", "--host=10.0.0.2"}),
+                              {});
+  CHECK(plan.node_rank == 1);
+  CHECK(plan.endpoints == std::vector<std::string>{"10.0.0.1:7000", "10.0.0.1:7001",
+                                                   "10.0.0.1:7002", "10.0.0.2:7000",
+                                                   "10.0.0.2:7001", "10.0.0.2:7002"});
+  CHECK(plan.master() == "10.0.0.1:7003");  // the port after the per-rank block
+  CHECK(plan.job_id == "dpar-10.0.0.1-7003");
+  CHECK_FALSE(plan.hosts_rank0());
+
+  LaunchPlan custom = make_plan(
+      options({"--ips=10.0.0.1", "--master=10.0.0.1:9000", "--job_id=run7", "--node_rank=0"}), {});
+  CHECK(custom.master() == "10.0.0.1:9000");
+  CHECK(custom.job_id == "run7");
+  CHECK(custom.hosts_rank0());
+
+  CHECK_THAT(error_of([] {
+               make_plan(options({"--ips=10.0.0.1,10.0.0.1", "--node_rank=0"}), {});
+             }),
+             Contains("nodes 0 and 1 have the same address 10.0.0.1"));
+  CHECK_THAT(
+      error_of([] {
+        make_plan(options({"--ips=10.0.0.1", "--node_rank=0", "--master=10.0.0.1:6070"}), {});
+      }),
+      Contains("is also the endpoint of rank 0 (duplicate endpoint)"));
+  CHECK_THAT(error_of([] {
+               make_plan(options({"--node_rank=0", "--start_port=65535"}), {});
+             }),
+             Contains("past 65535"));
+}
+
+TEST_CASE("launch: per-process environment", "[launch]") {
+  LaunchPlan plan =
+      make_plan(options({"--ips=10.0.0.1,10.0.0.2", "--gpus=2,3", "--host=10.0.0.2"}), {});
+  const Process& p = plan.node().procs[1];
+  Env env = worker_environment(plan, p, {{"PATH", "/bin"}}, 0, 8);
+  CHECK(env["PATH"] == "/bin");
+  CHECK(env["DPAR_RANK"] == "3");
+  CHECK(env["DPAR_WORLD_SIZE"] == "4");
+  CHECK(env["DPAR_LOCAL_RANK"] == "1");
+  CHECK(env["DPAR_LOCAL_SIZE"] == "2");
+  CHECK(env["DPAR_NODE_RANK"] == "1");
+  CHECK(env["DPAR_NNODES"] == "2");
+  CHECK(env["DPAR_MASTER"] == "10.0.0.1:6072");
+  CHECK(env["DPAR_ENDPOINTS"] == "10.0.0.1:6070,10.0.0.1:6071,10.0.0.2:6070,10.0.0.2:6071");
+  CHECK(env["DPAR_CURRENT_ENDPOINT"] == "10.0.0.2:6071");
+  CHECK(env["DPAR_JOB_ID"] == "dpar-10.0.0.1-6072");
+  CHECK(env["DPAR_DEVICE"] == "gpu:1");
+  CHECK(env["DPAR_RESTART_COUNT"] == "0");
+  CHECK(env["CUDA_VISIBLE_DEVICES"] == "2,3");
+  CHECK(env["FLAGS_selected_gpus"] == "1");
+  CHECK(env["PADDLE_TRAINER_ID"] == "3");
+  CHECK(env["PADDLE_TRAINERS_NUM"] == "4");
+  CHECK(env["PADDLE_TRAINER_ENDPOINTS"] == env["DPAR_ENDPOINTS"]);
+  CHECK(env["PADDLE_CURRENT_ENDPOINT"] == "10.0.0.2:6071");
+  CHECK(env["PADDLE_RANK_IN_NODE"] == "1");
+  CHECK(env["RANK"] == "3");
+  CHECK(env["WORLD_SIZE"] == "4");
+  CHECK(env["LOCAL_RANK"] == "1");
+  CHECK(env["LOCAL_WORLD_SIZE"] == "2");
+  CHECK(env["MASTER_ADDR"] == "10.0.0.1");
+  CHECK(env["MASTER_PORT"] == "6072");
+  CHECK(env["OMP_NUM_THREADS"] == "4");  // 8 cpus / 2 local processes
+
+  CHECK(worker_environment(plan, p, {{"OMP_NUM_THREADS", "3"}}, 2, 8)["OMP_NUM_THREADS"] == "3");
+  CHECK(worker_environment(plan, p, {}, 2, 1)["OMP_NUM_THREADS"] == "1");
+  CHECK(worker_environment(plan, p, {}, 2, 8)["DPAR_RESTART_COUNT"] == "2");
+  CHECK(worker_environment(plan, p, {{"CUDA_VISIBLE_DEVICES", "3,2,7"}}, 0,
+                           8)["CUDA_VISIBLE_DEVICES"] == "2,3");
+  CHECK_THAT(error_of([&] {
+               worker_environment(plan, p, {{"CUDA_VISIBLE_DEVICES", "0,1"}}, 0, 8);
+             }),
+             Contains("GPU 2 is not in this launcher's CUDA_VISIBLE_DEVICES=0,1"));
+
+  const std::string table = format_env_table(env, "Distributed environment of local rank 0");
+  CHECK_THAT(table, Contains("| DPAR_RANK "));
+  CHECK_THAT(table, Contains("| 10.0.0.2:6071 "));
+  CHECK_THAT(table, !Contains("PATH"));
+}
+
+TEST_CASE("launch: option checks", "[launch]") {
+  Options o = options({"--log-dir=out", "--devices=0,1", "--max_restart=2"});
+  CHECK(o.log_dir == "out");
+  CHECK(o.gpus == "0,1");
+  CHECK(o.gpus_given);
+  CHECK(o.max_restarts == 2);
+  CHECK(options({"--run_mode=collective"}).run_mode == "collective");
+  CHECK(parse_options({"--nproc_per_node", "2", "prog", "--lr=0.1", "x"}).command ==
+        std::vector<std::string>{"prog", "--lr=0.1", "x"});
+  CHECK_THAT(error_of([] { parse_options({"--nproc_per_node=2"}); }), Contains("no program given"));
+  CHECK_THAT(error_of([] { options({"--run_mode=ps"}); }),
+             Contains("supports collective mode only"));
+  CHECK_THAT(error_of([] { options({"--nproc_per_node=0"}); }),
+             Contains("expected at least 1 process"));
+  CHECK_THAT(error_of([] {
+               options({"--hostfile=h", "--rank_table=r"});
+             }),
+             Contains("give one of them"));
+  CHECK_THAT(error_of([] {
+               options({"--ips=127.0.0.1", "--hostfile=h"});
+             }),
+             Contains("--ips and --hostfile both describe the cluster"));
+  CHECK_THAT(error_of([] {
+               options({"--rank_table=r", "--nproc_per_node=2"});
+             }),
+             Contains("--nproc_per_node cannot be combined with --rank_table"));
+  CHECK_THAT(error_of([] { options({"--grace_period=-1"}); }), Contains("expected 0..3600"));
+  CHECK_THAT(error_of([] { options({"--job_id=a b"}); }), Contains("expected no spaces"));
+}

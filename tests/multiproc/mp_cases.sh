@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Multi-process tests through the real launcher (real processes, real Gloo over loopback).
+#   mp_cases.sh <case> <dpar-launch> <collectives_worker> <ddp_worker>
+# Cases: collectives2 collectives4 ddp ddp_no_sync ddp_unequal ddp_buckets two_nodes
+#        kill9 timeout detail_mismatch
+set -u
+case_name=$1
+launcher=$2
+coll=$3
+ddp=$4
+here=$(cd "$(dirname "$0")" && pwd)
+# common.sh gives $work, $marker, $port, fail/ok/expect_text/expect_no_job_processes/finish.
+source "$here/../launch/common.sh" "$launcher" "$coll"
+
+launch() {  # launch <log subdir> <nproc> [launcher flags...] -- program args...
+  local logs=$work/$1 n=$2
+  shift 2
+  "$launcher" --nproc_per_node="$n" --start_port="$port" --log_dir="$logs" "$@"
+}
+
+run_ok() {  # run_ok <what> <command...>: must exit 0
+  local what=$1
+  shift
+  if "$@" >"$work/out.txt" 2>&1; then ok "$what exited 0"; else
+    fail "$what exited $?:"
+    sed 's/^/    /' "$work/out.txt"
+    for f in "$work"/*/workerlog.*; do [ -f "$f" ] && { echo "  --- $f"; tail -5 "$f" | sed 's/^/    /'; }; done
+  fi
+}
+
+case $case_name in
+  collectives2)
+    run_ok "2-rank collectives" launch logs 2 "$coll" "$marker"
+    expect_text "$work/out.txt" "rank 0/2:" ;;
+  collectives4)
+    run_ok "4-rank collectives" launch logs 4 "$coll" "$marker"
+    expect_text "$work/out.txt" "rank 0/4:"
+    for i in 1 2 3; do expect_text "$work/logs/workerlog.$i" "/4: "; done ;;
+  ddp)
+    run_ok "2-rank DataParallel" launch logs 2 "$ddp" --steps 3 "$marker"
+    expect_text "$work/out.txt" "bitwise equal across ranks" ;;
+  ddp_no_sync)
+    run_ok "no_sync accumulation" launch logs 2 "$ddp" --steps 3 --no-sync "$marker"
+    expect_text "$work/out.txt" "no_sync accumulation" ;;
+  ddp_unequal)
+    run_ok "unequal local batches" launch logs 3 "$ddp" --steps 3 --unequal "$marker"
+    expect_text "$work/out.txt" "unequal local batches" ;;
+  ddp_buckets)
+    # tiny buckets: many all-reduces overlapping backward, rebuilt after the first step
+    run_ok "many small buckets" launch logs 2 "$ddp" --steps 3 --bucket-mb 0.002 "$marker"
+    expect_text "$work/out.txt" "after fusion" ;;
+  two_nodes)
+    # Two launchers = two nodes on loopback, 2 processes each (world size 4).
+    "$launcher" --ips=127.0.0.1,127.0.0.2 --host=127.0.0.1 --nproc_per_node=2 --start_port="$port" \
+      --log_dir="$work/node0" "$ddp" --steps 3 "$marker" >"$work/node0.txt" 2>&1 &
+    a=$!
+    "$launcher" --ips=127.0.0.1,127.0.0.2 --host=127.0.0.2 --nproc_per_node=2 --start_port="$port" \
+      --log_dir="$work/node1" "$ddp" --steps 3 "$marker" >"$work/node1.txt" 2>&1 &
+    b=$!
+    wait $a; ra=$?
+    wait $b; rb=$?
+    [ $ra -eq 0 ] && [ $rb -eq 0 ] && ok "both nodes exited 0" || {
+      fail "node exits $ra/$rb"; cat "$work/node0.txt" "$work/node1.txt"; }
+    expect_text "$work/node0.txt" "ddp_worker: 4 ranks" ;;
+  kill9)
+    start=$(now_ms)
+    launch logs 2 "$ddp" --steps 100000 --die-rank 1 --die-step 3 "$marker" >"$work/out.txt" 2>&1
+    code=$?
+    elapsed=$(( $(now_ms) - start ))
+    [ $code -ne 0 ] && ok "launcher exited $code" || fail "launcher exited 0 after a SIGKILLed rank"
+    [ $elapsed -lt 10000 ] && ok "torn down in $elapsed ms" || fail "took $elapsed ms (limit 10 s)"
+    expect_text "$work/out.txt" "rank 1"
+    expect_text "$work/out.txt" "SIGKILL"
+    sleep 0.5
+    expect_no_job_processes ;;
+  timeout)
+    # rank 1 skips an all-reduce: rank 0 must fail with a timeout naming the op, not hang
+    start=$(now_ms)
+    DPAR_TIMEOUT=3 launch logs 2 "$ddp" --skip-rank 1 "$marker" >"$work/out.txt" 2>&1
+    code=$?
+    elapsed=$(( $(now_ms) - start ))
+    [ $code -ne 0 ] && ok "launcher exited $code" || fail "a skipped collective went unnoticed"
+    [ $elapsed -lt 30000 ] && ok "failed after $elapsed ms" || fail "took $elapsed ms"
+    cat "$work"/logs/workerlog.* >"$work/all.txt"
+    expect_text "$work/all.txt" "allreduce"
+    expect_text "$work/all.txt" "timed out"
+    expect_no_job_processes ;;
+  detail_mismatch)
+    DPAR_DEBUG=DETAIL DPAR_TIMEOUT=20 launch logs 2 "$ddp" --mismatch-rank 1 "$marker" >"$work/out.txt" 2>&1
+    code=$?
+    [ $code -ne 0 ] && ok "launcher exited $code" || fail "a shape mismatch went unnoticed"
+    cat "$work"/logs/workerlog.* >"$work/all.txt"
+    expect_text "$work/all.txt" "mismatch"
+    expect_text "$work/all.txt" "[1000]"
+    expect_text "$work/all.txt" "[999]" ;;
+  *) echo "unknown case $case_name"; exit 2 ;;
+esac
+finish

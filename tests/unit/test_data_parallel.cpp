@@ -1,0 +1,446 @@
+// DataParallel with 2 ranks as threads of this process: one StoreServer on loopback, and per
+// rank its own StoreClient, Gloo Group and model copy. Results are compared on the main thread
+// (Catch2 assertions are not thread-safe) against one process training on the same samples.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <future>
+#include <regex>
+
+#include "dpar/autograd/grad_mode.h"
+#include "dpar/distributed/data_parallel.h"
+#include "dpar/distributed/store.h"
+#include "dpar/nn/init.h"
+#include "dpar/nn/layers.h"
+#include "dpar/optim/sgd.h"
+#include "dpar/tensor/ops.h"
+
+using namespace dpar;
+using namespace dpar::dist;
+using Catch::Matchers::Contains;
+using Values = std::vector<std::vector<float>>;
+
+namespace {
+
+// conv (channels-last weight) + BN + conv + BN + linear. The head comes early in parameter
+// order (after the stem weight: own parameters precede children's) although it runs last, so
+// its gradients are ready first while the initial bucket order (reverse registration) expects
+// them last: the rebuild after iteration 1 has to move them.
+class Net : public nn::Module {
+ public:
+  explicit Net(uint64_t seed, int64_t width = 8, bool with_extra = false) : Module("Net") {
+    Generator gen(seed);
+    head = register_module("head", std::make_shared<nn::Linear>(2 * width, 5));
+    // A non-contiguous parameter: its gradient view in the bucket is contiguous anyway.
+    stem_weight = register_parameter(
+        "stem_weight",
+        Tensor::empty({width, 3, 3, 3}, DType::f32, Device::cpu(), MemoryFormat::ChannelsLast));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(width));
+    conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(width, 2 * width, 3, 2, 1));
+    bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(2 * width));
+    if (with_extra) extra = register_module("extra", std::make_shared<nn::Linear>(5, 5));
+    NoGradGuard no_grad;
+    nn::init::uniform_(stem_weight, -0.3, 0.3, gen);
+    head->reset_parameters(gen);
+    conv2->reset_parameters(gen);
+    if (extra) extra->reset_parameters(gen);
+  }
+
+  Tensor forward(const Tensor& x) override {
+    Conv2dOptions o;
+    o.padding = {1, 1};
+    Tensor h = relu(bn1->forward(conv2d(x, stem_weight, {}, o)));
+    h = relu(bn2->forward(conv2->forward(h)));
+    Tensor y = head->forward(global_avg_pool2d(h).flatten(1));
+    return use_extra ? add(y, extra->forward(y)) : y;
+  }
+
+  std::shared_ptr<nn::Linear> head, extra;
+  std::shared_ptr<nn::Conv2d> conv2;
+  std::shared_ptr<nn::BatchNorm2d> bn1, bn2;
+  Tensor stem_weight;
+  bool use_extra = false;
+};
+
+struct Batch {
+  Tensor x, y;
+  Batch slice(int64_t begin, int64_t end) const {
+    return {x.slice(0, begin, end), y.slice(0, begin, end)};
+  }
+};
+
+Batch make_batch(uint64_t seed, int64_t n) {
+  Generator gen(seed);
+  Tensor x = Tensor::empty({n, 3, 8, 8});
+  nn::init::normal_(x, 0.0, 1.0, gen);
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int64_t>(gen.next_u64() % 5));
+  return {x, Tensor::from_vector(labels, {n})};
+}
+
+Tensor loss_of(nn::Module& m, const Batch& b) { return cross_entropy(m.forward(b.x), b.y); }
+
+Values values(const std::vector<Tensor>& ts) {
+  Values out;
+  for (const auto& t : ts) out.push_back(t.to_float_vector());
+  return out;
+}
+
+Values grads(nn::Module& m) {
+  Values out;
+  for (const auto& p : m.parameters()) {
+    out.push_back(p.grad().defined() ? p.grad().to_float_vector() : std::vector<float>{});
+  }
+  return out;
+}
+
+// max over tensors of max|a - b| / max|b|.
+double max_rel_diff(const Values& a, const Values& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].size() == b[i].size());
+    double diff = 0, scale = 1e-12;
+    for (size_t j = 0; j < a[i].size(); ++j) {
+      diff = std::max(diff, static_cast<double>(std::fabs(a[i][j] - b[i][j])));
+      scale = std::max(scale, static_cast<double>(std::fabs(b[i][j])));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+optim::SGDOptions sgd() {
+  optim::SGDOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  return o;
+}
+
+// Runs fn(rank, group) on two threads (ranks 0 and 1) against one loopback store.
+template <class F>
+auto run_two_ranks(F fn) {
+  StoreServer server("127.0.0.1", 0, "dp-test", 2);
+  const std::string endpoint = server.endpoint();
+  using R = decltype(fn(0, std::shared_ptr<Group>()));
+  auto body = [&](int rank) -> R {
+    StoreClientOptions so;
+    so.connect_timeout = std::chrono::seconds(20);
+    so.timeout = std::chrono::seconds(30);
+    so.log_waiting = false;
+    auto store = std::make_shared<StoreClient>(endpoint, StoreIdentity{"dp-test", 2, rank}, so);
+    ProcessGroupOptions po;
+    po.timeout = std::chrono::seconds(30);
+    auto group = std::make_shared<Group>(store, rank, 2, po);
+    return fn(rank, group);
+  };
+  auto second = std::async(std::launch::async, body, 1);
+  R first{};
+  std::exception_ptr error;
+  try {
+    first = body(0);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  R other = second.get();
+  if (error) std::rethrow_exception(error);
+  return std::array<R, 2>{std::move(first), std::move(other)};
+}
+
+DataParallelOptions options_for(std::shared_ptr<Group> group) {
+  DataParallelOptions o;
+  o.group = std::move(group);
+  return o;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("2 ranks train like one process on the union of their samples", "[data_parallel]") {
+  constexpr int kSteps = 3;
+  constexpr int64_t kLocal = 4;
+  for (const bool training : {false, true}) {
+    DYNAMIC_SECTION((training ? "train-mode BN" : "eval-mode BN")) {
+      auto results = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+        // Different seeds: construction must broadcast rank 0's parameters.
+        auto net = std::make_shared<Net>(rank == 0 ? 1 : 2);
+        net->train(training);
+        DataParallelOptions o = options_for(group);
+        o.last_comm_buffer_size = 0.001;  // several buckets, rebuilt after step 1
+        o.comm_buffer_size = 0.002;
+        DataParallel dp(net, o);
+        optim::SGD opt(dp.parameters(), sgd());
+        for (int s = 0; s < kSteps; ++s) {
+          const Batch b = make_batch(100 + s, 2 * kLocal).slice(rank * kLocal, (rank + 1) * kLocal);
+          opt.zero_grad();
+          loss_of(dp, b).backward();
+          opt.step();
+        }
+        return values(dp.parameters());
+      });
+      CHECK(results[0] == results[1]);  // bitwise
+
+      Net ref(1);
+      ref.train(training);
+      optim::SGD opt(ref.parameters(), sgd());
+      for (int s = 0; s < kSteps; ++s) {
+        const Batch all = make_batch(100 + s, 2 * kLocal);
+        opt.zero_grad();
+        // Eval-mode BN: literally the concatenated batch. Train-mode BN normalises per rank,
+        // so the single-process equivalent is the mean of the two shards' losses.
+        Tensor loss = training ? mul(add(loss_of(ref, all.slice(0, kLocal)),
+                                         loss_of(ref, all.slice(kLocal, 2 * kLocal))),
+                                     0.5)
+                               : loss_of(ref, all);
+        loss.backward();
+        opt.step();
+      }
+      CHECK(max_rel_diff(results[0], values(ref.parameters())) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("no_sync accumulates locally; the next synchronised backward reduces the sum",
+          "[data_parallel]") {
+  struct Out {
+    Values accumulated, synchronised, local_after_no_sync, local_expected;
+  };
+  auto results = run_two_ranks([](int rank, std::shared_ptr<Group> group) {
+    const Batch b = make_batch(7, 8).slice(rank * 4, rank * 4 + 4);
+    const Batch m0 = b.slice(0, 2), m1 = b.slice(2, 4);
+    Out out;
+    {
+      auto net = std::make_shared<Net>(3);
+      DataParallel dp(net, options_for(group));
+      {
+        auto guard = dp.no_sync();
+        loss_of(dp, m0).backward();
+      }
+      out.local_after_no_sync = grads(dp);
+      loss_of(dp, m1).backward();
+      out.accumulated = grads(dp);
+    }
+    {
+      auto net = std::make_shared<Net>(3);
+      DataParallel dp(net, options_for(group));
+      loss_of(dp, m0).backward();
+      loss_of(dp, m1).backward();
+      out.synchronised = grads(dp);
+    }
+    Net plain(3);
+    loss_of(plain, m0).backward();
+    out.local_expected = grads(plain);
+    return out;
+  });
+  // Inside no_sync nothing was communicated: each rank has its own local gradient.
+  CHECK(max_rel_diff(results[0].local_after_no_sync, results[0].local_expected) <= 1e-6);
+  CHECK(max_rel_diff(results[1].local_after_no_sync, results[1].local_expected) <= 1e-6);
+  CHECK(results[0].local_after_no_sync != results[1].local_after_no_sync);
+  CHECK(results[0].accumulated == results[1].accumulated);
+  CHECK(max_rel_diff(results[0].accumulated, results[0].synchronised) <= 1e-5);
+}
+
+TEST_CASE("unequal local batches give the sample-weighted average", "[data_parallel]") {
+  const int64_t sizes[2] = {3, 5};
+  auto results = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+    auto net = std::make_shared<Net>(4);
+    net->eval();
+    DataParallel dp(net, options_for(group));
+    optim::SGD opt(dp.parameters(), sgd());
+    for (int s = 0; s < 2; ++s) {
+      const Batch b = make_batch(200 + s, 8).slice(rank == 0 ? 0 : 3, rank == 0 ? 3 : 8);
+      opt.zero_grad();
+      cross_entropy(dp.forward(b.x, sizes[rank]), b.y).backward();
+      opt.step();
+    }
+    return values(dp.parameters());
+  });
+  CHECK(results[0] == results[1]);
+  Net ref(4);
+  ref.eval();
+  optim::SGD opt(ref.parameters(), sgd());
+  for (int s = 0; s < 2; ++s) {
+    opt.zero_grad();
+    loss_of(ref, make_batch(200 + s, 8)).backward();
+    opt.step();
+  }
+  CHECK(max_rel_diff(results[0], values(ref.parameters())) <= 1e-5);
+}
+
+TEST_CASE("unused parameters: an error naming them, or zeros with find_unused_parameters",
+          "[data_parallel]") {
+  struct Out {
+    std::string error;
+    Values params, extra_grads;
+  };
+  // `extra` is used by rank 1 only: without the option both ranks fail (rank 0 names it);
+  // with it, rank 0 contributes zeros.
+  auto results = run_two_ranks([](int rank, std::shared_ptr<Group> group) {
+    Out out;
+    const Batch b = make_batch(300, 8).slice(rank * 4, rank * 4 + 4);
+    auto net = std::make_shared<Net>(5, 8, true);
+    {
+      DataParallel dp(net, options_for(group));
+      net->use_extra = false;  // unused everywhere: every rank reports the same names
+      out.error = error_of([&] { loss_of(dp, b).backward(); });
+    }
+    DataParallelOptions o = options_for(group);
+    o.find_unused_parameters = true;
+    DataParallel dp(net, o);
+    net->use_extra = rank == 1;
+    optim::SGD opt(dp.parameters(), sgd());
+    opt.zero_grad(true);
+    loss_of(dp, b).backward();
+    out.extra_grads = values({net->extra->weight.grad(), net->extra->bias.grad()});
+    opt.step();
+    out.params = values(dp.parameters());
+    return out;
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK_THAT(results[r].error,
+               Contains("DataParallel: rank " + std::to_string(r) +
+                        ": 2 parameter(s) received no gradient in this backward pass: "
+                        "extra.weight, extra.bias. Pass find_unused_parameters = true"));
+  }
+  CHECK(results[0].params == results[1].params);
+  CHECK(results[0].extra_grads == results[1].extra_grads);
+
+  // Reference: rank 0's shard does not use `extra`, rank 1's does; mean of the two losses.
+  Net ref(5, 8, true);
+  const Batch all = make_batch(300, 8);
+  ref.use_extra = false;
+  Tensor l0 = loss_of(ref, all.slice(0, 4));
+  ref.use_extra = true;
+  Tensor l1 = loss_of(ref, all.slice(4, 8));
+  mul(add(l0, l1), 0.5).backward();
+  CHECK(max_rel_diff(results[0].extra_grads,
+                     values({ref.extra->weight.grad(), ref.extra->bias.grad()})) <= 1e-5);
+}
+
+TEST_CASE("mismatched models fail on every rank naming the parameter on both", "[data_parallel]") {
+  auto errors = run_two_ranks([](int rank, std::shared_ptr<Group> group) {
+    auto net = std::make_shared<Net>(6, rank == 0 ? 8 : 6);
+    return error_of([&] { DataParallel dp(net, options_for(group)); });
+  });
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Contains("DataParallel: parameter 0 differs across ranks: rank 0 has "
+                           "stem_weight f32[8,3,3,3], rank 1 has stem_weight f32[6,3,3,3]"));
+  }
+}
+
+TEST_CASE("bucket summary, rebuild in ready order, gradients as bucket views", "[data_parallel]") {
+  struct Out {
+    std::string summary_before, summary_after;
+    std::vector<BucketInfo> before, after;
+    bool same_storage_within = true, distinct_across = true, contiguous = true;
+    bool views_after_set_to_none = true;
+    Values params;
+    double comm_seconds = -1, exposed_seconds = -1;
+  };
+  auto results = run_two_ranks([](int rank, std::shared_ptr<Group> group) {
+    Out out;
+    auto net = std::make_shared<Net>(8);
+    DataParallelOptions o = options_for(group);
+    o.last_comm_buffer_size = 0.001;  // ~1 KB first bucket, then ~3 KB
+    o.comm_buffer_size = 0.003;
+    DataParallel dp(net, o);
+    out.summary_before = dp.bucket_summary();
+    out.before = dp.buckets();
+    optim::SGD opt(dp.parameters(), sgd());
+    auto check_views = [&] {
+      bool ok = true;
+      std::vector<const Storage*> firsts;
+      for (const auto& bucket : dp.buckets()) {
+        const Storage* storage = nullptr;
+        for (const auto& name : bucket.parameter_names) {
+          Tensor g = net->parameter(name).grad();
+          if (!g.defined()) return false;
+          if (!storage) storage = g.storage().get();
+          ok = ok && g.storage().get() == storage;
+          out.contiguous = out.contiguous && g.is_contiguous();
+        }
+        for (const Storage* s : firsts) out.distinct_across = out.distinct_across && s != storage;
+        firsts.push_back(storage);
+      }
+      return ok;
+    };
+    for (int s = 0; s < 3; ++s) {
+      const Batch b = make_batch(400 + s, 8).slice(rank * 4, rank * 4 + 4);
+      opt.zero_grad(s == 2);  // the last step drops the gradients (set_to_none)
+      loss_of(dp, b).backward();
+      if (s == 0) out.after = dp.buckets();
+      if (s < 2) out.same_storage_within = out.same_storage_within && check_views();
+      if (s == 2) out.views_after_set_to_none = check_views();
+      opt.step();
+    }
+    out.summary_after = dp.bucket_summary();
+    out.params = values(dp.parameters());
+    out.comm_seconds = dp.last_comm_stats().comm_seconds;
+    out.exposed_seconds = dp.last_comm_stats().exposed_seconds;
+    return out;
+  });
+  const Out& r0 = results[0];
+  CHECK(std::regex_search(
+      r0.summary_before,
+      std::regex(
+          R"(^all_reduce tensors: 9, after fusion: 2 buckets \[\d+\.\d (KB|MB), \d+\.\d (KB|MB)\]$)")));
+  // Initially reverse registration order: the head (registered first) is in the last bucket.
+  REQUIRE(r0.before.size() == 2);
+  CHECK(r0.before[0].parameter_names.front() == "bn2.bias");
+  const auto& last = r0.before[1].parameter_names;
+  CHECK(std::find(last.begin(), last.end(), "head.weight") != last.end());
+  // After the first iteration: the order gradients became ready, the head first.
+  REQUIRE(!r0.after.empty());
+  const auto& first = r0.after[0].parameter_names;
+  CHECK(std::find(first.begin(), first.end(), "head.weight") != first.end());
+  CHECK(std::find(first.begin(), first.end(), "head.bias") != first.end());
+  CHECK(first.size() + r0.after.back().parameter_names.size() <= 9);
+  CHECK(r0.after.size() == results[1].after.size());
+  for (size_t i = 0; i < r0.after.size() && i < results[1].after.size(); ++i) {
+    CHECK(r0.after[i].parameter_names == results[1].after[i].parameter_names);
+  }
+  CHECK(r0.summary_after != r0.summary_before);
+  for (const auto& r : results) {
+    CHECK(r.same_storage_within);
+    CHECK(r.distinct_across);
+    CHECK(r.contiguous);
+    CHECK(r.views_after_set_to_none);
+    CHECK(r.comm_seconds > 0);
+    CHECK(r.exposed_seconds >= 0);
+    CHECK(r.exposed_seconds <= r.comm_seconds + 1e-3);
+  }
+  CHECK(results[0].params == results[1].params);
+}
+
+TEST_CASE("DataParallel presents the wrapped module's names and broadcasts buffers",
+          "[data_parallel]") {
+  struct Out {
+    std::vector<std::string> names, state_names;
+    Values running_means_after_wrap;
+  };
+  auto results = run_two_ranks([](int rank, std::shared_ptr<Group> group) {
+    auto net = std::make_shared<Net>(9);
+    if (rank == 1) net->bn1->running_mean.fill_(5.0);
+    DataParallel dp(net, options_for(group));
+    Out out;
+    for (const auto& [name, t] : dp.named_parameters()) out.names.push_back(name);
+    for (const auto& [name, t] : dp.state_dict()) out.state_names.push_back(name);
+    out.running_means_after_wrap = values({net->bn1->running_mean});
+    return out;
+  });
+  Net plain(9);
+  std::vector<std::string> names, state_names;
+  for (const auto& [name, t] : plain.named_parameters()) names.push_back(name);
+  for (const auto& [name, t] : plain.state_dict()) state_names.push_back(name);
+  CHECK(results[0].names == names);
+  CHECK(results[0].state_names == state_names);
+  CHECK(results[1].running_means_after_wrap == results[0].running_means_after_wrap);
+  CHECK(results[1].running_means_after_wrap[0] == std::vector<float>(8, 0.f));
+}

@@ -1,0 +1,458 @@
+// Collectives over the Gloo backend: ranks run as threads of this process, each with its own
+// StoreClient to one StoreServer on 127.0.0.1 and its own group, exactly as separate processes
+// would. Checks inside rank threads throw (Catch2's macros are not thread-safe); the main
+// thread reports every rank's failure.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "dpar/distributed/process_group.h"
+#include "dpar/distributed/store.h"
+#include "dpar/tensor/storage.h"
+
+using namespace dpar;
+using namespace dpar::dist;
+
+namespace {
+
+constexpr int64_t kBig = (1 << 20) + 3;
+
+ProcessGroupOptions test_options(Millis timeout = std::chrono::seconds(20)) {
+  ProcessGroupOptions o;
+  o.timeout = timeout;
+  return o;
+}
+
+std::shared_ptr<StoreClient> connect(const StoreServer& server, int rank, int size) {
+  StoreClientOptions options;
+  options.log_waiting = false;
+  options.connect_timeout = std::chrono::seconds(20);
+  return std::make_shared<StoreClient>(server.endpoint(), StoreIdentity{"pgtest", size, rank},
+                                       options);
+}
+
+// Runs body(rank, store) on `size` threads against one fresh store server; fails the test
+// with every rank's error.
+void run_ranks(int size, const std::function<void(int, std::shared_ptr<Store>)>& body) {
+  StoreServer server("127.0.0.1", 0, "pgtest", size);
+  std::vector<std::string> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r, connect(server, r, size));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) {
+    INFO("rank " << r << " of " << size);
+    CHECK(errors[r] == "");
+  }
+}
+
+void run_group(int size, const std::function<void(int, ProcessGroup&)>& body,
+               ProcessGroupOptions options = test_options()) {
+  run_ranks(size, [&](int rank, std::shared_ptr<Store> store) {
+    auto pg = make_gloo_group(store, rank, size, options);
+    body(rank, *pg);
+  });
+}
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+// Reads any dtype as doubles in logical order (i64 exactly).
+std::vector<double> values(const Tensor& t) {
+  std::vector<double> out;
+  if (t.dtype() == DType::i64) {
+    for (int64_t v : t.to_int_vector()) out.push_back(static_cast<double>(v));
+  } else {
+    for (float v : t.to_float_vector()) out.push_back(v);
+  }
+  return out;
+}
+
+void expect_values(const Tensor& t, const std::vector<double>& want, const std::string& what) {
+  const std::vector<double> got = values(t);
+  expect(got.size() == want.size(),
+         what + ": size " + std::to_string(got.size()) + " vs " + std::to_string(want.size()));
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      throw std::runtime_error(what + ": element " + std::to_string(i) + " is " +
+                               std::to_string(got[i]) + ", expected " + std::to_string(want[i]));
+    }
+  }
+}
+
+// Small integers, so that sums and averages (multiples of 1/4 below 64) are exact in every
+// dtype including f16 and bf16; i64 values go negative to check truncation toward zero.
+double input_value(DType dtype, int rank, int64_t i) {
+  if (dtype == DType::i64) return static_cast<double>(((i % 7) - 3) * (rank + 1));
+  return static_cast<double>((i * 3 + rank * 5) % 11);
+}
+
+Tensor make_tensor(DType dtype, int rank, int64_t n, int64_t salt = 0) {
+  if (dtype == DType::i64) {
+    std::vector<int64_t> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(input_value(dtype, rank, i + salt));
+    return Tensor::from_vector(v, {n});
+  }
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(input_value(dtype, rank, i + salt));
+  return Tensor::from_vector(v, {n}).to(dtype);
+}
+
+double reduce_expected(DType dtype, ReduceOp op, int size, int64_t i, int64_t salt = 0) {
+  double acc = input_value(dtype, 0, i + salt);
+  for (int r = 1; r < size; ++r) {
+    const double v = input_value(dtype, r, i + salt);
+    if (op == ReduceOp::Max) acc = std::max(acc, v);
+    if (op == ReduceOp::Min) acc = std::min(acc, v);
+    if (op == ReduceOp::Sum || op == ReduceOp::Avg) acc += v;
+  }
+  if (op == ReduceOp::Avg) {
+    if (dtype == DType::i64) return static_cast<double>(static_cast<int64_t>(acc) / size);
+    return static_cast<double>(static_cast<float>(acc) / static_cast<float>(size));
+  }
+  return acc;
+}
+
+const DType kDtypes[] = {DType::f32, DType::f16, DType::bf16, DType::i64};
+const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+
+std::string label(const char* op, DType d, ReduceOp r, int64_t n) {
+  return std::string(op) + " " + std::string(dtype_name(d)) + " " + reduce_op_name(r) +
+         " n=" + std::to_string(n);
+}
+
+void check_allreduce(int size) {
+  run_group(size, [&](int rank, ProcessGroup& pg) {
+    for (DType dtype : kDtypes) {
+      for (ReduceOp op : kOps) {
+        for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}}) {
+          Tensor t = make_tensor(dtype, rank, n);
+          pg.allreduce({t}, op)->wait();
+          std::vector<double> want(n);
+          for (int64_t i = 0; i < n; ++i) want[i] = reduce_expected(dtype, op, size, i);
+          expect_values(t, want, label("allreduce", dtype, op, n));
+        }
+      }
+    }
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+      Tensor big = make_tensor(DType::f32, rank, kBig);
+      pg.allreduce({big}, op)->wait();
+      std::vector<double> want(kBig);
+      for (int64_t i = 0; i < kBig; ++i) want[i] = reduce_expected(DType::f32, op, size, i);
+      expect_values(big, want, label("allreduce", DType::f32, op, kBig));
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("reduce_op_name and ProcessGroupOptions::from_env", "[process_group]") {
+  CHECK(std::string(reduce_op_name(ReduceOp::Avg)) == "avg");
+  CHECK(std::string(reduce_op_name(ReduceOp::Min)) == "min");
+  setenv("DPAR_TIMEOUT", "2.5", 1);
+  setenv("DPAR_DEBUG", "detail", 1);
+  auto o = ProcessGroupOptions::from_env();
+  CHECK(o.timeout == Millis(2500));
+  CHECK(o.debug_detail);
+  setenv("DPAR_TIMEOUT", "soon", 1);
+  CHECK_THROWS_WITH(ProcessGroupOptions::from_env(),
+                    Catch::Contains("DPAR_TIMEOUT") && Catch::Contains("soon"));
+  setenv("DPAR_TIMEOUT", "60", 1);
+  setenv("DPAR_DEBUG", "LOUD", 1);
+  CHECK_THROWS_WITH(ProcessGroupOptions::from_env(), Catch::Contains("DPAR_DEBUG"));
+  unsetenv("DPAR_TIMEOUT");
+  unsetenv("DPAR_DEBUG");
+  o = ProcessGroupOptions::from_env();
+  CHECK(o.timeout == std::chrono::minutes(30));
+  CHECK_FALSE(o.debug_detail);
+}
+
+TEST_CASE("allreduce: every op, dtype and size on 2 ranks", "[process_group]") {
+  check_allreduce(2);
+}
+
+TEST_CASE("allreduce: every op, dtype and size on 4 ranks", "[process_group]") {
+  check_allreduce(4);
+}
+
+TEST_CASE("allreduce fuses several tensors, including non-contiguous ones", "[process_group]") {
+  run_group(4, [](int rank, ProcessGroup& pg) {
+    Tensor a = make_tensor(DType::f32, rank, 5, 0);
+    Tensor d = make_tensor(DType::f32, rank, 12, 17).view({4, 3}).transpose(0, 1);
+    Tensor e = make_tensor(DType::f32, rank, 1, 29);
+    pg.allreduce({a, d, e}, ReduceOp::Sum)->wait();
+    std::vector<double> want_a(5), want_e(1);
+    for (int i = 0; i < 5; ++i) want_a[i] = reduce_expected(DType::f32, ReduceOp::Sum, 4, i, 0);
+    want_e[0] = reduce_expected(DType::f32, ReduceOp::Sum, 4, 0, 29);
+    expect_values(a, want_a, "fused a");
+    expect_values(e, want_e, "fused e");
+    // d is the transpose of a [4,3] tensor: d[j][k] = source[k*3 + j].
+    std::vector<double> want_d;
+    for (int j = 0; j < 3; ++j) {
+      for (int k = 0; k < 4; ++k) {
+        want_d.push_back(reduce_expected(DType::f32, ReduceOp::Sum, 4, k * 3 + j, 17));
+      }
+    }
+    expect_values(d, want_d, "fused non-contiguous d");
+  });
+}
+
+TEST_CASE("broadcast: dtypes, sizes, roots, mixed dtypes and views", "[process_group]") {
+  for (int size : {2, 4}) {
+    run_group(size, [size](int rank, ProcessGroup& pg) {
+      for (int root : {0, size - 1}) {
+        for (DType dtype : kDtypes) {
+          for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}}) {
+            Tensor t = make_tensor(dtype, rank, n);
+            pg.broadcast({t}, root)->wait();
+            expect_values(
+                t, values(make_tensor(dtype, root, n)),
+                label("broadcast", dtype, ReduceOp::Sum, n) + " root " + std::to_string(root));
+          }
+        }
+        // Parameters and integer buffers travel together; one of them is a strided view.
+        Tensor f = make_tensor(DType::f32, rank, 6, 1).view({2, 3}).transpose(0, 1);
+        Tensor i = make_tensor(DType::i64, rank, 3, 2);
+        pg.broadcast({f, i}, root)->wait();
+        expect_values(f, values(make_tensor(DType::f32, root, 6, 1).view({2, 3}).transpose(0, 1)),
+                      "broadcast mixed f32 view");
+        expect_values(i, values(make_tensor(DType::i64, root, 3, 2)), "broadcast mixed i64");
+      }
+      Tensor big = make_tensor(DType::f32, rank, kBig);
+      pg.broadcast({big}, 1)->wait();
+      expect_values(big, values(make_tensor(DType::f32, 1, kBig)), "broadcast big");
+    });
+  }
+}
+
+TEST_CASE("allgather: dtypes, sizes, direct and staged outputs", "[process_group]") {
+  for (int size : {2, 4}) {
+    run_group(size, [size](int rank, ProcessGroup& pg) {
+      for (DType dtype : kDtypes) {
+        for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}}) {
+          Tensor in = make_tensor(dtype, rank, n);
+          std::vector<Tensor> outs;
+          for (int r = 0; r < size; ++r) outs.push_back(Tensor::zeros({n}, dtype));
+          pg.allgather(outs, in)->wait();
+          for (int r = 0; r < size; ++r) {
+            expect_values(
+                outs[r], values(make_tensor(dtype, r, n)),
+                label("allgather", dtype, ReduceOp::Sum, n) + " slot " + std::to_string(r));
+          }
+        }
+      }
+      // Outputs that are consecutive slices of one flat tensor (gathered in place), with a
+      // non-contiguous input.
+      const int64_t n = kBig;
+      Tensor flat = Tensor::zeros({n * size});
+      std::vector<Tensor> outs;
+      for (int r = 0; r < size; ++r) outs.push_back(flat.slice(0, r * n, (r + 1) * n));
+      Tensor in = make_tensor(DType::f32, rank, n);
+      pg.allgather(outs, in)->wait();
+      for (int r = 0; r < size; ++r) {
+        expect_values(outs[r], values(make_tensor(DType::f32, r, n)), "allgather big slot");
+      }
+      Tensor strided_in = make_tensor(DType::f32, rank, 6).view({2, 3}).transpose(0, 1);
+      std::vector<Tensor> small;
+      for (int r = 0; r < size; ++r) small.push_back(Tensor::zeros({3, 2}));
+      pg.allgather(small, strided_in)->wait();
+      for (int r = 0; r < size; ++r) {
+        expect_values(small[r], values(make_tensor(DType::f32, r, 6).view({2, 3}).transpose(0, 1)),
+                      "allgather strided input");
+      }
+    });
+  }
+}
+
+namespace {
+
+// Uneven chunks, including empty ones: rank r's chunk has chunk_len(r) elements.
+int64_t chunk_len(int size, int r, int64_t scale) {
+  const int64_t base[] = {3, 0, 5, 1};
+  return size == 2 ? (r == 0 ? 7 : 1) * scale : base[r] * scale;
+}
+
+void check_reduce_scatter(int size, DType dtype, ReduceOp op, int64_t scale, int rank,
+                          ProcessGroup& pg) {
+  std::vector<Tensor> inputs;
+  int64_t salt = 0;
+  std::vector<int64_t> salts;
+  for (int r = 0; r < size; ++r) {
+    salts.push_back(salt);
+    inputs.push_back(make_tensor(dtype, rank, chunk_len(size, r, scale), salt));
+    salt += chunk_len(size, r, scale);
+  }
+  const int64_t n = chunk_len(size, rank, scale);
+  Tensor out = Tensor::zeros({n}, dtype);
+  pg.reduce_scatter(out, inputs, op)->wait();
+  std::vector<double> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = reduce_expected(dtype, op, size, i, salts[rank]);
+  expect_values(out, want, label("reduce_scatter", dtype, op, n));
+}
+
+}  // namespace
+
+TEST_CASE("reduce_scatter: uneven chunks, every op and dtype", "[process_group]") {
+  for (int size : {2, 4}) {
+    run_group(size, [size](int rank, ProcessGroup& pg) {
+      for (DType dtype : kDtypes) {
+        for (ReduceOp op : kOps) check_reduce_scatter(size, dtype, op, 1, rank, pg);
+      }
+      // About a million elements in total, split unevenly: several ring segments per chunk.
+      check_reduce_scatter(size, DType::f32, ReduceOp::Sum, kBig / 9, rank, pg);
+      check_reduce_scatter(size, DType::f32, ReduceOp::Avg, kBig / 9, rank, pg);
+    });
+  }
+}
+
+TEST_CASE("async: collectives run in issue order; wait and is_completed", "[process_group]") {
+  run_group(2, [](int rank, ProcessGroup& pg) {
+    Tensor t = Tensor::full({1000}, rank + 1.0);
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < 5; ++i) works.push_back(pg.allreduce({t}, ReduceOp::Sum));
+    works.push_back(pg.barrier());
+    for (auto& w : works) w->wait(std::chrono::seconds(20));
+    for (auto& w : works) expect(w->is_completed(), "work not completed after wait");
+    // (1 + 2) * 2^4: each allreduce doubles the sum of the previous one.
+    expect_values(t, std::vector<double>(1000, 48.0), "five queued allreduces");
+  });
+}
+
+TEST_CASE("a world of one needs no store and copies locally", "[process_group]") {
+  auto pg = make_gloo_group(nullptr, 0, 1, test_options());
+  Tensor t = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  pg->allreduce({t}, ReduceOp::Avg)->wait();
+  CHECK(t.to_float_vector() == std::vector<float>{1, 2, 3});
+  Tensor out = Tensor::zeros({3});
+  pg->allgather({out}, t)->wait();
+  CHECK(out.to_float_vector() == std::vector<float>{1, 2, 3});
+  Tensor rs = Tensor::zeros({3});
+  pg->reduce_scatter(rs, {t}, ReduceOp::Sum)->wait();
+  CHECK(rs.to_float_vector() == std::vector<float>{1, 2, 3});
+  pg->barrier()->wait();
+  CHECK_THROWS_WITH(pg->allreduce({Tensor::zeros({2}, DType::u8)}),
+                    Catch::Contains("allreduce") && Catch::Contains("u8"));
+}
+
+TEST_CASE("Group routes CPU tensors to one lazily created Gloo backend", "[process_group]") {
+  run_ranks(2, [](int rank, std::shared_ptr<Store> store) {
+    Group group(store, rank, 2, test_options());
+    // Several threads asking at once still create (and rendezvous) exactly one backend.
+    std::vector<std::shared_ptr<ProcessGroup>> seen(3);
+    std::vector<std::thread> askers;
+    for (int i = 0; i < 3; ++i) {
+      askers.emplace_back([&, i] { seen[i] = group.backend_ptr_for(Device::cpu()); });
+    }
+    for (auto& a : askers) a.join();
+    expect(seen[0] == seen[1] && seen[1] == seen[2], "backend created more than once");
+    expect(seen[0]->backend_name() == "gloo", "CPU backend is not gloo");
+    Tensor t = Tensor::full({4}, rank + 1.0);
+    group.allreduce({t}, ReduceOp::Avg)->wait();
+    expect_values(t, std::vector<double>(4, 1.5), "Group allreduce avg");
+    group.barrier();
+  });
+}
+
+TEST_CASE("Group: CUDA tensors name the device and the missing backend", "[process_group]") {
+  if (built_with_cuda()) {
+    SUCCEED("built with CUDA: routing of CUDA tensors is covered by the GPU tests");
+    return;
+  }
+  // A tensor that claims to live on cuda:0; routing fails before its memory is touched.
+  float fake[4] = {};
+  auto storage = std::make_shared<Storage>(fake, sizeof(fake), Device::cuda(0), nullptr);
+  Tensor t = Tensor::from_storage(storage, 0, {4}, {1}, DType::f32);
+  Group group(nullptr, 0, 1, test_options());
+  CHECK_THROWS_WITH(group.allreduce({t}),
+                    Catch::Contains("cuda:0") && Catch::Contains("no GPU collective backend"));
+  CHECK_THROWS_WITH(group.allreduce({t, Tensor::zeros({4})}), Catch::Contains("one device"));
+}
+
+TEST_CASE("timeout: a rank that skips a collective is named", "[process_group]") {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  std::string error0, later0;
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto pg = make_gloo_group(store, rank, 2, test_options(std::chrono::seconds(2)));
+    Tensor t = Tensor::ones({7});
+    pg->allreduce({t})->wait();  // #1 on both ranks
+    if (rank == 0) {
+      try {
+        pg->allreduce({Tensor::ones({7})})->wait();  // #2: rank 1 never calls it
+      } catch (const Error& e) {
+        error0 = e.what();
+      }
+      try {
+        pg->barrier()->wait();
+      } catch (const Error& e) {
+        later0 = e.what();
+      }
+      rank0_done.set_value();
+    } else {
+      done.wait();  // keep the connections open until rank 0 has seen its timeout
+    }
+  });
+  INFO(error0);
+  CHECK(error0.find('\n') == std::string::npos);
+  CHECK_THAT(error0, Catch::Contains("allreduce(f32[7]) #2 timed out after 2 s") &&
+                         Catch::Contains("rank 0 (world size 2)") &&
+                         Catch::Contains("have not arrived: 1 (last entered #1)"));
+  CHECK_THAT(later0, Catch::Contains("barrier() #3") && Catch::Contains("failed earlier"));
+}
+
+TEST_CASE("DPAR_DEBUG=DETAIL: mismatched collectives fail on every rank", "[process_group]") {
+  std::vector<std::string> errors(2), skipped(2);
+  ProcessGroupOptions options = test_options(std::chrono::seconds(10));
+  options.debug_detail = true;
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto pg = make_gloo_group(store, rank, 2, options);
+    try {
+      pg->allreduce({Tensor::ones({rank == 0 ? 1000 : 999})})->wait();
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+    // The group stays usable after a mismatch.
+    Tensor t = Tensor::ones({3});
+    pg->allreduce({t})->wait();
+    expect_values(t, {2, 2, 2}, "allreduce after a mismatch");
+    try {
+      if (rank == 0) {
+        pg->barrier()->wait();
+      } else {
+        pg->broadcast({Tensor::ones({2})}, 0)->wait();
+      }
+    } catch (const Error& e) {
+      skipped[rank] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[r], Catch::Contains("collective mismatch at #1: rank 0 called "
+                                          "allreduce(f32[1000]) but rank 1 called "
+                                          "allreduce(f32[999])"));
+    CHECK_THAT(skipped[r], Catch::Contains("collective mismatch at #3: rank 0 called barrier() "
+                                           "but rank 1 called broadcast(f32[2], root 0)"));
+  }
+}
+
+TEST_CASE("rendezvous: a rank that never joins is named", "[process_group]") {
+  StoreServer server("127.0.0.1", 0, "pgtest", 2);
+  auto store = connect(server, 0, 2);
+  CHECK_THROWS_WITH(make_gloo_group(store, 0, 2, test_options(std::chrono::seconds(1))),
+                    Catch::Contains("rank 0 (world size 2) could not connect") &&
+                        Catch::Contains("rank 1 did not join"));
+}
