@@ -1,5 +1,7 @@
-// Trains MobileNetV3 (small or large) on Fashion-MNIST or an ImageNet-style image folder in
-// one process. Log lines follow PaddlePaddle's format so existing log tooling keeps working.
+// Trains MobileNetV3 (small or large) on Fashion-MNIST or an ImageNet-style image folder, in
+// one process or as one rank of a job started by dpar-launch (init_parallel_env +
+// DataParallel + DistributedSampler; the same binary either way). Log lines follow
+// PaddlePaddle's format so existing log tooling keeps working.
 //   train --model mobilenet_v3_small --data-path /usr/share/datasets/fashion-mnist
 //         --img-size 32 --epochs 3 --batch-size 64 --lr 0.1
 #include <chrono>
@@ -10,6 +12,8 @@
 
 #include "dpar/core/sysinfo.h"
 #include "dpar/data/dataloader.h"
+#include "dpar/distributed/data_parallel.h"
+#include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
 #include "dpar/io/safetensors.h"
 #include "dpar/nn/weights.h"
@@ -54,6 +58,8 @@ double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Each rank evaluates its shard of the validation set; the sums are all-reduced so every rank
+// reports the same figures (padding of the last shard counts a few images twice, as in DDP).
 Metrics evaluate(nn::Module& model, data::DataLoader& loader) {
   model.eval();
   NoGradGuard no_grad;
@@ -61,6 +67,17 @@ Metrics evaluate(nn::Module& model, data::DataLoader& loader) {
   for (data::Batch& batch : loader.epoch(0)) {
     Tensor logits = model.forward(batch.images);
     m.add(cross_entropy(logits, batch.labels).item(), logits, batch.labels);
+  }
+  if (dist::get_world_size() > 1) {
+    Tensor sums = Tensor::from_vector(std::vector<float>{static_cast<float>(m.loss), static_cast<float>(m.top1),
+                                                         static_cast<float>(m.top5), static_cast<float>(m.samples)},
+                                      {4});
+    dist::default_group().allreduce({sums})->wait();
+    const std::vector<float> v = sums.to_float_vector();
+    m.loss = v[0];
+    m.top1 = v[1];
+    m.top5 = v[2];
+    m.samples = static_cast<int64_t>(v[3]);
   }
   model.train();
   return m;
@@ -127,6 +144,8 @@ int main(int argc, char** argv) {
     }
     if (threads > 0) set_num_threads(static_cast<int>(threads));
     manual_seed(static_cast<uint64_t>(seed));
+    dist::init_parallel_env();  // a world of one without a launcher environment
+    const int rank = dist::get_rank(), world = dist::get_world_size();
 
     const auto splits = mobilenetv3::load_data(data_path, img_size, limit_train, limit_val);
     const int64_t classes = num_classes > 0 ? num_classes : static_cast<int64_t>(splits.train->class_names().size());
@@ -137,12 +156,19 @@ int main(int argc, char** argv) {
       (void)report;
     }
     model->train();
+    // Broadcasts rank 0's weights, checks every rank has the same model, and all-reduces
+    // gradients in fused buckets during backward. In a world of one it is a plain wrapper.
+    dist::DataParallel dp(model);
 
     data::DataLoader train_loader(splits.train,
-                                  std::make_shared<data::RandomSampler>(splits.train->size(), static_cast<uint64_t>(seed)),
+                                  std::make_shared<data::DistributedSampler>(splits.train->size(), rank, world,
+                                                                             /*shuffle=*/true,
+                                                                             static_cast<uint64_t>(seed)),
                                   {.batch_size = static_cast<size_t>(batch_size), .num_workers = static_cast<int>(workers),
                                    .prefetch_batches = 4, .drop_last = true, .seed = static_cast<uint64_t>(seed)});
-    data::DataLoader val_loader(splits.val, std::make_shared<data::SequentialSampler>(splits.val->size()),
+    data::DataLoader val_loader(splits.val,
+                                std::make_shared<data::DistributedSampler>(splits.val->size(), rank, world,
+                                                                           /*shuffle=*/false),
                                 {.batch_size = static_cast<size_t>(batch_size), .num_workers = static_cast<int>(workers),
                                  .prefetch_batches = 4, .drop_last = false, .seed = static_cast<uint64_t>(seed)});
     const int64_t steps_per_epoch = static_cast<int64_t>(train_loader.num_batches());
@@ -162,20 +188,32 @@ int main(int argc, char** argv) {
       throw FlagError("train: --lr-scheduler=" + scheduler + ": expected cosine or step");
     }
 
-    std::printf("dpar %s (commit %s) | device: cpu (%s), %d threads | model: %s, %lld classes, %lld parameters\n",
-                version().c_str(), git_commit().c_str(), sysinfo::cpu_model().c_str(), get_num_threads(),
-                model_name.c_str(), static_cast<long long>(classes), static_cast<long long>(model->num_parameters()));
-    std::printf("data: %s at %s, %zu train / %zu val images, %lldpx | batch size %lld per rank, world size 1, "
-                "global batch %lld | %lld steps/epoch\n",
-                splits.kind.c_str(), data_path.c_str(), splits.train->size(), splits.val->size(),
-                static_cast<long long>(img_size), static_cast<long long>(batch_size),
-                static_cast<long long>(batch_size), static_cast<long long>(steps_per_epoch));
+    std::string nodes;
+    for (const std::string& ep : dist::parallel_env().endpoints) {
+      const std::string ip = ep.substr(0, ep.rfind(':'));
+      if (nodes.find(ip) == std::string::npos) nodes += (nodes.empty() ? "" : ",") + ip;
+    }
+    if (nodes.empty()) nodes = "local";
+    if (rank == 0) {
+      std::printf("dpar %s (commit %s) | nodes: %s | device: cpu (%s), %d threads per rank | model: %s, %lld "
+                  "classes, %lld parameters\n",
+                  version().c_str(), git_commit().c_str(), nodes.c_str(), sysinfo::cpu_model().c_str(),
+                  get_num_threads(), model_name.c_str(), static_cast<long long>(classes),
+                  static_cast<long long>(model->num_parameters()));
+      std::printf("data: %s at %s, %zu train / %zu val images, %lldpx | batch size %lld per rank, world size %d, "
+                  "global batch %lld | %lld steps/epoch\n",
+                  splits.kind.c_str(), data_path.c_str(), splits.train->size(), splits.val->size(),
+                  static_cast<long long>(img_size), static_cast<long long>(batch_size), world,
+                  static_cast<long long>(batch_size * world), static_cast<long long>(steps_per_epoch));
+    }
     std::fflush(stdout);
 
     FILE* loss_file = nullptr;
     if (!loss_log.empty()) {
-      loss_file = std::fopen(loss_log.c_str(), "w");
-      DPAR_CHECK(loss_file != nullptr, "train: cannot write --loss-log ", loss_log);
+      // One file per rank in a multi-process job: <path>.rank<N>.
+      const std::string path = world > 1 ? loss_log + ".rank" + std::to_string(rank) : loss_log;
+      loss_file = std::fopen(path.c_str(), "w");
+      DPAR_CHECK(loss_file != nullptr, "train: cannot write --loss-log ", path);
     }
     Metrics last_eval;
     const auto train_start = Clock::now();
@@ -188,7 +226,7 @@ int main(int argc, char** argv) {
         const auto t_data = Clock::now();
         reader_s += seconds(t_prev, t_data);
         opt->zero_grad();
-        Tensor logits = model->forward(batch.images);
+        Tensor logits = dp.forward(batch.images);
         Tensor loss = cross_entropy(logits, batch.labels, label_smoothing);
         loss.backward();
         opt->step();
@@ -221,7 +259,7 @@ int main(int argc, char** argv) {
           reader_s = batch_s = 0;
         }
       }
-      last_eval = evaluate(*model, val_loader);
+      last_eval = evaluate(dp, val_loader);
       std::printf("[Eval][Epoch %lld][Avg] loss: %.5f, top1: %.5f, top5: %.5f | peak memory: %.1f MB, "
                   "elapsed %.1f s\n",
                   static_cast<long long>(epoch), last_eval.avg_loss(), last_eval.acc1(), last_eval.acc5(),
@@ -232,12 +270,13 @@ int main(int argc, char** argv) {
     std::printf("final: top1 %.4f, top5 %.4f on %zu validation images after %lld epochs (%.1f s)\n",
                 last_eval.acc1(), last_eval.acc5(), splits.val->size(), static_cast<long long>(epochs),
                 seconds(train_start, Clock::now()));
-    if (!output_dir.empty()) {
+    if (!output_dir.empty() && rank == 0) {  // only rank 0 writes the model
       std::filesystem::create_directories(output_dir);
       const std::string path = output_dir + "/" + model_name + ".safetensors";
       nn::save_weights(*model, path);
       std::printf("saved weights to %s\n", path.c_str());
     }
+    dist::destroy();
     return 0;
   });
 }

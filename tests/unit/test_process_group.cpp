@@ -319,7 +319,7 @@ TEST_CASE("reduce_scatter: uneven chunks, every op and dtype", "[process_group]"
   }
 }
 
-TEST_CASE("async: collectives run in issue order; wait and is_completed", "[process_group]") {
+TEST_CASE("async: collectives run in issue order, wait and is_completed", "[process_group]") {
   run_group(2, [](int rank, ProcessGroup& pg) {
     Tensor t = Tensor::full({1000}, rank + 1.0);
     std::vector<std::shared_ptr<Work>> works;
