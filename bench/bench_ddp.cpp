@@ -32,13 +32,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
   model->train();
   dist::DataParallel dp(model);
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
-  Generator gen(static_cast<uint64_t>(seed));
-  std::vector<float> xv(static_cast<size_t>(batch * 3 * img * img));
-  for (float& v : xv) v = gen.normal();
-  std::vector<int64_t> yv(static_cast<size_t>(batch));
-  for (auto& v : yv) v = static_cast<int64_t>(gen.next_u64() % 1000);
-  const Tensor x = Tensor::from_vector(xv, {batch, 3, img, img});
-  const Tensor y = Tensor::from_vector(yv, {batch});
+  const auto [x, y] = bench::random_batch(batch, img, 1000, static_cast<uint64_t>(seed));
   StepResult r;
   auto step = [&] {
     opt.zero_grad();

@@ -32,10 +32,7 @@ int main(int argc, char** argv) {
       const size_t comma = batches.find(',', pos);
       const int64_t b = std::stoll(batches.substr(pos, comma - pos));
       pos = comma == std::string::npos ? batches.size() + 1 : comma + 1;
-      Generator gen(1);
-      std::vector<float> xv(static_cast<size_t>(b * 3 * img * img));
-      for (float& v : xv) v = gen.normal();
-      const Tensor x = Tensor::from_vector(xv, {b, 3, img, img});
+      const Tensor x = bench::random_batch(b, img, 1000, 1).images;
       for (int64_t i = 0; i < warmup; ++i) model->forward(x);
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < iters; ++i) model->forward(x);

@@ -27,13 +27,7 @@ int main(int argc, char** argv) {
     auto model = models::mobilenet_v3_small(1000);
     model->train();
     optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
-    Generator gen(1);
-    std::vector<float> xv(static_cast<size_t>(batch * 3 * img * img));
-    for (float& v : xv) v = gen.normal();
-    std::vector<int64_t> yv(static_cast<size_t>(batch));
-    for (auto& v : yv) v = static_cast<int64_t>(gen.next_u64() % 1000);
-    const Tensor x = Tensor::from_vector(xv, {batch, 3, img, img});
-    const Tensor y = Tensor::from_vector(yv, {batch});
+    const auto [x, y] = bench::random_batch(batch, img, 1000, 1);
 
     auto step = [&] {
       opt.zero_grad();

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dpar/core/error.h"
+#include "dpar/core/random.h"
+#include "dpar/tensor/tensor.h"
 
 namespace dpar::bench {
 
@@ -32,6 +34,20 @@ inline nlohmann::json run_peer(const std::string& script, const std::string& arg
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A random image batch (normal pixels) and labels in [0, classes), reproducible from seed.
+struct RandomBatch {
+  Tensor images;
+  Tensor labels;
+};
+inline RandomBatch random_batch(int64_t batch, int64_t img, int64_t classes, uint64_t seed) {
+  Generator gen(seed);
+  std::vector<float> xv(static_cast<size_t>(batch * 3 * img * img));
+  for (float& v : xv) v = gen.normal();
+  std::vector<int64_t> yv(static_cast<size_t>(batch));
+  for (auto& v : yv) v = static_cast<int64_t>(gen.next_u64() % static_cast<uint64_t>(classes));
+  return {Tensor::from_vector(xv, {batch, 3, img, img}), Tensor::from_vector(yv, {batch})};
 }
 
 }  // namespace dpar::bench

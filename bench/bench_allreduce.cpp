@@ -1,0 +1,342 @@
+// All-reduce throughput of dpar's Gloo process group beside raw Gloo, 2 ranks, in the same
+// invocation. Started on its own it re-launches itself through dpar-launch (2 processes on
+// loopback); under a launcher (DPAR_RANK set, or --worker) it is one of the ranks. For every
+// size both ranks time dpar's `default_group().allreduce({t})->wait()` and a plain
+// gloo::allreduce on a second Gloo context rendezvoused through the same store and bound to
+// the same address, alternating the two so they share the machine's noise. Rank 0 prints
+// ours, the peer (raw Gloo) and the ratio per size.
+#include <arpa/inet.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "distributed/gloo/gloo_store_adapter.h"
+#include "distributed/gloo/process_group_gloo.h"
+#include "dpar/distributed/parallel_env.h"
+#include "dpar/dpar.h"
+
+using namespace dpar;
+
+namespace {
+
+struct Options {
+  double max_mb = 64;
+  double min_seconds = 0.3;
+  int64_t reps = 5;
+  bool check = true;
+};
+
+// ---- driver: re-launch through dpar-launch -------------------------------------------------
+
+bool port_free(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+// dpar-launch uses ports P, P+1 (rank endpoints) and P+2 (the store) for 2 processes; a random
+// free block keeps concurrent runs (tests, other benchmarks) from colliding.
+int pick_start_port() {
+  std::mt19937 rng(std::random_device{}());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int base = 30000 + static_cast<int>(rng() % 2500) * 10;
+    if (port_free(base) && port_free(base + 1) && port_free(base + 2)) return base;
+  }
+  DPAR_FAIL("bench_allreduce: found no free block of 3 loopback ports in 30000-55000");
+}
+
+[[noreturn]] void exec_launcher(const std::string& launcher, int start_port, int argc,
+                                char** argv) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  DPAR_CHECK(n > 0, "bench_allreduce: cannot read /proc/self/exe");
+  self[n] = '\0';
+  // The workers get the same flags; --worker stops them from launching again.
+  std::vector<std::string> args{launcher, "--nproc_per_node=2",
+                                "--log_dir=", "--start_port=" + std::to_string(start_port), self};
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  args.emplace_back("--worker");
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(stdout);
+  execv(launcher.c_str(), cargs.data());
+  DPAR_FAIL("bench_allreduce: cannot run the launcher ", launcher, ": ", std::strerror(errno),
+            " (pass --launcher=<path to dpar-launch>)");
+}
+
+// ---- worker ----------------------------------------------------------------------------------
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+std::string size_text(size_t bytes) {
+  char buf[32];
+  if (bytes >= (1u << 20)) {
+    std::snprintf(buf, sizeof buf, "%g MB", static_cast<double>(bytes) / (1 << 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%g KB", static_cast<double>(bytes) / 1024);
+  }
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Raw Gloo: its own context over the job's store, bound to the dpar group's address.
+class RawGloo {
+ public:
+  RawGloo(const std::shared_ptr<dist::Store>& store, int rank, int size,
+          const std::string& address) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = address;
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    auto prefixed = std::make_shared<dist::PrefixStore>("bench_allreduce/raw", store);
+    dist::detail::GlooStoreAdapter adapter(prefixed, std::chrono::minutes(2));
+    context->connectFullMesh(adapter, device_);
+    context_ = std::move(context);
+  }
+
+  void allreduce(float* data, size_t n) {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, n);
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    opts.setTag(next_tag());
+    gloo::allreduce(opts);
+  }
+  void barrier() {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(next_tag());
+    gloo::barrier(opts);
+  }
+  int64_t broadcast_from_0(int64_t value) {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(&value, 1);
+    opts.setRoot(0);
+    opts.setTag(next_tag());
+    gloo::broadcast(opts);
+    return value;
+  }
+
+ private:
+  uint32_t next_tag() { return tag_++ % 0x7fffffffu; }
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 1;
+};
+
+struct Row {
+  size_t bytes;
+  int64_t iters;
+  double ours_s;  // median seconds per call
+  double raw_s;
+};
+
+int run_worker(const Options& opt) {
+  dist::init_parallel_env();
+  const int rank = dist::get_rank(), world = dist::get_world_size();
+  DPAR_CHECK(world >= 2, "bench_allreduce --worker: needs a launcher with at least 2 ranks, got ",
+             world);
+  dist::Group& group = dist::default_group();
+  auto backend = group.backend_ptr_for(Device::cpu());
+  auto* gloo_pg = dynamic_cast<dist::detail::ProcessGroupGloo*>(backend.get());
+  DPAR_CHECK(gloo_pg != nullptr, "bench_allreduce: the CPU backend is not the gloo group");
+  RawGloo raw(group.store(), rank, world, gloo_pg->bind_address());
+
+  std::vector<size_t> sizes;
+  for (size_t b = 1024; b <= (64u << 20); b *= 4) sizes.push_back(b);
+  sizes.push_back(10u << 20);
+  sizes.push_back(16u << 20);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  std::erase_if(sizes, [&](size_t b) { return static_cast<double>(b) > opt.max_mb * (1 << 20); });
+
+  const std::string load_before = load_average();
+  if (rank == 0) {
+    std::printf("bench_allreduce: f32 sum all-reduce, %d ranks on %s, %ld CPU(s), DETAIL %s\n",
+                world, gloo_pg->bind_address().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
+                gloo_pg->options().debug_detail ? "ON (slows every call)" : "off");
+    std::printf(
+        "  peer: raw gloo::allreduce (default algorithm, gloo::sum<float>) on a second "
+        "context, same store and address\n");
+    std::printf(
+        "  median of %lld repetitions, >= %.2f s each; GB/s = 1e9 B/s; busbw = "
+        "2(n-1)/n x algbw\n\n",
+        static_cast<long long>(opt.reps), opt.min_seconds);
+    std::printf("%8s %7s | %11s %8s %8s | %11s %8s | %6s %9s %8s\n", "size", "iters", "dpar/call",
+                "algbw", "busbw", "gloo/call", "algbw", "ratio", "overhead", "");
+    std::printf("%8s %7s | %11s %8s %8s | %11s %8s | %6s %9s %8s\n", "", "", "", "GB/s", "GB/s", "",
+                "GB/s", "bw", "%", "us");
+    std::fflush(stdout);
+  }
+
+  std::vector<Row> rows;
+  const double expect = world * (world + 1) / 2.0;
+  for (const size_t bytes : sizes) {
+    const size_t n = bytes / sizeof(float);
+    Tensor t = Tensor::empty({static_cast<int64_t>(n)});
+    std::vector<float> buf(n);
+    auto ours = [&] { group.allreduce({t})->wait(); };
+    auto theirs = [&] { raw.allreduce(buf.data(), n); };
+
+    if (opt.check) {
+      t.fill_(rank + 1);
+      std::fill(buf.begin(), buf.end(), static_cast<float>(rank + 1));
+      ours();
+      theirs();
+      const float* p = t.data<float>();
+      for (size_t i = 0; i < n; ++i) {
+        DPAR_CHECK(p[i] == expect && buf[i] == expect, "bench_allreduce: wrong sum at element ", i,
+                   " of ", size_text(bytes), ": dpar ", p[i], ", gloo ", buf[i], ", expected ",
+                   expect);
+      }
+    }
+    // Zeros stay zeros under repeated sums: no overflow or denormals skew the timing.
+    t.zero_();
+    std::fill(buf.begin(), buf.end(), 0.0f);
+
+    // Calibration (also the warm-up): batches of doubling length until one takes 50 ms on
+    // rank 0. Rank 0 decides when to stop and tells the others, so every rank makes the same
+    // calls (a collective that one rank skips would hang the other).
+    auto per_call = [&](auto&& fn) {
+      fn();
+      for (int64_t k = 1;; k *= 2) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < k; ++i) fn();
+        const double s = bench::seconds_since(t0);
+        if (raw.broadcast_from_0(s >= 0.05 || k >= (1 << 16))) return s / static_cast<double>(k);
+      }
+    };
+    const double est = std::min(per_call(ours), per_call(theirs));
+    const int64_t iters = raw.broadcast_from_0(
+        std::max<int64_t>(1, static_cast<int64_t>(std::ceil(opt.min_seconds / est))));
+
+    auto timed = [&](auto&& fn) {
+      raw.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < iters; ++i) fn();
+      return bench::seconds_since(t0) / static_cast<double>(iters);
+    };
+    std::vector<double> ours_t, raw_t;
+    for (int64_t r = 0; r < opt.reps; ++r) {
+      // ABBA order: neither implementation always runs first after the barrier.
+      if (r % 2 == 0) {
+        ours_t.push_back(timed(ours));
+        raw_t.push_back(timed(theirs));
+      } else {
+        raw_t.push_back(timed(theirs));
+        ours_t.push_back(timed(ours));
+      }
+    }
+    const Row row{bytes, iters, median(ours_t), median(raw_t)};
+    rows.push_back(row);
+    if (rank == 0) {
+      const double algbw = static_cast<double>(bytes) / row.ours_s / 1e9;
+      const double raw_bw = static_cast<double>(bytes) / row.raw_s / 1e9;
+      const double bus = 2.0 * (world - 1) / world;
+      std::printf("%8s %7lld | %9.1fus %8.3f %8.3f | %9.1fus %8.3f | %6.3f %8.1f%% %8.1f\n",
+                  size_text(bytes).c_str(), static_cast<long long>(iters), row.ours_s * 1e6, algbw,
+                  algbw * bus, row.raw_s * 1e6, raw_bw, algbw / raw_bw,
+                  (row.ours_s / row.raw_s - 1) * 100, (row.ours_s - row.raw_s) * 1e6);
+      std::fflush(stdout);
+    }
+  }
+
+  if (rank == 0) {
+    double min_ratio = 0;
+    size_t min_at = 0;
+    std::vector<double> small_us, small_pct;
+    std::string over;
+    for (const Row& r : rows) {
+      const double ratio = r.raw_s / r.ours_s;
+      if (r.bytes >= (1u << 20) && (min_at == 0 || ratio < min_ratio)) {
+        min_ratio = ratio;
+        min_at = r.bytes;
+      }
+      if (r.bytes <= (16u << 10)) {
+        small_us.push_back((r.ours_s - r.raw_s) * 1e6);
+        small_pct.push_back((r.ours_s / r.raw_s - 1) * 100);
+      }
+      if (r.bytes >= (64u << 10) && r.ours_s > 1.05 * r.raw_s) {
+        over += (over.empty() ? "" : ", ") + size_text(r.bytes);
+      }
+    }
+    std::printf("\n");
+    if (min_at) {
+      std::printf("  min ratio dpar/gloo (bandwidth) over sizes >= 1 MB: %.3fx (at %s)\n",
+                  min_ratio, size_text(min_at).c_str());
+    }
+    if (!small_us.empty()) {
+      std::printf("  overhead at sizes <= 16 KB: median %.1f us per call (%.1f%%)\n",
+                  median(small_us), median(small_pct));
+    }
+    std::printf("  sizes >= 64 KB with overhead > 5%%: %s\n", over.empty() ? "none" : over.c_str());
+    std::printf(
+        "  reference (PyTorch's gloo here, reference-facts.md): 0.67 / 0.73 / 0.70 GB/s "
+        "at 10 / 16 / 64 MB\n");
+    std::printf("  load average before / after: %s / %s (2 ranks on %ld CPU(s))\n",
+                load_before.c_str(), load_average().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  }
+  dist::destroy();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main("bench_allreduce", [&] {
+    Flags flags("bench_allreduce",
+                "All-reduce throughput, 2 ranks: dpar's gloo group vs raw Gloo in the same run");
+    auto& max_mb = flags.add_double("max-mb", 64, "largest message in MB (sizes 1 KB .. 64 MB)");
+    auto& min_seconds =
+        flags.add_double("min-seconds", 0.3, "timed seconds per repetition and implementation");
+    auto& reps = flags.add_int("reps", 5, "repetitions per size (the median is reported)");
+    auto& check = flags.add_bool("check", true, "verify each size's sums before timing");
+    auto& launcher = flags.add_string("launcher", DPAR_LAUNCH_PATH, "dpar-launch to start ranks");
+    auto& start_port = flags.add_int("start-port", 0, "dpar-launch --start_port (0: a free one)");
+    auto& worker = flags.add_bool("worker", false, "run as a rank (set by the driver)");
+    flags.parse(argc, argv);
+    DPAR_CHECK(max_mb > 0 && min_seconds > 0 && reps >= 1,
+               "bench_allreduce: --max-mb, --min-seconds and --reps must be positive");
+
+    const char* env_rank = std::getenv("DPAR_RANK");
+    if (!worker && (env_rank == nullptr || *env_rank == '\0')) {
+      const int port = start_port > 0 ? static_cast<int>(start_port) : pick_start_port();
+      exec_launcher(launcher, port, argc, argv);
+    }
+    return run_worker({max_mb, min_seconds, reps, check});
+  });
+}
