@@ -13,6 +13,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -28,8 +29,8 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "distributed/gloo/bind_address.h"
 #include "distributed/gloo/gloo_store_adapter.h"
-#include "distributed/gloo/process_group_gloo.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
 
@@ -42,6 +43,7 @@ struct Options {
   double min_seconds = 0.3;
   int64_t reps = 5;
   bool check = true;
+  bool diag = false;
 };
 
 // ---- driver: re-launch through dpar-launch -------------------------------------------------
@@ -163,6 +165,25 @@ struct Row {
   int64_t iters;
   double ours_s;  // median seconds per call
   double raw_s;
+  // Median over repetitions of (dpar time / gloo time) of the two adjacent runs: on a busy
+  // machine neighbours share the noise, so this is steadier than the ratio of the medians.
+  double time_ratio;
+  // Per call, over every thread of this process (--diag): voluntary context switches (each
+  // hand-off between threads is one, and on a loaded machine each can wait for a time slice)
+  // and CPU time.
+  double ours_csw, raw_csw;
+  double ours_cpu_s, raw_cpu_s;
+};
+
+struct Usage {
+  int64_t csw = 0;
+  double cpu_s = 0;
+  static Usage now() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+    return {u.ru_nvcsw, secs(u.ru_utime) + secs(u.ru_stime)};
+  }
 };
 
 int run_worker(const Options& opt) {
@@ -172,9 +193,12 @@ int run_worker(const Options& opt) {
              world);
   dist::Group& group = dist::default_group();
   auto backend = group.backend_ptr_for(Device::cpu());
-  auto* gloo_pg = dynamic_cast<dist::detail::ProcessGroupGloo*>(backend.get());
-  DPAR_CHECK(gloo_pg != nullptr, "bench_allreduce: the CPU backend is not the gloo group");
-  RawGloo raw(group.store(), rank, world, gloo_pg->bind_address());
+  DPAR_CHECK(backend->backend_name() == "gloo", "bench_allreduce: the CPU backend is ",
+             backend->backend_name(), ", not gloo");
+  // The address dpar's group listens on (it was created with the default options).
+  const std::string address = dist::detail::default_bind_address(group.store().get());
+  const bool detail = dist::ProcessGroupOptions::from_env().debug_detail;
+  RawGloo raw(group.store(), rank, world, address);
 
   std::vector<size_t> sizes;
   for (size_t b = 1024; b <= (64u << 20); b *= 4) sizes.push_back(b);
@@ -187,14 +211,15 @@ int run_worker(const Options& opt) {
   const std::string load_before = load_average();
   if (rank == 0) {
     std::printf("bench_allreduce: f32 sum all-reduce, %d ranks on %s, %ld CPU(s), DETAIL %s\n",
-                world, gloo_pg->bind_address().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
-                gloo_pg->options().debug_detail ? "ON (slows every call)" : "off");
+                world, address.c_str(), sysconf(_SC_NPROCESSORS_ONLN),
+                detail ? "ON (slows every call)" : "off");
     std::printf(
         "  peer: raw gloo::allreduce (default algorithm, gloo::sum<float>) on a second "
         "context, same store and address\n");
     std::printf(
         "  median of %lld repetitions, >= %.2f s each; GB/s = 1e9 B/s; busbw = "
-        "2(n-1)/n x algbw\n\n",
+        "2(n-1)/n x algbw\n  ratio and overhead %%: median over repetitions of the adjacent "
+        "dpar/gloo pair\n\n",
         static_cast<long long>(opt.reps), opt.min_seconds);
     std::printf("%8s %7s | %11s %8s %8s | %11s %8s | %6s %9s %8s\n", "size", "iters", "dpar/call",
                 "algbw", "busbw", "gloo/call", "algbw", "ratio", "overhead", "");
@@ -244,33 +269,55 @@ int run_worker(const Options& opt) {
     const int64_t iters = raw.broadcast_from_0(
         std::max<int64_t>(1, static_cast<int64_t>(std::ceil(opt.min_seconds / est))));
 
-    auto timed = [&](auto&& fn) {
+    Usage ours_use, raw_use;
+    auto timed = [&](auto&& fn, Usage& use) {
       raw.barrier();
+      const Usage u0 = Usage::now();
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < iters; ++i) fn();
-      return bench::seconds_since(t0) / static_cast<double>(iters);
+      const double s = bench::seconds_since(t0) / static_cast<double>(iters);
+      const Usage u1 = Usage::now();
+      use.csw += u1.csw - u0.csw;
+      use.cpu_s += u1.cpu_s - u0.cpu_s;
+      return s;
     };
     std::vector<double> ours_t, raw_t;
     for (int64_t r = 0; r < opt.reps; ++r) {
       // ABBA order: neither implementation always runs first after the barrier.
       if (r % 2 == 0) {
-        ours_t.push_back(timed(ours));
-        raw_t.push_back(timed(theirs));
+        ours_t.push_back(timed(ours, ours_use));
+        raw_t.push_back(timed(theirs, raw_use));
       } else {
-        raw_t.push_back(timed(theirs));
-        ours_t.push_back(timed(ours));
+        raw_t.push_back(timed(theirs, raw_use));
+        ours_t.push_back(timed(ours, ours_use));
       }
     }
-    const Row row{bytes, iters, median(ours_t), median(raw_t)};
+    std::vector<double> pair_ratio;
+    for (size_t r = 0; r < ours_t.size(); ++r) pair_ratio.push_back(ours_t[r] / raw_t[r]);
+    const double calls = static_cast<double>(iters * opt.reps);
+    const Row row{bytes,
+                  iters,
+                  median(ours_t),
+                  median(raw_t),
+                  median(pair_ratio),
+                  static_cast<double>(ours_use.csw) / calls,
+                  static_cast<double>(raw_use.csw) / calls,
+                  ours_use.cpu_s / calls,
+                  raw_use.cpu_s / calls};
     rows.push_back(row);
     if (rank == 0) {
       const double algbw = static_cast<double>(bytes) / row.ours_s / 1e9;
       const double raw_bw = static_cast<double>(bytes) / row.raw_s / 1e9;
       const double bus = 2.0 * (world - 1) / world;
-      std::printf("%8s %7lld | %9.1fus %8.3f %8.3f | %9.1fus %8.3f | %6.3f %8.1f%% %8.1f\n",
+      std::printf("%8s %7lld | %9.1fus %8.3f %8.3f | %9.1fus %8.3f | %6.3f %8.1f%% %8.1f",
                   size_text(bytes).c_str(), static_cast<long long>(iters), row.ours_s * 1e6, algbw,
-                  algbw * bus, row.raw_s * 1e6, raw_bw, algbw / raw_bw,
-                  (row.ours_s / row.raw_s - 1) * 100, (row.ours_s - row.raw_s) * 1e6);
+                  algbw * bus, row.raw_s * 1e6, raw_bw, 1 / row.time_ratio,
+                  (row.time_ratio - 1) * 100, (row.ours_s - row.raw_s) * 1e6);
+      if (opt.diag) {
+        std::printf(" | %5.1f %5.1f %8.1f %8.1f", row.ours_csw, row.raw_csw, row.ours_cpu_s * 1e6,
+                    row.raw_cpu_s * 1e6);
+      }
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
@@ -281,16 +328,16 @@ int run_worker(const Options& opt) {
     std::vector<double> small_us, small_pct;
     std::string over;
     for (const Row& r : rows) {
-      const double ratio = r.raw_s / r.ours_s;
+      const double ratio = 1 / r.time_ratio;
       if (r.bytes >= (1u << 20) && (min_at == 0 || ratio < min_ratio)) {
         min_ratio = ratio;
         min_at = r.bytes;
       }
       if (r.bytes <= (16u << 10)) {
         small_us.push_back((r.ours_s - r.raw_s) * 1e6);
-        small_pct.push_back((r.ours_s / r.raw_s - 1) * 100);
+        small_pct.push_back((r.time_ratio - 1) * 100);
       }
-      if (r.bytes >= (64u << 10) && r.ours_s > 1.05 * r.raw_s) {
+      if (r.bytes >= (64u << 10) && r.time_ratio > 1.05) {
         over += (over.empty() ? "" : ", ") + size_text(r.bytes);
       }
     }
@@ -325,6 +372,8 @@ int main(int argc, char** argv) {
         flags.add_double("min-seconds", 0.3, "timed seconds per repetition and implementation");
     auto& reps = flags.add_int("reps", 5, "repetitions per size (the median is reported)");
     auto& check = flags.add_bool("check", true, "verify each size's sums before timing");
+    auto& diag = flags.add_bool("diag", false,
+                                "also print context switches and CPU time per call (this process)");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCH_PATH, "dpar-launch to start ranks");
     auto& start_port = flags.add_int("start-port", 0, "dpar-launch --start_port (0: a free one)");
     auto& worker = flags.add_bool("worker", false, "run as a rank (set by the driver)");
@@ -337,6 +386,6 @@ int main(int argc, char** argv) {
       const int port = start_port > 0 ? static_cast<int>(start_port) : pick_start_port();
       exec_launcher(launcher, port, argc, argv);
     }
-    return run_worker({max_mb, min_seconds, reps, check});
+    return run_worker({max_mb, min_seconds, reps, check, diag});
   });
 }

@@ -1,23 +1,49 @@
-// Eval-mode forward latency of MobileNetV3-small (224x224), dpar beside PyTorch eager and
-// TorchScript (frozen + optimize_for_inference) in the same invocation.
+// Eval-mode forward latency of MobileNetV3-small (224x224) in the same invocation:
+//   dpar eager        the nn::Module forward (autograd-capable ops, no fusion)
+//   dpar::infer       the same weights exported to ONNX (io::export_onnx: BN folded) and run by
+//                     the inference runtime (fused oneDNN primitives, planned buffers)
+//   PyTorch eager / TorchScript frozen + optimize_for_inference (bench/peers/torch_infer.py)
+// Ratios are dpar::infer over TorchScript frozen (the target: <= 1.0x at batch 1).
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "dpar/dpar.h"
+#include "dpar/infer/runtime.h"
 #include "model/mobilenet_v3.h"
+#include "model/mobilenet_v3_onnx.h"
 
 using namespace dpar;
 
+namespace {
+
+template <class Fn>
+double time_ms(Fn&& fn, int64_t warmup, int64_t iters) {
+  for (int64_t i = 0; i < warmup; ++i) fn();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) fn();
+  return bench::seconds_since(t0) / static_cast<double>(iters) * 1e3;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   return run_main("bench_infer", [&] {
-    Flags flags("bench_infer", "MobileNetV3-small eval forward: dpar vs PyTorch");
+    Flags flags("bench_infer", "MobileNetV3-small eval forward: dpar eager, dpar::infer, PyTorch");
     auto& batches = flags.add_string("batch", "1,32", "comma-separated batch sizes");
     auto& threads = flags.add_int("threads", 1, "intra-op threads (both frameworks)");
     auto& img = flags.add_int("img", 224, "image side");
     auto& warmup = flags.add_int("warmup", 3, "untimed runs");
     auto& iters = flags.add_int("iters", 20, "timed runs");
+    auto& eager = flags.add_bool("eager", true, "time dpar's eager nn::Module forward");
+    auto& onnx = flags.add_bool("onnx", true, "time dpar::infer on the exported ONNX model");
     auto& peer = flags.add_bool("peer", true, "also run the PyTorch peer");
-    auto& profile = flags.add_bool("profile", false, "print dpar's per-op profile");
+    auto& profile = flags.add_bool("profile", false, "print dpar eager's per-op profile");
+    auto& plan = flags.add_bool("plan", false, "print dpar::infer's execution plan");
     flags.parse(argc, argv);
 
     set_num_threads(static_cast<int>(threads));
@@ -25,30 +51,63 @@ int main(int argc, char** argv) {
     auto model = models::mobilenet_v3_small(1000);
     model->eval();
     NoGradGuard no_grad;
-    std::printf("bench_infer: mobilenet_v3_small %lldpx eval forward, %lld thread(s)\n",
-                static_cast<long long>(img), static_cast<long long>(threads));
+    std::optional<infer::Model> runtime;
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("dpar_bench_infer_" + std::to_string(getpid()));
+    if (onnx) {
+      io::OnnxExportOptions options;
+      options.model_name = "mobilenet_v3_small";
+      options.height = options.width = img;
+      options.softmax = false;  // logits, as the peers return
+      options.write_json = false;
+      const auto exported = models::export_mobilenet_v3(*model, dir.string(), options);
+      runtime = infer::Model::load(exported.model_path);
+      runtime->set_num_threads(static_cast<int>(threads));
+      std::filesystem::remove_all(dir);
+    }
+    std::printf("bench_infer: mobilenet_v3_small %lldpx eval forward, %lld thread(s), oneDNN %s\n",
+                static_cast<long long>(img), static_cast<long long>(threads),
+                infer::onednn_version().c_str());
     size_t pos = 0;
     while (pos <= batches.size()) {
       const size_t comma = batches.find(',', pos);
       const int64_t b = std::stoll(batches.substr(pos, comma - pos));
       pos = comma == std::string::npos ? batches.size() + 1 : comma + 1;
-      const Tensor x = bench::random_batch(b, img, 1000, 1).images;
-      for (int64_t i = 0; i < warmup; ++i) model->forward(x);
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < iters; ++i) model->forward(x);
-      const double ours_ms = bench::seconds_since(t0) / static_cast<double>(iters) * 1e3;
-      std::printf("  batch %3lld: dpar %8.2f ms", static_cast<long long>(b), ours_ms);
+      Generator gen(1);
+      std::vector<float> xv(static_cast<size_t>(b * 3 * img * img));
+      for (float& v : xv) v = gen.normal();
+      const Tensor x = Tensor::from_vector(xv, {b, 3, img, img});
+      std::printf("  batch %3lld:", static_cast<long long>(b));
+      if (eager) {
+        const double ms = time_ms([&] { model->forward(x); }, warmup, iters);
+        std::printf(" dpar eager %8.2f ms |", ms);
+      }
+      double infer_ms = 0;
+      if (runtime) {
+        runtime->prepare(x.shape());
+        infer_ms = time_ms([&] { runtime->run(x); }, warmup, iters);
+        std::printf(" dpar::infer %8.2f ms |", infer_ms);
+      }
       if (peer) {
         const auto p = bench::run_peer("torch_infer.py",
                                        "--batch " + std::to_string(b) + " --threads " +
-                                           std::to_string(threads) + " --img " + std::to_string(img),
+                                           std::to_string(threads) + " --img " + std::to_string(img) +
+                                           " --warmup " + std::to_string(warmup) + " --iters " +
+                                           std::to_string(iters),
                                        static_cast<int>(threads));
-        const double eager = p.at("eager_ms").get<double>(), frozen = p.at("frozen_ms").get<double>();
-        std::printf(" | pytorch eager %8.2f ms (ratio %.2fx) | torchscript frozen %8.2f ms (ratio %.2fx)",
-                    eager, ours_ms / eager, frozen, ours_ms / frozen);
+        const double peer_eager = p.at("eager_ms").get<double>();
+        const double frozen = p.at("frozen_ms").get<double>();
+        std::printf(" pytorch eager %8.2f ms | torchscript frozen %8.2f ms", peer_eager, frozen);
+        if (runtime) std::printf(" | dpar::infer / frozen %.2fx", infer_ms / frozen);
       }
       std::printf("\n");
-      if (profile) {
+      std::fflush(stdout);
+      if (plan && runtime) {
+        for (const std::string& line : runtime->plan_summary(x.shape())) {
+          std::printf("    %s\n", line.c_str());
+        }
+      }
+      if (profile && eager) {
         profiler::reset();
         profiler::set_enabled(true);
         for (int64_t i = 0; i < iters; ++i) model->forward(x);

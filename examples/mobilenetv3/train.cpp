@@ -4,17 +4,23 @@
 // PaddlePaddle's format so existing log tooling keeps working.
 //   train --model mobilenet_v3_small --data-path /usr/share/datasets/fashion-mnist
 //         --img-size 32 --epochs 3 --batch-size 64 --lr 0.1
+// Checkpoints (--checkpoint-dir, rank 0 writes) hold everything the next step depends on, so
+// --resume continues bitwise as if never interrupted; see train_checkpoint.h (also for the
+// DPAR_TEST_DIE_AT_STEP test hook).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "dpar/core/sysinfo.h"
 #include "dpar/data/dataloader.h"
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
+#include "dpar/io/checkpoint.h"
 #include "dpar/io/safetensors.h"
 #include "dpar/nn/weights.h"
 #include "dpar/optim/adamw.h"
@@ -22,6 +28,8 @@
 #include "dpar/optim/rmsprop.h"
 #include "dpar/optim/sgd.h"
 #include "model/mobilenet_v3.h"
+#include "model/mobilenet_v3_onnx.h"
+#include "train_checkpoint.h"
 #include "train_data.h"
 
 using namespace dpar;
@@ -123,18 +131,66 @@ int main(int argc, char** argv) {
     auto& seed = flags.add_int("seed", 0, "seed for initialisation, shuffling and augmentation");
     auto& threads = flags.add_int("threads", 0, "intra-op threads (0: OMP_NUM_THREADS or all cores)");
     auto& workers = flags.add_int("workers", 1, "data loader threads");
-    auto& pretrained = flags.add_string("pretrained", "", "weights (.safetensors) to start from");
+    auto& pretrained = flags.add_string(
+        "pretrained", "",
+        "weights to start from: a .safetensors state dict or a checkpoint (its model part)");
     auto& output_dir = flags.add_string("output-dir", "", "where to write the trained weights");
+    auto& export_inference = flags.add_bool(
+        "export", true, "with --output-dir, rank 0 exports the ONNX inference model to <output-dir>/inference");
     auto& print_freq = flags.add_int("print-freq", 50, "log every N iterations");
     auto& limit_train = flags.add_int("limit-train", 0, "use only the first N training images (0: all)");
     auto& limit_val = flags.add_int("limit-val", 0, "use only the first N validation images (0: all)");
     auto& loss_log = flags.add_string("loss-log", "", "write every step's loss (exact hex) to this file");
+    auto& checkpoint_dir = flags.add_string("checkpoint-dir", "",
+                                            "write checkpoints here (rank 0): model_{epoch}.ckpt, "
+                                            "step_{global step}.ckpt, latest.ckpt, best.ckpt");
+    auto& max_checkpoints = flags.add_int("max-num-checkpoints", 3,
+                                          "keep the newest N model_/step_ checkpoints (0: all)");
+    auto& epoch_interval =
+        flags.add_int("epoch-interval", 1, "checkpoint every N epochs (and the last)");
+    auto& step_interval =
+        flags.add_int("step-interval", 0, "also checkpoint every N global steps (0: off)");
+    auto& resume = flags.add_string("resume", "",
+                                    "continue from a checkpoint file, a checkpoint folder, or "
+                                    "'auto'/'latest' (newest valid one in --checkpoint-dir; none: "
+                                    "start fresh)");
+    auto& test_only =
+        flags.add_bool("test-only", false, "only evaluate the --pretrained or --resume weights");
+    auto& device = flags.add_string("device", "cpu",
+                                    "cpu or gpu; training runs on the CPU until GPU training lands "
+                                    "(gpu is accepted and reported)");
+    auto& amp = flags.add_bool("amp", false,
+                               "mixed precision; not supported on CPU (fp32 is used, reported)");
     flags.parse(argc, argv);
 
     if (epochs < 1) throw FlagError("train: --epochs must be >= 1");
     if (batch_size < 1) throw FlagError("train: --batch-size must be >= 1");
     if (img_size < 16) throw FlagError("train: --img-size must be >= 16");
     if (print_freq < 1) throw FlagError("train: --print-freq must be >= 1");
+    if (max_checkpoints < 0) throw FlagError("train: --max-num-checkpoints must be >= 0");
+    if (epoch_interval < 1) throw FlagError("train: --epoch-interval must be >= 1");
+    if (step_interval < 0) throw FlagError("train: --step-interval must be >= 0");
+    if ((resume == "auto" || resume == "latest") && checkpoint_dir.empty()) {
+      throw FlagError("train: --resume " + resume + " needs --checkpoint-dir");
+    }
+    if (test_only && pretrained.empty() && resume.empty()) {
+      throw FlagError("train: --test-only needs --pretrained or --resume");
+    }
+    if (!pretrained.empty() && !resume.empty()) {
+      throw FlagError(
+          "train: --pretrained and --resume exclude each other (a checkpoint holds the weights)");
+    }
+    std::string device_note;
+    if (device == "gpu" || device == "cuda" || device.rfind("gpu:", 0) == 0 ||
+        device.rfind("cuda:", 0) == 0) {
+      device_note = built_with_cuda() ? "train: --device " + device +
+                                            ": this program trains on the CPU until GPU training "
+                                            "lands; training on cpu"
+                                      : "train: --device " + device +
+                                            ": dpar was built without CUDA; training on cpu";
+    } else if (device != "cpu") {
+      throw FlagError("train: --device=" + device + ": expected cpu or gpu");
+    }
     // Validate every choice before loading data, so usage errors come back at once.
     if (opt_name != "sgd" && opt_name != "momentum" && opt_name != "rmsprop" && opt_name != "adamw") {
       throw FlagError("train: --opt=" + opt_name + ": expected sgd, rmsprop or adamw");
@@ -151,21 +207,24 @@ int main(int argc, char** argv) {
     const int64_t classes = num_classes > 0 ? num_classes : static_cast<int64_t>(splits.train->class_names().size());
     auto model = models::mobilenet_v3(model_name, classes);
     if (!pretrained.empty()) {
-      const nn::LoadReport report = nn::load_weights(*model, pretrained, /*strict=*/true);
-      std::printf("loaded pretrained weights from %s\n", pretrained.c_str());
-      (void)report;
+      // A weights file or the model part of a training checkpoint.
+      io::load_model_weights(*model, pretrained, /*strict=*/true);
+      if (rank == 0) std::printf("loaded pretrained weights from %s\n", pretrained.c_str());
     }
     model->train();
     // Broadcasts rank 0's weights, checks every rank has the same model, and all-reduces
     // gradients in fused buckets during backward. In a world of one it is a plain wrapper.
     dist::DataParallel dp(model);
 
-    data::DataLoader train_loader(splits.train,
-                                  std::make_shared<data::DistributedSampler>(splits.train->size(), rank, world,
-                                                                             /*shuffle=*/true,
-                                                                             static_cast<uint64_t>(seed)),
-                                  {.batch_size = static_cast<size_t>(batch_size), .num_workers = static_cast<int>(workers),
-                                   .prefetch_batches = 4, .drop_last = true, .seed = static_cast<uint64_t>(seed)});
+    auto train_sampler =
+        std::make_shared<data::DistributedSampler>(splits.train->size(), rank, world,
+                                                   /*shuffle=*/true, static_cast<uint64_t>(seed));
+    const data::DataLoaderOptions train_options{.batch_size = static_cast<size_t>(batch_size),
+                                                .num_workers = static_cast<int>(workers),
+                                                .prefetch_batches = 4,
+                                                .drop_last = true,
+                                                .seed = static_cast<uint64_t>(seed)};
+    data::DataLoader train_loader(splits.train, train_sampler, train_options);
     data::DataLoader val_loader(splits.val,
                                 std::make_shared<data::DistributedSampler>(splits.val->size(), rank, world,
                                                                            /*shuffle=*/false),
@@ -206,23 +265,126 @@ int main(int argc, char** argv) {
                   static_cast<long long>(img_size), static_cast<long long>(batch_size), world,
                   static_cast<long long>(batch_size * world), static_cast<long long>(steps_per_epoch));
     }
+    if (rank == 0 && !device_note.empty()) std::printf("%s\n", device_note.c_str());
+    if (rank == 0 && amp) std::printf("train: --amp is not supported on CPU; training in fp32\n");
     std::fflush(stdout);
+
+    // ---- resume: every piece of state that decides the next step --------------------------
+    // Model, optimizer (momentum), scheduler step, BN buffers and the dropout generator come
+    // from the checkpoint; the data order is a pure function of (seed, epoch), so skipping the
+    // batches already trained in the interrupted epoch replays the rest exactly.
+    int64_t start_epoch = 0, start_step = 0, global_step = 0, best_epoch = -1;
+    double best_top1 = -1;
+    std::optional<io::Checkpoint> resumed = mobilenetv3::resolve_resume(resume, checkpoint_dir);
+    const bool was_resumed = resumed.has_value();
+    if (resumed) {
+      const io::TrainingState& st = resumed->state;
+      const auto from = st.extra.find("resumed_from");
+      const std::string source = from != st.extra.end() ? from->second : resume;
+      std::string note;
+      if (!test_only) {
+        note = mobilenetv3::check_resume(
+            st, {model_name, static_cast<uint64_t>(seed), world, batch_size, steps_per_epoch},
+            source);
+      }
+      io::restore_checkpoint(*resumed, *model, test_only ? nullptr : opt.get(),
+                             test_only ? nullptr : sched.get(), source);
+      start_epoch = st.epoch;
+      start_step = std::min(st.step_in_epoch, steps_per_epoch);
+      global_step = st.global_step;
+      best_top1 = st.best_top1;
+      best_epoch = st.best_epoch;
+      if (rank == 0) {
+        std::printf(
+            "resumed from %s: epoch %lld, step %lld of %lld, global step %lld (written by dpar %s, "
+            "commit %s)\n",
+            source.c_str(), static_cast<long long>(st.epoch),
+            static_cast<long long>(st.step_in_epoch), static_cast<long long>(st.steps_per_epoch),
+            static_cast<long long>(st.global_step), st.dpar_version.c_str(), st.git_commit.c_str());
+        if (!note.empty()) std::printf("%s\n", note.c_str());
+        std::fflush(stdout);
+      }
+      resumed.reset();  // the tensors were copied into the model and optimizer
+    }
+    if (test_only) {
+      const Metrics m = evaluate(dp, val_loader);
+      std::printf(
+          "[Eval][Epoch %lld][Avg] loss: %.5f, top1: %.5f, top5: %.5f | peak memory: %.1f MB\n",
+          static_cast<long long>(std::max<int64_t>(0, start_epoch - 1)), m.avg_loss(), m.acc1(),
+          m.acc5(), sysinfo::peak_rss_mb());
+      dist::destroy();
+      return 0;
+    }
+
+    std::unique_ptr<io::CheckpointManager> checkpoints;
+    if (!checkpoint_dir.empty()) {
+      checkpoints = std::make_unique<io::CheckpointManager>(
+          checkpoint_dir,
+          io::CheckpointManagerOptions{.max_num_checkpoints = max_checkpoints, .rank = rank});
+      checkpoints->adopt_existing(global_step);
+    }
+    std::string class_names;
+    for (const std::string& c : splits.train->class_names())
+      class_names += (class_names.empty() ? "" : ",") + c;
+    // The state after `global_step` steps, positioned at (epoch_pos, step_pos).
+    auto checkpoint_at = [&](int64_t epoch_pos, int64_t step_pos) {
+      io::TrainingState s;
+      s.model_name = model_name;
+      s.epoch = epoch_pos;
+      s.step_in_epoch = step_pos;
+      s.global_step = global_step;
+      s.sampler_position = step_pos * batch_size;
+      s.steps_per_epoch = steps_per_epoch;
+      s.batch_size = batch_size;
+      s.world_size = world;
+      s.seed = static_cast<uint64_t>(seed);
+      s.best_top1 = best_top1;
+      s.best_epoch = best_epoch;
+      s.rng["data_loader"] = "seed=" + std::to_string(seed) + " epoch=" + std::to_string(epoch_pos);
+      s.extra = {{"class_names", class_names},
+                 {"lr_scheduler", scheduler},
+                 {"epochs", std::to_string(epochs)},
+                 {"img_size", std::to_string(img_size)},
+                 {"data", splits.kind}};
+      return io::capture_checkpoint(*model, opt.get(), sched.get(), std::move(s));
+    };
+    auto note_saved = [](const std::string& path, Clock::time_point t0) {
+      std::printf("saved checkpoint %s (%.0f ms)\n", path.c_str(), 1e3 * seconds(t0, Clock::now()));
+      std::fflush(stdout);
+    };
+    auto epoch_checkpoint_due = [&](int64_t e) {
+      return (e + 1) % epoch_interval == 0 || e + 1 == epochs;
+    };
+    const mobilenetv3::DieAtStepHook die_hook(rank);
 
     FILE* loss_file = nullptr;
     if (!loss_log.empty()) {
-      // One file per rank in a multi-process job: <path>.rank<N>.
+      // One file per rank in a multi-process job: <path>.rank<N>. A resumed run appends.
       const std::string path = world > 1 ? loss_log + ".rank" + std::to_string(rank) : loss_log;
-      loss_file = std::fopen(path.c_str(), "w");
+      loss_file = std::fopen(path.c_str(), was_resumed ? "a" : "w");
       DPAR_CHECK(loss_file != nullptr, "train: cannot write --loss-log ", path);
     }
     Metrics last_eval;
+    bool evaluated = false;
     const auto train_start = Clock::now();
-    for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
+      // A resumed epoch continues after its trained batches (same order, same augmentation).
+      const int64_t first_iter = epoch == start_epoch ? start_step : 0;
+      std::unique_ptr<data::DataLoader> rest_of_epoch;
+      data::DataLoader* loader = &train_loader;
+      if (first_iter > 0) {
+        rest_of_epoch = std::make_unique<data::DataLoader>(
+            splits.train,
+            std::make_shared<mobilenetv3::SkipSampler>(
+                train_sampler, epoch, static_cast<size_t>(first_iter * batch_size)),
+            train_options);
+        loader = rest_of_epoch.get();
+      }
       Metrics window;
       double reader_s = 0, batch_s = 0;
-      int64_t iter = 0;
+      int64_t iter = first_iter;
       auto t_prev = Clock::now();
-      for (data::Batch& batch : train_loader.epoch(epoch)) {
+      for (data::Batch& batch : loader->epoch(epoch)) {
         const auto t_data = Clock::now();
         reader_s += seconds(t_prev, t_data);
         opt->zero_grad();
@@ -245,6 +407,8 @@ int main(int argc, char** argv) {
         batch_s += seconds(t_prev, t_end);
         t_prev = t_end;
         ++iter;
+        ++global_step;
+        die_hook.after_step(global_step);
         if (iter % print_freq == 0 || iter == steps_per_epoch) {
           const double n = static_cast<double>(window.samples);
           const double iters = static_cast<double>(window.samples) / static_cast<double>(batch_size);
@@ -258,15 +422,41 @@ int main(int argc, char** argv) {
           window = Metrics();
           reader_s = batch_s = 0;
         }
+        // The epoch's last step is covered by the epoch checkpoint when that one is due.
+        const bool step_due = step_interval > 0 && global_step % step_interval == 0 &&
+                              !(iter == steps_per_epoch && epoch_checkpoint_due(epoch));
+        if (checkpoints && step_due && rank == 0) {
+          const auto t0 = Clock::now();
+          note_saved(checkpoints->save_step(checkpoint_at(epoch, iter)), t0);
+        }
       }
       last_eval = evaluate(dp, val_loader);
+      evaluated = true;
       std::printf("[Eval][Epoch %lld][Avg] loss: %.5f, top1: %.5f, top5: %.5f | peak memory: %.1f MB, "
                   "elapsed %.1f s\n",
                   static_cast<long long>(epoch), last_eval.avg_loss(), last_eval.acc1(), last_eval.acc5(),
                   sysinfo::peak_rss_mb(), seconds(train_start, Clock::now()));
       std::fflush(stdout);
+      const bool is_best = last_eval.acc1() > best_top1;
+      if (is_best) {
+        best_top1 = last_eval.acc1();
+        best_epoch = epoch;
+      }
+      if (checkpoints && rank == 0) {
+        const auto t0 = Clock::now();
+        if (epoch_checkpoint_due(epoch)) {
+          note_saved(checkpoints->save_epoch(checkpoint_at(epoch + 1, 0), epoch, is_best), t0);
+        } else if (is_best) {
+          note_saved(checkpoints->save_best(checkpoint_at(epoch + 1, 0)), t0);
+        }
+      }
     }
     if (loss_file) std::fclose(loss_file);
+    if (!evaluated) {  // resumed from a checkpoint of a finished run: nothing left to train
+      std::printf("the checkpoint is at epoch %lld of %lld: nothing left to train\n",
+                  static_cast<long long>(start_epoch), static_cast<long long>(epochs));
+      last_eval = evaluate(dp, val_loader);
+    }
     std::printf("final: top1 %.4f, top5 %.4f on %zu validation images after %lld epochs (%.1f s)\n",
                 last_eval.acc1(), last_eval.acc5(), splits.val->size(), static_cast<long long>(epochs),
                 seconds(train_start, Clock::now()));
@@ -275,6 +465,26 @@ int main(int argc, char** argv) {
       const std::string path = output_dir + "/" + model_name + ".safetensors";
       nn::save_weights(*model, path);
       std::printf("saved weights to %s\n", path.c_str());
+    }
+    // ---- rank 0 exports the inference model to <output-dir>/inference ----------------------
+    // Eval semantics (running statistics, no dropout) with BatchNorm folded, the validation
+    // preprocessing and the class names in its metadata; the same files export_model writes.
+    if (!output_dir.empty() && export_inference && rank == 0) {
+      io::OnnxExportOptions ex;
+      ex.model_name = model_name;
+      ex.height = ex.width = img_size;
+      ex.resize_size = splits.resize_size;
+      ex.mean.assign(splits.mean.begin(), splits.mean.end());
+      ex.std.assign(splits.std.begin(), splits.std.end());
+      if (classes == static_cast<int64_t>(splits.train->class_names().size())) {
+        ex.class_names = splits.train->class_names();
+      }
+      const std::string dir = output_dir + "/inference";
+      const io::OnnxExportResult r = models::export_mobilenet_v3(*model, dir, ex);
+      std::printf("exported the inference model to %s (%lld BatchNorms folded, %lld classes)\n",
+                  r.model_path.c_str(), static_cast<long long>(r.folded_batch_norms),
+                  static_cast<long long>(r.num_classes));
+      std::fflush(stdout);
     }
     dist::destroy();
     return 0;

@@ -32,6 +32,9 @@ DataSplits load_data(const std::string& data_path, int64_t img_size, int64_t lim
   DataSplits splits;
   if (has_idx_files(root)) {
     splits.kind = "fashion-mnist";
+    splits.mean = kFashionMean;
+    splits.std = kFashionStd;
+    splits.resize_size = img_size;  // resized straight to the model's size, no crop
     const data::ToTensorNormalize norm(kFashionMean, kFashionStd);
     std::vector<std::shared_ptr<const data::Transform>> train_steps{
         std::make_shared<data::Resize>(img_size, img_size),
@@ -48,6 +51,9 @@ DataSplits load_data(const std::string& data_path, int64_t img_size, int64_t lim
                " has neither Fashion-MNIST idx files nor a train/ folder");
     DPAR_CHECK(fs::is_directory(root / "val"), "data path ", data_path, " has no val/ folder");
     const int64_t resize = img_size * 256 / 224;
+    splits.mean = data::ToTensorNormalize::kImageNetMean;
+    splits.std = data::ToTensorNormalize::kImageNetStd;
+    splits.resize_size = resize;
     auto train = std::make_shared<data::ImageFolder>((root / "train").string(),
                                                      data::imagenet_train_transform(img_size));
     auto val = std::make_shared<data::ImageFolder>((root / "val").string(),

@@ -1,6 +1,7 @@
 #include "dpar/core/random.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "dpar/core/error.h"
@@ -30,8 +31,20 @@ std::string Generator::state() const {
 
 void Generator::set_state(const std::string& s) {
   std::istringstream is(s);
-  is >> engine_ >> has_spare_ >> std::hexfloat >> spare_;
+  // libstdc++'s operator>> cannot read hex floats (it stops at the 'x' and reports success),
+  // so the spare normal is read as a token and parsed with strtof, which can.
+  std::mt19937_64 engine;
+  bool has_spare = false;
+  std::string spare_text;
+  is >> engine >> has_spare >> spare_text;
   DPAR_CHECK(!is.fail(), "Generator::set_state: malformed generator state");
+  char* end = nullptr;
+  const float spare = std::strtof(spare_text.c_str(), &end);
+  DPAR_CHECK(end != spare_text.c_str() && *end == '\0',
+             "Generator::set_state: malformed spare value '", spare_text, "'");
+  engine_ = engine;
+  has_spare_ = has_spare;
+  spare_ = spare;
 }
 
 Generator& default_generator() {

@@ -10,6 +10,11 @@ bool WorkImpl::is_completed() {
 }
 
 void WorkImpl::wait(Millis timeout) {
+  // Only an unbounded wait may run the collective here: a bounded one must be able to
+  // return when its timeout passes.
+  if (timeout.count() <= 0 && !is_completed()) {
+    if (auto runner = runner_.lock()) runner->run_inline_until(this);
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout.count() <= 0) {
     cv_.wait(lock, [&] { return done_; });

@@ -5,6 +5,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "distributed/gloo/bind_address.h"
@@ -113,7 +114,8 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(CollectiveInfo info, std::vector
     std::lock_guard<std::mutex> lock(queue_mutex_);
     DPAR_CHECK(!stop_, collective_name(info.kind), ": the gloo group is shutting down");
     info.seq = next_seq_++;
-    work = std::make_shared<WorkImpl>(std::move(info), rank_, size_);
+    // Groups made by make_gloo_group are owned by a shared_ptr, so waiters may run them inline.
+    work = std::make_shared<WorkImpl>(std::move(info), rank_, size_, weak_from_this());
     queue_.push_back(PendingOp{work, std::move(tensors), std::move(single)});
   }
   queue_cv_.notify_one();
@@ -185,12 +187,41 @@ void ProcessGroupGloo::comm_loop() {
     PendingOp op;
     {
       std::unique_lock<std::mutex> lock(queue_mutex_);
-      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      queue_cv_.wait(lock, [&] { return !running_ && (stop_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping, and everything issued has run
       op = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     execute(op);
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    running_ = false;
+  }
+}
+
+void ProcessGroupGloo::run_inline_until(const WorkImpl* work) {
+  for (;;) {
+    PendingOp op;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (running_) return;
+      const bool queued = std::any_of(queue_.begin(), queue_.end(),
+                                      [&](const PendingOp& p) { return p.work.get() == work; });
+      if (!queued) return;  // already run
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+    }
+    execute(op);
+    bool more = false;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      running_ = false;
+      more = !queue_.empty() || stop_;
+    }
+    // The communication thread skipped the queue while this thread ran it.
+    if (more) queue_cv_.notify_one();
+    if (op.work.get() == work) return;
   }
 }
 

@@ -4,11 +4,13 @@
 // Calls validate their arguments on the caller's thread (bad arguments throw at once), take
 // the next sequence number and queue the collective; one communication thread per group runs
 // the queue in issue order, so every rank runs the same collective at the same time, and
-// completes the Work. Every Gloo operation gets the group timeout; a timeout or transport
-// failure marks the group failed (Gloo closes the connections of a context after a timeout),
-// and later collectives fail at once with the first error. With debug_detail, each collective
-// first exchanges fingerprints (collective_check.h) and fails on every rank on a mismatch,
-// which leaves the group usable.
+// completes the Work. A caller that waits (without a timeout) on a collective that has not
+// started while the group is idle runs the queue up to it itself instead (one collective runs
+// at a time either way, in issue order). Every Gloo operation gets the group timeout; a timeout or
+// transport failure marks the group failed (Gloo closes the connections of a context after a
+// timeout), and later collectives fail at once with the first error. With debug_detail, each
+// collective first exchanges fingerprints (collective_check.h) and fails on every rank on a
+// mismatch, which leaves the group usable.
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -31,7 +33,9 @@ class Device;
 
 namespace dpar::dist::detail {
 
-class ProcessGroupGloo final : public ProcessGroup {
+class ProcessGroupGloo final : public ProcessGroup,
+                               public InlineRunner,
+                               public std::enable_shared_from_this<ProcessGroupGloo> {
  public:
   // Rendezvous: this group's keys live under "gloo/<k>" of store, where k counts the Gloo
   // groups this rank created on the store (so every rank's k-th group meets the others' k-th
@@ -47,6 +51,8 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
                                        ReduceOp op) override;
   std::shared_ptr<Work> barrier() override;
+
+  void run_inline_until(const WorkImpl* work) override;
 
   const ProcessGroupOptions& options() const { return options_; }
   const std::string& bind_address() const { return bind_address_; }
@@ -83,7 +89,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<ProgressHeartbeat> heartbeat_;
 
-  // Communication-thread state.
+  // State of the thread running a collective (see running_).
   std::vector<uint64_t> staging_;  // uint64_t elements: aligned for every dtype
   std::vector<uint8_t> scratch_;
   std::vector<Fingerprint> fingerprints_;
@@ -92,6 +98,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
   std::deque<PendingOp> queue_;
+  bool running_ = false;  // a thread (communication or waiting caller) is running a collective
   int64_t next_seq_ = 1;
   bool stop_ = false;
   std::thread thread_;

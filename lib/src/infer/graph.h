@@ -1,0 +1,111 @@
+#pragma once
+// The inference runtime's internal forms of a model:
+//   Graph   - the ONNX file as read (nodes, attributes, initializers, metadata), without
+//             protobuf types, so only onnx_loader.cpp sees the ONNX headers;
+//   Program - the graph lowered to the handful of operations the planner executes, after
+//             validation, removal of no-op nodes and BatchNormalization folding. Values are
+//             numbered; shapes are left to the planner because the batch size is dynamic.
+#include <array>
+#include <map>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <vector>
+
+#include "dpar/tensor/tensor.h"
+
+namespace dpar::infer::detail {
+
+struct Attribute {
+  enum class Type { Int, Float, String, Ints, Floats, Other };
+  Type type = Type::Other;
+  int64_t i = 0;
+  float f = 0;
+  std::string s;
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+};
+
+struct Node {
+  std::string op;    // op type; "domain:op" outside the default domain
+  std::string name;  // node name, or "#<index>" when the file gives none
+  std::vector<std::string> inputs;   // "" marks an optional input that is left out
+  std::vector<std::string> outputs;
+  std::map<std::string, Attribute> attrs;
+
+  bool has(const std::string& key) const { return attrs.count(key) != 0; }
+  int64_t get_int(const std::string& key, int64_t def) const;
+  float get_float(const std::string& key, float def) const;
+  std::vector<int64_t> get_ints(const std::string& key, std::vector<int64_t> def) const;
+  std::string get_string(const std::string& key, std::string def) const;
+  // "Conv 'name'" for messages.
+  std::string label() const;
+};
+
+struct GraphValue {
+  std::string name;
+  Shape dims;  // -1: dynamic
+  int32_t elem_type = 0;  // ONNX TensorProto data type (1 = float)
+};
+
+struct Graph {
+  std::string path;
+  std::string name;
+  std::string producer;
+  int64_t ir_version = 0;
+  int64_t opset = 0;  // of the default domain
+  std::vector<Node> nodes;
+  std::map<std::string, Tensor> initializers;        // f32 or i64 constants, incl. Constant nodes
+  std::map<std::string, std::string> other_constants;  // name -> dtype, for types we do not read
+  std::vector<GraphValue> inputs;  // graph inputs that are not initializers
+  std::vector<std::string> outputs;
+  std::map<std::string, std::string> metadata;
+};
+
+// Parses an ONNX file. Throws dpar::Error for unreadable, truncated or non-ONNX files.
+Graph load_onnx(const std::string& path);
+
+// One oneDNN eltwise operation; an ONNX activation lowers to one or two of these
+// (HardSigmoid = linear then clip).
+struct Eltwise {
+  dnnl::algorithm alg;
+  float alpha = 0;
+  float beta = 0;
+};
+
+enum class OpKind { Conv, Gemm, Eltwise, Binary, GlobalAvgPool, Flatten, Softmax };
+
+struct Op {
+  OpKind kind;
+  std::vector<std::string> nodes;  // labels of the ONNX nodes this op stands for
+  int src = -1;
+  int src2 = -1;  // Binary: the second operand
+  int dst = -1;
+  // Conv: weight [O,C/g,kH,kW]; Gemm: weight [O,K]. bias [O] or undefined.
+  Tensor weight;
+  Tensor bias;
+  int64_t groups = 1;
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> dilation{1, 1};
+  std::array<int64_t, 4> pads{0, 0, 0, 0};  // top, left, bottom, right
+  std::string auto_pad = "NOTSET";
+  std::vector<Eltwise> acts;                // Eltwise
+  dnnl::algorithm binary_alg = dnnl::algorithm::binary_add;
+  int64_t axis = 1;                         // Flatten, Softmax
+  bool softmax_coerce_2d = false;           // opset < 13: softmax over the flattened tail
+};
+
+struct Program {
+  std::string path;
+  std::vector<std::string> value_names;
+  std::vector<Tensor> constants;  // by value id; defined for initializer operands
+  int input = -1;
+  int output = -1;
+  Shape input_dims;  // declared, -1 = dynamic
+  std::vector<Op> ops;
+};
+
+// Validates the graph and lowers it. Throws one dpar::Error per problem class, listing every
+// instance (all unsupported ops, all missing tensors).
+Program lower(const Graph& graph);
+
+}  // namespace dpar::infer::detail

@@ -1,0 +1,260 @@
+// Reads an ONNX file with the ONNX protobuf API (Debian's libonnx-dev) into detail::Graph.
+// Everything that can be wrong with the bytes themselves is caught here, with the file named:
+// unreadable, empty, truncated or not ONNX, initializers whose data does not match their shape.
+#include <onnx/onnx_pb.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "infer/graph.h"
+
+namespace dpar::infer::detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string data_type_name(int32_t type) {
+  const auto* desc = onnx::TensorProto_DataType_descriptor();
+  const auto* value = desc->FindValueByNumber(type);
+  return value ? value->name() : "type " + std::to_string(type);
+}
+
+std::string read_file(const std::string& path) {
+  std::error_code ec;
+  DPAR_CHECK(fs::exists(path, ec), path, ": no such file");
+  DPAR_CHECK(!fs::is_directory(path, ec), path, ": is a directory, expected an .onnx file");
+  std::ifstream in(path, std::ios::binary);
+  DPAR_CHECK(in.good(), path, ": cannot open for reading");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  DPAR_CHECK(!in.bad(), path, ": read error");
+  return bytes.str();
+}
+
+// The data of an initializer stored in a separate file (ONNX "external data").
+std::string read_external(const onnx::TensorProto& t, const std::string& model_path,
+                          size_t nbytes) {
+  std::string location;
+  int64_t offset = 0;
+  int64_t length = -1;
+  for (const auto& entry : t.external_data()) {
+    if (entry.key() == "location") location = entry.value();
+    if (entry.key() == "offset") offset = std::stoll(entry.value());
+    if (entry.key() == "length") length = std::stoll(entry.value());
+  }
+  DPAR_CHECK(!location.empty(), model_path, ": initializer '", t.name(),
+             "' is stored externally but names no location");
+  const std::string file = (fs::path(model_path).parent_path() / location).string();
+  std::ifstream in(file, std::ios::binary);
+  DPAR_CHECK(in.good(), model_path, ": initializer '", t.name(), "' is stored in ", file,
+             ", which cannot be opened");
+  DPAR_CHECK(length < 0 || static_cast<size_t>(length) == nbytes, model_path, ": initializer '",
+             t.name(), "' has external length ", length, ", its shape needs ", nbytes, " bytes");
+  std::string data(nbytes, '\0');
+  in.seekg(offset);
+  in.read(data.data(), static_cast<std::streamsize>(nbytes));
+  DPAR_CHECK(in.gcount() == static_cast<std::streamsize>(nbytes), model_path, ": initializer '",
+             t.name(), "': ", file, " ends before offset ", offset, " + ", nbytes, " bytes");
+  return data;
+}
+
+// f32 and i64 tensors become dpar Tensors; the caller records other types by name.
+Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
+  Shape dims(t.dims().begin(), t.dims().end());
+  int64_t numel = 1;
+  for (int64_t d : dims) {
+    DPAR_CHECK(d >= 0 && d <= (int64_t{1} << 40), path, ": initializer '", t.name(),
+               "' has a bad shape ", dims);
+    numel *= d;
+    DPAR_CHECK(numel <= (int64_t{1} << 40), path, ": initializer '", t.name(),
+               "' is implausibly large: ", dims);
+  }
+  const bool is_float = t.data_type() == onnx::TensorProto::FLOAT;
+  const size_t elem = is_float ? sizeof(float) : sizeof(int64_t);
+  const size_t nbytes = static_cast<size_t>(numel) * elem;
+  Tensor out = Tensor::empty(dims, is_float ? DType::f32 : DType::i64);
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+    const std::string data = read_external(t, path, nbytes);
+    if (nbytes) std::memcpy(out.raw_data(), data.data(), nbytes);
+  } else if (!t.raw_data().empty()) {
+    DPAR_CHECK(t.raw_data().size() == nbytes, path, ": initializer '", t.name(), "' holds ",
+               t.raw_data().size(), " bytes, its shape ", dims, " needs ", nbytes,
+               " (truncated or corrupt file?)");
+    std::memcpy(out.raw_data(), t.raw_data().data(), nbytes);
+  } else if (is_float) {
+    DPAR_CHECK(t.float_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
+               t.float_data_size(), " values, its shape ", dims, " needs ", numel);
+    if (numel) std::memcpy(out.raw_data(), t.float_data().data(), nbytes);
+  } else {
+    DPAR_CHECK(t.int64_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
+               t.int64_data_size(), " values, its shape ", dims, " needs ", numel);
+    if (numel) std::memcpy(out.raw_data(), t.int64_data().data(), nbytes);
+  }
+  return out;
+}
+
+bool readable_type(int32_t type) {
+  return type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::INT64;
+}
+
+Attribute read_attribute(const onnx::AttributeProto& a) {
+  Attribute out;
+  switch (a.type()) {
+    case onnx::AttributeProto::INT:
+      out.type = Attribute::Type::Int;
+      out.i = a.i();
+      break;
+    case onnx::AttributeProto::FLOAT:
+      out.type = Attribute::Type::Float;
+      out.f = a.f();
+      break;
+    case onnx::AttributeProto::STRING:
+      out.type = Attribute::Type::String;
+      out.s = a.s();
+      break;
+    case onnx::AttributeProto::INTS:
+      out.type = Attribute::Type::Ints;
+      out.ints.assign(a.ints().begin(), a.ints().end());
+      break;
+    case onnx::AttributeProto::FLOATS:
+      out.type = Attribute::Type::Floats;
+      out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    default:
+      break;
+  }
+  return out;
+}
+
+// A Constant node's value as an initializer.
+Tensor constant_value(const onnx::NodeProto& node, const std::string& label,
+                      const std::string& path) {
+  for (const auto& a : node.attribute()) {
+    if (a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR) {
+      DPAR_CHECK(readable_type(a.t().data_type()), path, ": ", label, " holds a ",
+                 data_type_name(a.t().data_type()), " tensor; only FLOAT and INT64 are supported");
+      return read_tensor(a.t(), path);
+    }
+    if (a.name() == "value_float") return Tensor::full({}, a.f());
+    if (a.name() == "value_floats") {
+      return Tensor::from_vector(std::vector<float>(a.floats().begin(), a.floats().end()),
+                                 {a.floats_size()});
+    }
+    if (a.name() == "value_int") return Tensor::from_vector(std::vector<int64_t>{a.i()}, {});
+    if (a.name() == "value_ints") {
+      return Tensor::from_vector(std::vector<int64_t>(a.ints().begin(), a.ints().end()),
+                                 {a.ints_size()});
+    }
+  }
+  DPAR_FAIL(path, ": ", label, " has no tensor, float or int value (sparse and string ",
+            "constants are not supported)");
+}
+
+GraphValue read_value_info(const onnx::ValueInfoProto& v) {
+  GraphValue out;
+  out.name = v.name();
+  if (v.type().has_tensor_type()) {
+    const auto& tt = v.type().tensor_type();
+    out.elem_type = tt.elem_type();
+    for (const auto& d : tt.shape().dim()) {
+      out.dims.push_back(d.has_dim_value() && d.dim_value() > 0 ? d.dim_value() : -1);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Graph load_onnx(const std::string& path) {
+  const std::string bytes = read_file(path);
+  DPAR_CHECK(!bytes.empty(), path, ": empty file, expected an ONNX model");
+  onnx::ModelProto model;
+  DPAR_CHECK(model.ParseFromString(bytes), path,
+             ": not a valid ONNX model (protobuf parsing failed: the file is truncated or "
+             "corrupt)");
+  DPAR_CHECK(model.ir_version() > 0 && model.has_graph() && model.graph().node_size() > 0, path,
+             ": not an ONNX model (no IR version or an empty graph; truncated or not ONNX?)");
+
+  Graph g;
+  g.path = path;
+  g.ir_version = model.ir_version();
+  g.producer = model.producer_name();
+  if (!model.producer_version().empty()) g.producer += " " + model.producer_version();
+  for (const auto& op_set : model.opset_import()) {
+    if (op_set.domain().empty() || op_set.domain() == "ai.onnx") g.opset = op_set.version();
+  }
+  DPAR_CHECK(g.opset > 0, path, ": the model imports no opset of the default ONNX domain");
+  for (const auto& prop : model.metadata_props()) g.metadata[prop.key()] = prop.value();
+
+  const onnx::GraphProto& graph = model.graph();
+  g.name = graph.name();
+  for (const auto& init : graph.initializer()) {
+    if (readable_type(init.data_type())) {
+      g.initializers[init.name()] = read_tensor(init, path);
+    } else {
+      g.other_constants[init.name()] = data_type_name(init.data_type());
+    }
+  }
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& n = graph.node(i);
+    Node node;
+    const bool default_domain = n.domain().empty() || n.domain() == "ai.onnx";
+    node.op = default_domain ? n.op_type() : n.domain() + ":" + n.op_type();
+    // (append, not "#" + to_string: GCC 12 warns falsely about that concatenation at -O3.)
+    node.name = n.name();
+    if (node.name.empty()) node.name.append("#").append(std::to_string(i));
+    node.inputs.assign(n.input().begin(), n.input().end());
+    node.outputs.assign(n.output().begin(), n.output().end());
+    for (const auto& a : n.attribute()) node.attrs[a.name()] = read_attribute(a);
+    if (node.op == "Constant" && node.outputs.size() == 1) {
+      g.initializers[node.outputs[0]] = constant_value(n, node.label(), path);
+      continue;
+    }
+    g.nodes.push_back(std::move(node));
+  }
+  for (const auto& in : graph.input()) {
+    if (g.initializers.count(in.name()) || g.other_constants.count(in.name())) continue;
+    g.inputs.push_back(read_value_info(in));
+  }
+  for (const auto& out : graph.output()) g.outputs.push_back(out.name());
+  return g;
+}
+
+int64_t Node::get_int(const std::string& key, int64_t def) const {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) return def;
+  DPAR_CHECK(it->second.type == Attribute::Type::Int, label(), ": attribute ", key,
+             " should be an int");
+  return it->second.i;
+}
+
+float Node::get_float(const std::string& key, float def) const {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) return def;
+  DPAR_CHECK(it->second.type == Attribute::Type::Float, label(), ": attribute ", key,
+             " should be a float");
+  return it->second.f;
+}
+
+std::vector<int64_t> Node::get_ints(const std::string& key, std::vector<int64_t> def) const {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) return def;
+  DPAR_CHECK(it->second.type == Attribute::Type::Ints, label(), ": attribute ", key,
+             " should be a list of ints");
+  return it->second.ints;
+}
+
+std::string Node::get_string(const std::string& key, std::string def) const {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) return def;
+  DPAR_CHECK(it->second.type == Attribute::Type::String, label(), ": attribute ", key,
+             " should be a string");
+  return it->second.s;
+}
+
+std::string Node::label() const { return op + " '" + name + "'"; }
+
+}  // namespace dpar::infer::detail

@@ -1,0 +1,116 @@
+#pragma once
+// An execution plan: a detail::Program specialised to one input shape and thread count.
+// Building it infers every shape, fuses activations and residual additions into the
+// convolution / inner product that feeds them (oneDNN post-ops), creates the oneDNN
+// primitives (layouts chosen by oneDNN, reorders only where a consumer wants another layout),
+// reorders weights through the shared WeightCache, and packs the activations into a few
+// reused buffers. run() then only executes the prepared primitives.
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "infer/graph.h"
+
+namespace dpar::infer::detail {
+
+// Weights in the layouts primitives asked for, shared by the plans of one model: each op's
+// weights are reordered once per distinct layout (in practice once).
+class WeightCache {
+ public:
+  dnnl::memory get(size_t op_index, const Tensor& plain, const dnnl::memory::desc& plain_md,
+                   const dnnl::memory::desc& wanted);
+
+ private:
+  struct Entry {
+    size_t op_index;
+    dnnl::memory::desc md;
+    Tensor storage;
+    dnnl::memory memory;
+  };
+  std::vector<Entry> entries_;
+};
+
+class Plan {
+ public:
+  Plan(const Program& program, WeightCache& weights, const Shape& input_dims);
+  // input: a contiguous f32 tensor of the plan's input shape.
+  Tensor run(const Tensor& input);
+  const std::vector<std::string>& summary() const { return summary_; }
+
+ private:
+  struct Value {
+    Shape dims;
+    dnnl::memory::desc md;
+    bool external = false;  // the caller's input (or a view of it), or a constant
+    int buffer = -1;        // index into buffers_, for computed values
+    dnnl::memory memory;    // over the value's storage; bound at the end of planning
+  };
+  struct Arg {
+    int arg;    // DNNL_ARG_*
+    int value;  // value id
+    std::optional<dnnl::memory::desc> md;  // another view of the same bytes
+  };
+  struct Step {
+    std::optional<dnnl::primitive> prim;  // empty for a pure view (Flatten of plain data)
+    std::vector<Arg> value_args;
+    std::unordered_map<int, dnnl::memory> fixed_args;  // weights, bias
+    dnnl::memory::desc scratchpad_md;
+    std::vector<int> reads;
+    int dst = -1;
+    int reuse = -1;              // a read whose buffer dst may take over if it dies here
+    bool reuse_required = false;  // dst must start as a copy of `reuse` (sum post-op)
+    bool view = false;           // dst is a view of `reuse` (no computation)
+    std::optional<dnnl::reorder> pre_copy;  // set when a required reuse was impossible
+    std::unordered_map<int, dnnl::memory> args;
+    std::string text;  // for summary()
+  };
+  struct PostOp {
+    bool sum = false;
+    Eltwise act{dnnl::algorithm::eltwise_relu};
+    int operand = -1;  // sum: the value added in place
+  };
+  struct Fused {
+    size_t op_index;
+    std::vector<PostOp> post;
+    int dst;
+    std::vector<std::string> nodes;  // the ONNX nodes it computes, for summary()
+  };
+
+  void infer_shapes();
+  std::vector<Fused> fuse() const;
+  void build_conv(const Fused& f);
+  void build_gemm(const Fused& f);
+  void build_eltwise(const Op& op);
+  void build_binary(const Op& op);
+  void build_pool(const Op& op);
+  void build_flatten(const Op& op);
+  void build_softmax(const Op& op);
+  int to_layout(int value, const dnnl::memory::desc& md);  // reorder into a new value if needed
+  int new_value(const Shape& dims, const dnnl::memory::desc& md);
+  dnnl::primitive_attr post_op_attr(const std::vector<PostOp>& post) const;
+  void add_sum_operand(Step& step, const Fused& f, const dnnl::memory::desc& dst_md);
+  void finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::primitive prim,
+                   const std::string& what, const std::vector<std::string>& nodes);
+  void assign_buffers();
+  void bind();
+
+  const Program& program_;
+  WeightCache& weights_;
+  std::vector<Value> values_;
+  std::vector<Step> steps_;
+  std::vector<std::array<int64_t, 4>> conv_pads_;  // per op, resolved auto_pad
+  std::vector<std::pair<int, int>> reordered_;     // (value, its copy in another layout)
+  std::vector<size_t> buffer_bytes_;
+  std::vector<Tensor> buffers_;
+  Tensor scratchpad_;
+  size_t scratchpad_bytes_ = 0;
+  std::vector<dnnl::memory> input_memories_;  // re-pointed at the caller's input every run
+  std::optional<dnnl::reorder> to_output_;
+  dnnl::memory output_plain_;
+  std::vector<std::string> summary_;
+};
+
+}  // namespace dpar::infer::detail

@@ -1,0 +1,413 @@
+// Plan construction, per op: shape inference, fusion of activations / residual additions into
+// the producing convolution or inner product, and creation of the oneDNN primitives.
+#include <algorithm>
+
+#include "infer/plan.h"
+#include "infer/plan_util.h"
+
+namespace dpar::infer::detail {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+
+namespace {
+
+Shape broadcast(const Shape& a, const Shape& b, bool& ok) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  ok = true;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    ok = ok && (x == y || x == 1 || y == 1);
+    out[i] = std::max(x, y);
+  }
+  return out;
+}
+
+}  // namespace
+
+void Plan::infer_shapes() {
+  conv_pads_.assign(program_.ops.size(), {0, 0, 0, 0});
+  for (size_t i = 0; i < program_.ops.size(); ++i) {
+    const Op& op = program_.ops[i];
+    const std::string where = program_.path + ": " + op.nodes[0];
+    const Shape& x = values_[static_cast<size_t>(op.src)].dims;
+    Shape y = x;
+    switch (op.kind) {
+      case OpKind::Conv: {
+        const Shape& w = op.weight.shape();
+        DPAR_CHECK(x.size() == 4, where, ": expected a 4-D input [N,C,H,W], got ", x);
+        DPAR_CHECK(x[1] == w[1] * op.groups, where, ": input ", x, " has ", x[1],
+                   " channels, weight ", w, " with group ", op.groups, " needs ", w[1] * op.groups);
+        y = {x[0], w[0], 0, 0};
+        for (size_t d = 0; d < 2; ++d) {
+          const int64_t in = x[2 + d], s = op.stride[d];
+          const int64_t k = (w[2 + d] - 1) * op.dilation[d] + 1;
+          int64_t lo = op.pads[d], hi = op.pads[d + 2];
+          if (op.auto_pad == "VALID") {
+            lo = hi = 0;
+          } else if (op.auto_pad != "NOTSET") {
+            const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + k - in);
+            lo = op.auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+            hi = total - lo;
+          }
+          DPAR_CHECK(in + lo + hi >= k, where, ": input ", x, " is smaller than the kernel ", w);
+          y[2 + d] = (in + lo + hi - k) / s + 1;
+          conv_pads_[i][d] = lo;
+          conv_pads_[i][d + 2] = hi;
+        }
+        break;
+      }
+      case OpKind::Gemm:
+        DPAR_CHECK(x.size() == 2 && x[1] == op.weight.size(1), where, ": expected input [M,",
+                   op.weight.size(1), "], got ", x);
+        y = {x[0], op.weight.size(0)};
+        break;
+      case OpKind::Eltwise:
+        break;
+      case OpKind::Binary: {
+        const Shape& b = values_[static_cast<size_t>(op.src2)].dims;
+        bool ok = false;
+        y = broadcast(x, b, ok);
+        DPAR_CHECK(ok, where, ": shapes ", x, " and ", b, " do not broadcast");
+        DPAR_CHECK(y == x || y == b, where, ": broadcasting ", x, " with ", b, " gives ", y,
+                   "; only one operand may be broadcast");
+        break;
+      }
+      case OpKind::GlobalAvgPool:
+        DPAR_CHECK(x.size() == 4, where, ": expected a 4-D input [N,C,H,W], got ", x);
+        y = {x[0], x[1], 1, 1};
+        break;
+      case OpKind::Flatten: {
+        const int64_t r = static_cast<int64_t>(x.size());
+        const int64_t axis = op.axis < 0 ? op.axis + r : op.axis;
+        DPAR_CHECK(axis >= 0 && axis <= r, where, ": axis ", op.axis, " is out of range for ", x);
+        y = {1, 1};
+        for (int64_t d = 0; d < r; ++d) y[d < axis ? 0 : 1] *= x[static_cast<size_t>(d)];
+        break;
+      }
+      case OpKind::Softmax: {
+        const int64_t r = static_cast<int64_t>(x.size());
+        DPAR_CHECK(op.axis >= -r && op.axis < r, where, ": axis ", op.axis,
+                   " is out of range for ", x);
+        break;
+      }
+    }
+    values_[static_cast<size_t>(op.dst)].dims = y;
+  }
+}
+
+std::vector<Plan::Fused> Plan::fuse() const {
+  const auto& ops = program_.ops;
+  std::vector<int> uses(values_.size(), 0), consumer(values_.size(), -1);
+  std::vector<int> producer(values_.size(), -1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (int v : {ops[i].src, ops[i].src2}) {
+      if (v < 0) continue;
+      ++uses[static_cast<size_t>(v)];
+      consumer[static_cast<size_t>(v)] = static_cast<int>(i);
+    }
+    producer[static_cast<size_t>(ops[i].dst)] = static_cast<int>(i);
+  }
+  ++uses[static_cast<size_t>(program_.output)];
+  std::vector<bool> removed(ops.size(), false);
+  std::vector<Fused> out;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (removed[i]) continue;
+    Fused f{i, {}, ops[i].dst, ops[i].nodes};
+    if (ops[i].kind == OpKind::Conv || ops[i].kind == OpKind::Gemm) {
+      bool has_sum = false;
+      for (int cur = f.dst; uses[static_cast<size_t>(cur)] == 1 && cur != program_.output;) {
+        const size_t j = static_cast<size_t>(consumer[static_cast<size_t>(cur)]);
+        const Op& c = ops[j];
+        if (c.kind == OpKind::Eltwise) {
+          for (const Eltwise& act : c.acts) f.post.push_back({false, act, -1});
+        } else if (c.kind == OpKind::Binary && c.binary_alg == dnnl::algorithm::binary_add &&
+                   !has_sum) {
+          // dst = conv(x) + other, computed in place of `other`: it must already exist when
+          // the convolution runs, and must not need broadcasting.
+          const int other = c.src == cur ? c.src2 : c.src;
+          const size_t o = static_cast<size_t>(other);
+          const bool ready = other == program_.input ||
+                             (producer[o] >= 0 && producer[o] < static_cast<int>(i));
+          if (other == cur || program_.constants[o].defined() || !ready ||
+              values_[o].dims != values_[static_cast<size_t>(cur)].dims) {
+            break;
+          }
+          f.post.push_back({true, {dnnl::algorithm::eltwise_relu}, other});
+          has_sum = true;
+        } else {
+          break;
+        }
+        removed[j] = true;
+        f.nodes.insert(f.nodes.end(), c.nodes.begin(), c.nodes.end());
+        cur = f.dst = c.dst;
+      }
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+dnnl::primitive_attr Plan::post_op_attr(const std::vector<PostOp>& post) const {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::post_ops ops;
+  for (const PostOp& p : post) {
+    if (p.sum) {
+      ops.append_sum(1.f);
+    } else {
+      ops.append_eltwise(1.f, p.act.alg, p.act.alpha, p.act.beta);
+    }
+  }
+  attr.set_post_ops(ops);
+  return attr;
+}
+
+int Plan::new_value(const Shape& dims, const memory::desc& md) {
+  Value v;
+  v.dims = dims;
+  v.md = md;
+  values_.push_back(std::move(v));
+  return static_cast<int>(values_.size()) - 1;
+}
+
+int Plan::to_layout(int value, const memory::desc& md) {
+  const memory::desc from = values_[static_cast<size_t>(value)].md;
+  if (from == md) return value;
+  // A value several consumers want in the same other layout is reordered once.
+  for (const auto& [v, converted] : reordered_) {
+    if (v == value && values_[static_cast<size_t>(converted)].md == md) return converted;
+  }
+  const int out = new_value(values_[static_cast<size_t>(value)].dims, md);
+  reordered_.emplace_back(value, out);
+  dnnl::reorder::primitive_desc pd(engine(), from, engine(), md, user_scratchpad_attr());
+  Step s;
+  s.value_args = {{DNNL_ARG_FROM, value, std::nullopt}, {DNNL_ARG_TO, out, std::nullopt}};
+  s.reads = {value};
+  s.dst = out;
+  finish_step(std::move(s), pd, dnnl::reorder(pd), "reorder",
+              {describe_layout(from) + " -> " + describe_layout(md)});
+  return out;
+}
+
+void Plan::add_sum_operand(Step& step, const Fused& f, const memory::desc& dst_md) {
+  for (const PostOp& p : f.post) {
+    if (!p.sum) continue;
+    step.reads.push_back(p.operand);
+    step.reuse = p.operand;
+    step.reuse_required = true;
+  }
+  values_[static_cast<size_t>(f.dst)].md = dst_md;
+}
+
+void Plan::build_conv(const Fused& f) {
+  const Op& op = program_.ops[f.op_index];
+  const Shape& x = values_[static_cast<size_t>(op.src)].dims;
+  const Shape& y = values_[static_cast<size_t>(f.dst)].dims;
+  const Shape& w = op.weight.shape();
+  const bool grouped = op.groups > 1;
+  const memory::dims wdims =
+      grouped ? memory::dims{op.groups, w[0] / op.groups, w[1], w[2], w[3]} : memory::dims(w);
+  const memory::desc w_plain(wdims, kF32, grouped ? tag::goihw : tag::oihw);
+  const memory::desc w_any(wdims, kF32, tag::any);
+  const auto& pads = conv_pads_[f.op_index];
+  const dnnl::primitive_attr attr = post_op_attr(f.post);
+  auto make = [&](const memory::desc& src) {
+    const memory::desc dst(y, kF32, tag::any);
+    const memory::dims strides{op.stride[0], op.stride[1]};
+    const memory::dims dilates{op.dilation[0] - 1, op.dilation[1] - 1};
+    const memory::dims pad_l{pads[0], pads[1]}, pad_r{pads[2], pads[3]};
+    const auto prop = dnnl::prop_kind::forward_inference;
+    const auto alg = dnnl::algorithm::convolution_direct;
+    auto desc = op.bias.defined()
+                    ? dnnl::convolution_forward::desc(prop, alg, src, w_any,
+                                                      memory::desc({w[0]}, kF32, tag::x), dst,
+                                                      strides, dilates, pad_l, pad_r)
+                    : dnnl::convolution_forward::desc(prop, alg, src, w_any, dst, strides,
+                                                      dilates, pad_l, pad_r);
+    return dnnl::convolution_forward::primitive_desc(desc, attr, engine());
+  };
+  // Let oneDNN pick the source layout; if it differs from what the producer wrote, prefer a
+  // non-reference kernel on the existing layout over an extra reorder.
+  auto pd = make(memory::desc(x, kF32, tag::any));
+  int src = op.src;
+  const memory::desc& have = values_[static_cast<size_t>(src)].md;
+  if (pd.src_desc() != have) {
+    try {
+      auto exact = make(have);
+      if (!is_reference(exact.impl_info_str())) pd = exact;
+    } catch (const dnnl::error&) {
+      // This layout has no implementation with these attributes; reorder instead.
+    }
+    src = to_layout(src, pd.src_desc());
+  }
+  Step s;
+  s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, f.dst, std::nullopt}};
+  s.reads = {src};
+  s.dst = f.dst;
+  s.fixed_args[DNNL_ARG_WEIGHTS] = weights_.get(f.op_index, op.weight, w_plain, pd.weights_desc());
+  if (op.bias.defined()) {
+    s.fixed_args[DNNL_ARG_BIAS] =
+        memory(memory::desc({w[0]}, kF32, tag::x), engine(), op.bias.raw_data());
+  }
+  add_sum_operand(s, f, pd.dst_desc());
+  finish_step(std::move(s), pd, dnnl::convolution_forward(pd), "conv", f.nodes);
+}
+
+void Plan::build_gemm(const Fused& f) {
+  const Op& op = program_.ops[f.op_index];
+  const int src = to_layout(op.src, plain_md(values_[static_cast<size_t>(op.src)].dims));
+  const Shape& y = values_[static_cast<size_t>(f.dst)].dims;
+  const memory::dims wdims = op.weight.shape();
+  const memory::desc src_md = values_[static_cast<size_t>(src)].md;
+  const memory::desc w_any(wdims, kF32, tag::any), dst_md = plain_md(y);
+  const auto prop = dnnl::prop_kind::forward_inference;
+  auto desc = op.bias.defined()
+                  ? dnnl::inner_product_forward::desc(
+                        prop, src_md, w_any, memory::desc({wdims[0]}, kF32, tag::x), dst_md)
+                  : dnnl::inner_product_forward::desc(prop, src_md, w_any, dst_md);
+  dnnl::inner_product_forward::primitive_desc pd(desc, post_op_attr(f.post), engine());
+  Step s;
+  s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, f.dst, std::nullopt}};
+  s.reads = {src};
+  s.dst = f.dst;
+  s.fixed_args[DNNL_ARG_WEIGHTS] =
+      weights_.get(f.op_index, op.weight, memory::desc(wdims, kF32, tag::oi), pd.weights_desc());
+  if (op.bias.defined()) {
+    s.fixed_args[DNNL_ARG_BIAS] =
+        memory(memory::desc({wdims[0]}, kF32, tag::x), engine(), op.bias.raw_data());
+  }
+  add_sum_operand(s, f, pd.dst_desc());
+  finish_step(std::move(s), pd, dnnl::inner_product_forward(pd), "inner_product", f.nodes);
+}
+
+void Plan::build_eltwise(const Op& op) {
+  int src = op.src;
+  for (size_t k = 0; k < op.acts.size(); ++k) {
+    const Value& v = values_[static_cast<size_t>(src)];
+    const Shape dims = v.dims;
+    const memory::desc md = v.md;
+    const int dst = k + 1 == op.acts.size() ? op.dst : new_value(dims, md);
+    values_[static_cast<size_t>(dst)].md = md;
+    const Eltwise& a = op.acts[k];
+    dnnl::eltwise_forward::primitive_desc pd(
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, a.alg, md, a.alpha,
+                                    a.beta),
+        user_scratchpad_attr(), engine());
+    Step s;
+    s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, dst, std::nullopt}};
+    s.reads = {src};
+    s.dst = dst;
+    s.reuse = src;
+    finish_step(std::move(s), pd, dnnl::eltwise_forward(pd), "eltwise", op.nodes);
+    src = dst;
+  }
+}
+
+void Plan::build_binary(const Op& op) {
+  int a = op.src, b = op.src2;
+  const Shape& y = values_[static_cast<size_t>(op.dst)].dims;
+  if (values_[static_cast<size_t>(a)].dims != y) std::swap(a, b);  // Add and Mul commute
+  const Value& va = values_[static_cast<size_t>(a)];
+  const Value& vb = values_[static_cast<size_t>(b)];
+  // oneDNN broadcasts between equal ranks; a lower-rank operand gets leading 1s, which is a
+  // view only for plain layouts (constants always are).
+  std::optional<memory::desc> b_view;
+  if (vb.dims.size() < y.size()) {
+    DPAR_CHECK(is_plain(vb.md), program_.path, ": ", op.nodes[0], ": cannot broadcast ",
+               vb.dims, " against ", y, " in layout ", describe_layout(vb.md));
+    Shape padded(y.size() - vb.dims.size(), 1);
+    padded.insert(padded.end(), vb.dims.begin(), vb.dims.end());
+    b_view = plain_md(padded);
+  }
+  const memory::desc md_a = va.md;
+  dnnl::binary::primitive_desc pd(
+      dnnl::binary::desc(op.binary_alg, md_a, b_view ? *b_view : vb.md, md_a),
+      user_scratchpad_attr(), engine());
+  values_[static_cast<size_t>(op.dst)].md = md_a;
+  Step s;
+  s.value_args = {{DNNL_ARG_SRC_0, a, std::nullopt},
+                  {DNNL_ARG_SRC_1, b, b_view},
+                  {DNNL_ARG_DST, op.dst, std::nullopt}};
+  s.reads = {a, b};
+  s.dst = op.dst;
+  s.reuse = a;
+  finish_step(std::move(s), pd, dnnl::binary(pd), "binary", op.nodes);
+}
+
+void Plan::build_pool(const Op& op) {
+  const Value& v = values_[static_cast<size_t>(op.src)];
+  const Shape& x = v.dims;
+  const memory::desc src_md = v.md;
+  dnnl::pooling_v2_forward::primitive_desc pd(
+      dnnl::pooling_v2_forward::desc(dnnl::prop_kind::forward_inference,
+                                     dnnl::algorithm::pooling_avg_exclude_padding, src_md,
+                                     memory::desc({x[0], x[1], 1, 1}, kF32, tag::any), {1, 1},
+                                     {x[2], x[3]}, {0, 0}, {0, 0}, {0, 0}),
+      user_scratchpad_attr(), engine());
+  values_[static_cast<size_t>(op.dst)].md = pd.dst_desc();
+  Step s;
+  s.value_args = {{DNNL_ARG_SRC, op.src, std::nullopt}, {DNNL_ARG_DST, op.dst, std::nullopt}};
+  s.reads = {op.src};
+  s.dst = op.dst;
+  finish_step(std::move(s), pd, dnnl::pooling_v2_forward(pd), "pooling", op.nodes);
+}
+
+void Plan::build_flatten(const Op& op) {
+  // A plain layout flattens in place; anything else is first reordered to plain.
+  const int src = to_layout(op.src, plain_md(values_[static_cast<size_t>(op.src)].dims));
+  const Shape& y = values_[static_cast<size_t>(op.dst)].dims;
+  values_[static_cast<size_t>(op.dst)].md = plain_md(y);
+  Step s;
+  s.reads = {src};
+  s.dst = op.dst;
+  s.reuse = src;
+  s.reuse_required = true;
+  s.view = true;
+  s.text = "view " + shape_str(y) + " <- " + op.nodes[0];
+  steps_.push_back(std::move(s));
+}
+
+void Plan::build_softmax(const Op& op) {
+  const Shape& x = values_[static_cast<size_t>(op.src)].dims;
+  const int64_t r = static_cast<int64_t>(x.size());
+  int src = op.src;
+  memory::desc md = values_[static_cast<size_t>(src)].md;
+  int axis = static_cast<int>(op.axis < 0 ? op.axis + r : op.axis);
+  std::optional<memory::desc> view;
+  if (op.softmax_coerce_2d) {
+    // Before opset 13, Softmax normalises over all dimensions from axis on, as one.
+    src = to_layout(src, plain_md(x));
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < r; ++d) (d < axis ? outer : inner) *= x[static_cast<size_t>(d)];
+    view = md = plain_md({outer, inner});
+    axis = 1;
+  }
+  dnnl::softmax_forward::primitive_desc pd(
+      dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, md, axis),
+      user_scratchpad_attr(), engine());
+  values_[static_cast<size_t>(op.dst)].md = values_[static_cast<size_t>(src)].md;
+  Step s;
+  s.value_args = {{DNNL_ARG_SRC, src, view}, {DNNL_ARG_DST, op.dst, view}};
+  s.reads = {src};
+  s.dst = op.dst;
+  s.reuse = src;
+  finish_step(std::move(s), pd, dnnl::softmax_forward(pd), "softmax", op.nodes);
+}
+
+void Plan::finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::primitive prim,
+                       const std::string& what, const std::vector<std::string>& nodes) {
+  step.prim = std::move(prim);
+  step.scratchpad_md = pd.scratchpad_desc();
+  scratchpad_bytes_ = std::max(scratchpad_bytes_, step.scratchpad_md.get_size());
+  std::string text = what + " " + pd.impl_info_str() + " " +
+                     shape_str(values_[static_cast<size_t>(step.dst)].dims) + " " +
+                     describe_layout(values_[static_cast<size_t>(step.dst)].md) + " <-";
+  for (size_t i = 0; i < nodes.size(); ++i) text += (i ? " + " : " ") + nodes[i];
+  step.text = std::move(text);
+  steps_.push_back(std::move(step));
+}
+
+}  // namespace dpar::infer::detail

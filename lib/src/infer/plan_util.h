@@ -1,0 +1,27 @@
+#pragma once
+// Small oneDNN helpers shared by the planner's files.
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+
+#include "dpar/tensor/tensor.h"
+
+namespace dpar::infer::detail {
+
+inline constexpr auto kF32 = dnnl::memory::data_type::f32;
+
+dnnl::engine& engine();
+dnnl::stream& stream();
+
+// Row-major (NCHW for 4-D) layout of dims.
+dnnl::memory::desc plain_md(const Shape& dims);
+// True when md's bytes are laid out row-major over its logical dims (strides of size-1
+// dimensions do not matter), so a plain descriptor of any compatible shape views them.
+bool is_plain(const dnnl::memory::desc& md);
+// "nchw", "nhwc", "nChw8c", "nc", ...
+std::string describe_layout(const dnnl::memory::desc& md);
+// oneDNN's reference kernels are its slow fallback ("ref:any").
+bool is_reference(const std::string& impl);
+// Scratchpads are supplied by the plan (one buffer for all steps), never allocated per call.
+dnnl::primitive_attr user_scratchpad_attr();
+
+}  // namespace dpar::infer::detail

@@ -1,0 +1,228 @@
+// dpar::infer::Model: loading (parse, validate, lower), metadata, and the per-shape plan cache.
+#include "dpar/infer/runtime.h"
+
+#include <omp.h>
+
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "infer/graph.h"
+#include "infer/plan.h"
+
+namespace dpar::infer {
+
+using detail::Plan;
+using detail::Program;
+
+struct Model::Impl {
+  ModelInfo info;
+  Program program;
+  detail::WeightCache weights;
+  std::map<std::pair<Shape, int>, std::unique_ptr<Plan>> plans;  // (input shape, threads)
+  std::mutex mutex;
+  int threads = 0;
+
+  // Call with mutex held and the thread count in effect.
+  Plan& plan_for(const Shape& shape) {
+    const auto key = std::make_pair(shape, omp_get_max_threads());
+    auto it = plans.find(key);
+    if (it != plans.end()) return *it->second;
+    // Plans hold buffers sized for their batch; a caller cycling through many shapes should
+    // not accumulate them without bound.
+    if (plans.size() >= 16) plans.clear();
+    auto plan = std::make_unique<Plan>(program, weights, shape);
+    return *plans.emplace(key, std::move(plan)).first->second;
+  }
+
+  void check_input(const Tensor& x) const {
+    DPAR_CHECK(x.defined(), info.path, ": run() got an undefined tensor");
+    DPAR_CHECK(x.device().is_cpu(), info.path, ": inference runs on the CPU, got a tensor on ",
+               x.device().str());
+    DPAR_CHECK(x.dtype() == DType::f32, info.path, ": expected a float32 input, got ",
+               dtype_name(x.dtype()));
+    const Shape& want = program.input_dims;
+    if (want.empty()) return;
+    bool ok = x.dim() == static_cast<int64_t>(want.size());
+    for (size_t d = 0; ok && d < want.size(); ++d) ok = want[d] < 0 || want[d] == x.shape()[d];
+    std::string expected = "[";
+    for (size_t d = 0; d < want.size(); ++d) {
+      if (d) expected.append(",");
+      expected.append(want[d] >= 0 ? std::to_string(want[d]) : d == 0 ? "N" : "?");
+    }
+    DPAR_CHECK(ok, info.path, ": the model expects input ", expected, "], got ", x.shape());
+    for (int64_t d : x.shape()) DPAR_CHECK(d > 0, info.path, ": empty input ", x.shape());
+  }
+};
+
+namespace {
+
+// Scoped per-model thread count; omp_set_num_threads only affects the calling thread.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int n) : previous_(omp_get_max_threads()), active_(n > 0) {
+    if (active_) omp_set_num_threads(n);
+  }
+  ~ThreadScope() {
+    if (active_) omp_set_num_threads(previous_);
+  }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int previous_;
+  bool active_;
+};
+
+std::vector<float> parse_floats(const std::string& path, const std::string& key,
+                                std::string text) {
+  for (char& c : text) {
+    if (c == '[' || c == ']' || c == ',') c = ' ';
+  }
+  std::istringstream in(text);
+  std::vector<float> out;
+  float v;
+  while (in >> v) out.push_back(v);
+  DPAR_CHECK(in.eof() && !out.empty(), path, ": metadata '", key, "' = '", text,
+             "' is not a list of numbers");
+  return out;
+}
+
+std::array<float, 3> three(const std::string& path, const std::string& key,
+                           const std::string& text) {
+  const std::vector<float> v = parse_floats(path, key, text);
+  DPAR_CHECK(v.size() == 1 || v.size() == 3, path, ": metadata '", key, "' = '", text,
+             "' should have 1 or 3 values");
+  return v.size() == 3 ? std::array<float, 3>{v[0], v[1], v[2]}
+                       : std::array<float, 3>{v[0], v[0], v[0]};
+}
+
+std::vector<std::string> parse_names(const std::string& path, const std::string& text) {
+  std::vector<std::string> names;
+  if (!text.empty() && text.front() == '[') {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      DPAR_FAIL(path, ": metadata 'class_names' is not valid JSON: ", e.what());
+    }
+    DPAR_CHECK(j.is_array(), path, ": metadata 'class_names' should be a JSON array");
+    for (const auto& item : j) names.push_back(item.is_string() ? item.get<std::string>()
+                                                                : item.dump());
+    return names;
+  }
+  const char sep = text.find('\n') != std::string::npos ? '\n' : ',';
+  std::istringstream in(text);
+  for (std::string name; std::getline(in, name, sep);) names.push_back(name);
+  return names;
+}
+
+ModelInfo make_info(const detail::Graph& g, const Program& p) {
+  ModelInfo info;
+  info.path = g.path;
+  info.producer = g.producer;
+  info.ir_version = g.ir_version;
+  info.opset = g.opset;
+  info.input_name = g.inputs[0].name;
+  info.output_name = g.outputs[0];
+  info.input_shape = p.input_dims;
+  info.metadata = g.metadata;
+  info.num_nodes = static_cast<int64_t>(g.nodes.size());
+  auto meta = [&](std::initializer_list<const char*> keys) -> const std::string* {
+    for (const char* k : keys) {
+      auto it = g.metadata.find(k);
+      if (it != g.metadata.end() && !it->second.empty()) return &it->second;
+    }
+    return nullptr;
+  };
+  // Exporters name graphs generically ("torch_jit", "main_graph"); the file name says more.
+  const bool generic = g.name.empty() || g.name == "torch_jit" || g.name == "main_graph";
+  if (const std::string* name = meta({"model_name", "name"})) {
+    info.name = *name;
+  } else {
+    info.name = generic ? std::filesystem::path(g.path).stem().string() : g.name;
+  }
+  if (p.input_dims.size() == 4 && p.input_dims[2] > 0 && p.input_dims[3] > 0) {
+    info.input_height = p.input_dims[2];
+    info.input_width = p.input_dims[3];
+  }
+  const std::string* size = meta({"input_size"});
+  if (size && *size != "dynamic") {
+    const std::vector<float> v = parse_floats(g.path, "input_size", *size);
+    info.input_height = static_cast<int64_t>(v.size() >= 2 ? v[v.size() - 2] : v[0]);
+    info.input_width = static_cast<int64_t>(v.back());
+  }
+  if (const std::string* resize = meta({"resize_size"})) {
+    info.resize_size = static_cast<int64_t>(parse_floats(g.path, "resize_size", *resize)[0]);
+  }
+  if (const std::string* mean = meta({"mean", "normalize_mean"})) {
+    info.mean = three(g.path, "mean", *mean);
+  }
+  if (const std::string* std = meta({"std", "normalize_std"})) {
+    info.std = three(g.path, "std", *std);
+  }
+  if (const std::string* names = meta({"class_names", "labels"})) {
+    info.class_names = parse_names(g.path, *names);
+  }
+  for (const auto& op : p.ops) {
+    if (op.dst == p.output) info.outputs_probabilities = op.kind == detail::OpKind::Softmax;
+  }
+  return info;
+}
+
+}  // namespace
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+Model Model::load(const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  const detail::Graph graph = detail::load_onnx(path);
+  impl->program = detail::lower(graph);
+  impl->info = make_info(graph, impl->program);
+  return Model(std::move(impl));
+}
+
+const ModelInfo& Model::info() const { return impl_->info; }
+
+Tensor Model::run(const Tensor& input) {
+  impl_->check_input(input);
+  const Tensor x = input.is_contiguous() ? input : input.contiguous();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  ThreadScope threads(impl_->threads);
+  return impl_->plan_for(x.shape()).run(x);
+}
+
+void Model::prepare(const Shape& input_shape) {
+  impl_->check_input(Tensor::empty(input_shape));
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  ThreadScope threads(impl_->threads);
+  impl_->plan_for(input_shape);
+}
+
+std::vector<std::string> Model::plan_summary(const Shape& input_shape) {
+  impl_->check_input(Tensor::empty(input_shape));
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  ThreadScope threads(impl_->threads);
+  return impl_->plan_for(input_shape).summary();
+}
+
+void Model::set_num_threads(int n) {
+  DPAR_CHECK(n >= 0, "infer::Model::set_num_threads: expected >= 0 (0 = process default), got ",
+             n);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->threads = n;
+}
+
+int Model::num_threads() const { return impl_->threads > 0 ? impl_->threads : omp_get_max_threads(); }
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch);
+}
+
+}  // namespace dpar::infer

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Bad checkpoints and resume flags: one clear line on stderr, a non-zero exit, no crash, and
+# the files involved left exactly as they were. Also --device gpu / --amp on this CPU build
+# and --test-only.
+# Usage: checkpoint_errors.sh <train>
+set -uo pipefail
+train=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+small=(--limit-train 128 --limit-val 16 --batch-size 32 --epochs 1 --img-size 32 --threads 1
+       --workers 0 --print-freq 100)
+
+# expect <exit code> <text in stderr> [max stderr lines] -- train args...
+expect() {
+  local code=$1 text=$2 max_lines=1
+  shift 2
+  if [ "$1" != "--" ]; then max_lines=$1; shift; fi
+  shift
+  "$train" "$@" >"$work/out" 2>"$work/err"
+  local got=$? lines
+  lines=$(wc -l <"$work/err")
+  if [ "$got" -ne "$code" ] || ! grep -qF -- "$text" "$work/err" || [ "$lines" -gt "$max_lines" ] ||
+     [ "$lines" -eq 0 ]; then
+    echo "FAIL: train $* -> exit $got (want $code), stderr ($lines lines, want '$text'):"
+    cat "$work/err"
+    fail=1
+  else
+    echo "ok: exit $got: $(tail -1 "$work/err" | cut -c1-220)"
+  fi
+}
+unchanged() {  # unchanged <what> <file> <copy>
+  if cmp -s "$2" "$3"; then echo "ok: $1 left untouched"; else echo "FAIL: $1 was modified"; fail=1; fi
+}
+
+# Checkpoints to work with: a small model (one per step, kept), and a large one.
+"$train" "${small[@]}" --checkpoint-dir "$work/ck" --step-interval 1 --max-num-checkpoints 0 \
+  --output-dir "$work/weights" >"$work/setup.out" 2>&1 || { echo "setup run failed"; cat "$work/setup.out"; exit 1; }
+"$train" "${small[@]}" --limit-train 32 --model mobilenet_v3_large --checkpoint-dir "$work/ck_large" \
+  >"$work/setup_large.out" 2>&1 || { echo "setup run (large) failed"; cat "$work/setup_large.out"; exit 1; }
+ls "$work/ck"
+
+expect 1 "--resume $work/none.ckpt: no such file or directory" -- "${small[@]}" --resume "$work/none.ckpt"
+expect 2 "--resume auto needs --checkpoint-dir" -- "${small[@]}" --resume auto
+expect 2 "--pretrained and --resume exclude each other" -- "${small[@]}" --resume auto \
+  --checkpoint-dir "$work/ck" --pretrained "$work/ck/best.ckpt"
+expect 2 "--test-only needs --pretrained or --resume" -- "${small[@]}" --test-only
+
+# A flipped bit: the checksum catches it, and the file stays as it was.
+cp "$work/ck/step_2.ckpt" "$work/bad.ckpt"
+printf '\x55' | dd of="$work/bad.ckpt" bs=1 seek=$(($(stat -c %s "$work/bad.ckpt") - 40)) conv=notrunc status=none
+cp "$work/bad.ckpt" "$work/bad.copy"
+expect 1 "checkpoint $work/bad.ckpt is corrupt: checksum" -- "${small[@]}" --resume "$work/bad.ckpt"
+unchanged "the corrupt checkpoint" "$work/bad.ckpt" "$work/bad.copy"
+
+# A torn (truncated) file.
+head -c 20 "$work/ck/step_2.ckpt" >"$work/torn.ckpt"
+expect 1 "torn.ckpt: header length" -- "${small[@]}" --resume "$work/torn.ckpt"
+head -c 6000000 "$work/ck/step_2.ckpt" >"$work/torn.ckpt"
+expect 1 "(truncated?)" -- "${small[@]}" --resume "$work/torn.ckpt"
+
+# Another model: the mismatches are listed, for --resume and for --pretrained alike.
+expect 1 "holds a mobilenet_v3_large model that does not fit this MobileNetV3 (nothing was loaded):" -- \
+  "${small[@]}" --resume "$work/ck_large/model_0.ckpt"
+grep -qE "missing from the checkpoint \(features\..*unexpected \(features\..*mis-shaped \(" "$work/err" &&
+  echo "ok: the mismatches are listed by name" || { echo "FAIL: no list of mismatches"; fail=1; }
+expect 1 "does not fit this MobileNetV3" -- "${small[@]}" --pretrained "$work/ck_large/model_0.ckpt"
+
+# A plain weights file is not a checkpoint (but is fine as --pretrained).
+expect 1 "is not a dpar checkpoint" -- "${small[@]}" --resume "$work/weights/mobilenet_v3_small.safetensors"
+
+# Continuing with another seed, or mid-epoch with another batch size, cannot be exact.
+expect 2 "resume with --seed 0" -- "${small[@]}" --resume "$work/ck/step_2.ckpt" --seed 9
+expect 2 "stopped inside epoch 0 (step 2)" -- "${small[@]}" --resume "$work/ck/step_2.ckpt" --batch-size 16
+
+# A fresh start must not overwrite an earlier run's checkpoints.
+(cd "$work/ck" && md5sum ./*) >"$work/before.md5"
+expect 1 "already holds 6 checkpoint(s)" -- "${small[@]}" --checkpoint-dir "$work/ck"
+(cd "$work/ck" && md5sum ./*) >"$work/after.md5"
+unchanged "the earlier run's checkpoint directory" "$work/before.md5" "$work/after.md5"
+
+# Every checkpoint in the directory unusable: a warning per file, then the error.
+mkdir "$work/allbad"
+cp "$work/bad.ckpt" "$work/allbad/step_1.ckpt"
+cp "$work/torn.ckpt" "$work/allbad/step_2.ckpt"
+expect 1 "no valid checkpoint in $work/allbad: 2 file(s), all unusable" 3 -- "${small[@]}" \
+  --checkpoint-dir "$work/allbad" --resume auto
+
+# --device gpu and --amp on this CPU build: accepted, reported, fp32 on the CPU. With
+# --test-only the checkpoint is evaluated and nothing is trained.
+if "$train" "${small[@]}" --test-only --resume "$work/ck/latest.ckpt" --device gpu --amp \
+  >"$work/out" 2>"$work/err"; then
+  for text in "--device gpu: dpar was built without CUDA; training on cpu" \
+    "--amp is not supported on CPU; training in fp32" "resumed from $work/ck/latest.ckpt" \
+    "[Eval][Epoch 0][Avg] loss:"; do
+    grep -qF -- "$text" "$work/out" && echo "ok: $text" || { echo "FAIL: no '$text'"; cat "$work/out"; fail=1; }
+  done
+  grep -q "^\[Epoch" "$work/out" && { echo "FAIL: --test-only trained"; fail=1; }
+else
+  echo "FAIL: --test-only --device gpu --amp exited non-zero"; cat "$work/err"; fail=1
+fi
+expect 2 "--device=tpu: expected cpu or gpu" -- "${small[@]}" --device tpu
+exit $fail

@@ -1,0 +1,266 @@
+// dpar::infer against PyTorch eval outputs on models torch.onnx.export wrote
+// (fixtures_infer.py): MobileNetV3-small with BatchNorm folded by the exporter or left for the
+// runtime to fold, a small net covering every supported op and fusion, and the rejection of
+// unsupported, incomplete, truncated and corrupt files.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dpar/infer/runtime.h"
+#include "mobilenetv3/model/mobilenet_v3_onnx.h"
+#include "parity/parity_util.h"
+
+namespace {
+
+using namespace dpar;
+using parity::check_close;
+using parity::ErrorTable;
+using parity::Fixture;
+
+constexpr double kTolerance = 1e-4;
+
+std::string model_path(const std::string& name) {
+  return parity::fixture_dir() + "/infer/" + name;
+}
+
+// The message of the dpar::Error that fn throws ("" if it throws none).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string write_temp(const std::string& name, const std::string& bytes) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("dpar_infer_" + name)).string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+int count_steps(const std::vector<std::string>& plan, const std::string& prefix) {
+  int n = 0;
+  for (const std::string& line : plan) n += line.rfind(prefix, 0) == 0;
+  return n;
+}
+
+TEST_CASE("MobileNetV3-small exported by torch matches PyTorch eval at batch 1 and 4") {
+  const Fixture ref("infer/mobilenet.safetensors");
+  infer::Model model = infer::Model::load(model_path("mobilenet_v3_small.onnx"));
+  const infer::ModelInfo& info = model.info();
+  CHECK(info.name == "mobilenet_v3_small");
+  CHECK(info.input_height == 224);
+  CHECK(info.input_width == 224);
+  CHECK(info.resize_size == 0);
+  CHECK(info.input_shape == Shape{-1, 3, 224, 224});
+  CHECK(info.class_names.size() == 1000);
+  CHECK(info.class_names.at(7) == "class_7");
+  CHECK(info.std[2] == Approx(0.225f));
+  CHECK_FALSE(info.outputs_probabilities);
+  CHECK(info.opset == 14);
+
+  ErrorTable table;
+  for (int threads : {1, 2}) {
+    model.set_num_threads(threads);
+    const std::string t = " threads=" + std::to_string(threads);
+    check_close(model.run(ref["x1"]), ref["logits1"], kTolerance, "logits batch 1" + t, table,
+                "mobilenet logits");
+    check_close(model.run(ref["x4"]), ref["logits4"], kTolerance, "logits batch 4" + t, table,
+                "mobilenet logits");
+  }
+  // Back to a shape planned before: the cached plan gives bitwise the same answer.
+  model.set_num_threads(1);
+  const std::vector<float> a = model.run(ref["x1"]).to_float_vector();
+  model.run(ref["x4"]);
+  CHECK(model.run(ref["x1"]).to_float_vector() == a);
+  // A batch-1 slice of the batch-4 input through the batch-1 plan.
+  check_close(model.run(ref["x4"].slice(0, 2, 3)), ref["logits4"].slice(0, 2, 3), kTolerance,
+              "logits batch 4, row 2 alone", table, "mobilenet logits");
+
+  // Every activation, every residual Add and BN is fused: 52 convolutions, 10 average pools,
+  // 9 SE multiplies, 2 inner products, the Flatten view, and nothing else.
+  const std::vector<std::string> plan = model.plan_summary({1, 3, 224, 224});
+  INFO([&] {
+    std::string s;
+    for (const auto& line : plan) s += line + "\n";
+    return s;
+  }());
+  CHECK(count_steps(plan, "conv ") == 52);
+  CHECK(count_steps(plan, "pooling ") == 10);
+  CHECK(count_steps(plan, "binary ") == 9);
+  CHECK(count_steps(plan, "inner_product ") == 2);
+  CHECK(count_steps(plan, "eltwise ") == 0);
+  CHECK(plan.size() <= 52 + 10 + 9 + 2 + 1 + 2);  // at most a reorder of the input and one more
+  for (const std::string& line : plan) CHECK(line.find("ref:") == std::string::npos);
+  table.print("infer mobilenet_v3_small");
+}
+
+TEST_CASE("BatchNormalization nodes are folded at load; appended Softmax gives probabilities") {
+  const Fixture ref("infer/mobilenet.safetensors");
+  infer::Model model = infer::Model::load(model_path("mobilenet_v3_small_bn.onnx"));
+  CHECK(model.info().outputs_probabilities);
+  CHECK(model.info().name == "mobilenet_v3_small_bn");  // no metadata: the file name
+  CHECK(model.info().class_names.empty());
+  ErrorTable table;
+  check_close(model.run(ref["x1"]), ref["probs1"], kTolerance, "probs batch 1", table, "probs");
+  check_close(model.run(ref["x4"]), ref["probs4"], kTolerance, "probs batch 4", table, "probs");
+  const std::vector<std::string> plan = model.plan_summary({4, 3, 224, 224});
+  CHECK(count_steps(plan, "conv ") == 52);
+  CHECK(count_steps(plan, "softmax ") == 1);
+  CHECK(count_steps(plan, "eltwise ") == 0);
+  int bn_fused = 0;
+  for (const std::string& line : plan) {
+    for (size_t p = line.find("BatchNormalization '"); p != std::string::npos;
+         p = line.find("BatchNormalization '", p + 1)) {
+      ++bn_fused;
+    }
+    if (line.find("BatchNormalization") != std::string::npos) CHECK(line.rfind("conv ", 0) == 0);
+  }
+  CHECK(bn_fused == 34);
+  table.print("infer mobilenet_v3_small with BatchNormalization nodes");
+}
+
+TEST_CASE("every supported op and fusion pattern matches PyTorch (opset 14 and 12)") {
+  const Fixture ref("infer/ops.safetensors");
+  ErrorTable table;
+  for (const char* file : {"ops.onnx", "ops_opset12.onnx"}) {
+    infer::Model model = infer::Model::load(model_path(file));
+    check_close(model.run(ref["x"]), ref["y"], kTolerance, std::string(file) + " batch 2", table,
+                "ops net");
+    check_close(model.run(ref["x"].slice(0, 1, 2)), ref["y"].slice(0, 1, 2), kTolerance,
+                std::string(file) + " batch 1", table, "ops net");
+    // Channels-last input: the runtime takes any layout.
+    check_close(model.run(ref["x"].contiguous(MemoryFormat::ChannelsLast)), ref["y"], kTolerance,
+                std::string(file) + " channels-last input", table, "ops net");
+    const std::vector<std::string> plan = model.plan_summary({2, 3, 20, 24});
+    std::string all;
+    for (const auto& line : plan) all += line + "\n";
+    INFO(all);
+    // The residual sum is fused into the later of the two convolutions feeding it, and the
+    // ReLU after the sum with it.
+    CHECK(all.find("Add") != std::string::npos);
+    CHECK(count_steps(plan, "conv ") == 7);
+    CHECK(count_steps(plan, "inner_product ") == 2);
+  }
+  table.print("infer ops net");
+}
+
+// Moves BatchNorm statistics / affine parameters and biases off their init values (1, 0) so
+// that folding them is actually exercised.
+void perturb(nn::Module& model) {
+  NoGradGuard no_grad;
+  Generator gen(11);
+  auto fill = [&](Tensor& t, float lo, float hi, bool normal) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (float& x : v) x = normal ? lo + hi * gen.normal() : lo + (hi - lo) * gen.uniform();
+    t.copy_(Tensor::from_vector(v, t.shape()));
+  };
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (auto& [name, t] : model.named_buffers()) {
+    if (ends_with(name, "running_mean")) fill(t, 0.f, 0.1f, true);
+    if (ends_with(name, "running_var")) fill(t, 0.5f, 1.5f, false);
+  }
+  for (auto& [name, t] : model.named_parameters()) {
+    if (t.dim() == 1 && ends_with(name, "weight")) fill(t, 0.5f, 1.5f, false);
+    if (ends_with(name, "bias")) fill(t, 0.f, 0.05f, true);
+  }
+}
+
+TEST_CASE("dpar's own ONNX export (io::export_onnx) runs on dpar::infer like the eager model") {
+  manual_seed(5);
+  auto model = models::mobilenet_v3_small(10);
+  perturb(*model);
+  model->eval();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "dpar_test_infer_export").string();
+  io::OnnxExportOptions options;
+  options.model_name = "mobilenet_v3_small";
+  options.height = options.width = 96;
+  options.class_names = {"t-shirt", "trouser", "pullover", "dress", "coat",
+                         "sandal",  "shirt",   "sneaker",  "bag",   "ankle boot"};
+  models::export_mobilenet_v3(*model, dir, options);
+  infer::Model runtime = infer::Model::load(dir + "/inference.onnx");
+  std::filesystem::remove_all(dir);
+  const infer::ModelInfo& info = runtime.info();
+  CHECK(info.name == "mobilenet_v3_small");
+  CHECK(info.input_height == 96);
+  CHECK(info.resize_size == 96 * 256 / 224);
+  CHECK(info.outputs_probabilities);
+  CHECK(info.class_names == options.class_names);
+
+  Generator gen(2);
+  std::vector<float> xv(3 * 3 * 96 * 96);
+  for (float& v : xv) v = gen.normal();
+  const Tensor x = Tensor::from_vector(xv, {3, 3, 96, 96});
+  Tensor expected;
+  {
+    NoGradGuard no_grad;
+    expected = softmax(model->forward(x), 1);
+  }
+  ErrorTable table;
+  check_close(runtime.run(x), expected, kTolerance, "probs batch 3", table, "export -> infer");
+  check_close(runtime.run(x.slice(0, 1, 2)), expected.slice(0, 1, 2), kTolerance,
+              "probs batch 1", table, "export -> infer");
+  const std::vector<std::string> plan = runtime.plan_summary({3, 3, 96, 96});
+  CHECK(count_steps(plan, "conv ") == 52);
+  CHECK(count_steps(plan, "eltwise ") == 0);
+  table.print("infer on dpar's export");
+}
+
+TEST_CASE("unsupported ops are rejected, all named in one error") {
+  const std::string path = model_path("unsupported.onnx");
+  const std::string err = error_of([&] { infer::Model::load(path); });
+  INFO(err);
+  CHECK(err.find(path + ": unsupported ONNX ops: Resize (node 'up'), LSTM (node 'lstm_1'), "
+                        "com.microsoft:FusedConv (node 'fc')") == 0);
+}
+
+TEST_CASE("a missing initializer is named with the node that needs it") {
+  const std::string err = error_of([&] { infer::Model::load(model_path("missing_init.onnx")); });
+  INFO(err);
+  CHECK(err.find("missing_init.onnx: missing tensors") != std::string::npos);
+  CHECK(err.find("'w_missing' (input 1 of Conv 'conv1')") != std::string::npos);
+}
+
+TEST_CASE("truncated and corrupt ONNX files give a clear error naming the file") {
+  const std::string good = read_bytes(model_path("mobilenet_v3_small.onnx"));
+  REQUIRE(good.size() > 1000000);
+  for (size_t keep : {size_t{0}, size_t{7}, size_t{5000}, good.size() / 2, good.size() - 1}) {
+    const std::string path = write_temp("truncated.onnx", good.substr(0, keep));
+    const std::string err = error_of([&] { infer::Model::load(path); });
+    INFO("kept " << keep << " of " << good.size() << " bytes: " << err);
+    CHECK(err.rfind(path + ": ", 0) == 0);
+    std::filesystem::remove(path);
+  }
+  std::string garbage(4096, '\0');
+  for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<char>((i * 7919) % 251);
+  const std::string path = write_temp("garbage.onnx", garbage);
+  const std::string err = error_of([&] { infer::Model::load(path); });
+  INFO(err);
+  CHECK(err.rfind(path + ": not ", 0) == 0);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("inputs that do not fit the model are rejected") {
+  infer::Model model = infer::Model::load(model_path("mobilenet_v3_small.onnx"));
+  std::string err = error_of([&] { model.run(Tensor::zeros({1, 1, 224, 224})); });
+  CHECK(err.find("expects input [N,3,224,224], got [1,1,224,224]") != std::string::npos);
+  err = error_of([&] { model.run(Tensor::zeros({3, 224, 224})); });
+  CHECK(err.find("expects input [N,3,224,224], got [3,224,224]") != std::string::npos);
+  err = error_of([&] { model.run(Tensor::zeros({1, 3, 224, 224}, DType::i64)); });
+  CHECK(err.find("expected a float32 input") != std::string::npos);
+}
+
+}  // namespace
