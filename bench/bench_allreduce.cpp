@@ -4,7 +4,11 @@
 // size both ranks time dpar's `default_group().allreduce({t})->wait()` and a plain
 // gloo::allreduce on a second Gloo context rendezvoused through the same store and bound to
 // the same address, alternating the two so they share the machine's noise. Rank 0 prints
-// ours, the peer (raw Gloo) and the ratio per size.
+// ours, the peer (raw Gloo) and the ratio per size. --diag adds voluntary context switches and
+// CPU time per call: dpar's extra cost over raw Gloo is thread hand-offs, each a context switch.
+// On a busy machine every wake-up may wait for a time slice, which swamps the comparison;
+// `chrt -f 10 bench_allreduce` (as root; the ranks inherit it) keeps other work from delaying
+// both sides.
 #include <arpa/inet.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>

@@ -1,10 +1,11 @@
 """PyTorch peer for bench_infer: MobileNetV3-small eval forward latency.
 
 Measures eager mode and TorchScript (trace + freeze + optimize_for_inference). Prints one JSON
-line: {"eager_ms": ..., "frozen_ms": ..., "batch": ..., "threads": ...} (ms per batch).
+line: {"eager_ms": ..., "frozen_ms": ..., "batch": ..., "threads": ...} (median ms per batch).
 """
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -12,13 +13,17 @@ import torchvision
 
 
 def timed(fn, x, warmup, iters):
+    """Median of per-run times in ms: robust to other processes stealing the core now and then
+    (bench_infer times dpar the same way)."""
     with torch.no_grad():
         for _ in range(warmup):
             fn(x)
-        t0 = time.perf_counter()
+        times = []
         for _ in range(iters):
+            t0 = time.perf_counter()
             fn(x)
-    return (time.perf_counter() - t0) / iters * 1e3
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
 
 
 def main():

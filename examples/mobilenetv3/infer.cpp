@@ -48,7 +48,8 @@ std::string find_model(const std::string& dir) {
 
 bool is_image_file(const fs::path& p) {
   std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp";
 }
 
@@ -107,29 +108,46 @@ std::string topk_text(const std::vector<int64_t>& order, const std::vector<doubl
 int main(int argc, char** argv) {
   return run_main("infer", [&] {
     Flags flags("infer", "Classifies images with an exported ONNX model (dpar::infer, CPU)");
-    auto& model_dir = flags.add_string("model-dir", "", "export directory (inference.onnx) or .onnx file");
+    auto& model_dir =
+        flags.add_string("model-dir", "", "export directory (inference.onnx) or .onnx file");
     auto& img_path = flags.add_string("img-path", "", "an image file or a folder of images");
     auto& batch_size = flags.add_int("batch-size", 1, "images per model run");
-    auto& resize_size = flags.add_int("resize-size", 256, "shorter side before the centre crop (default: the model's metadata, else 256)");
-    auto& crop_size = flags.add_int("crop-size", 224, "centre crop side (default: the model's input size, else 224)");
+    auto& resize_size = flags.add_int(
+        "resize-size", 256,
+        "shorter side before the centre crop (default: the model's metadata, else 256)");
+    auto& crop_size = flags.add_int("crop-size", 224,
+                                    "centre crop side (default: the model's input size, else 224)");
     auto& use_gpu = flags.add_bool("use-gpu", false, "run on the GPU (needs a CUDA build)");
     auto& precision = flags.add_string("precision", "fp32", "fp32 (the only precision on the CPU)");
-    auto& cpu_threads = flags.add_int("cpu-threads", 0, "intra-op threads (0: OMP_NUM_THREADS, else all cores)");
-    auto& benchmark = flags.add_bool("benchmark", false, "print the AutoLog-style benchmark report");
-    auto& warmup = flags.add_int("warmup", 0, "untimed runs of the first batch before the timed pass");
+    auto& cpu_threads =
+        flags.add_int("cpu-threads", 0, "intra-op threads (0: OMP_NUM_THREADS, else all cores)");
+    auto& benchmark =
+        flags.add_bool("benchmark", false, "print the AutoLog-style benchmark report");
+    auto& warmup =
+        flags.add_int("warmup", 0, "untimed runs of the first batch before the timed pass");
     auto& topk = flags.add_int("topk", 1, "also print the k most likely classes when k > 1");
     flags.parse(argc, argv);
 
-    if (batch_size < 1) throw FlagError("--batch-size=" + std::to_string(batch_size) + ": expected >= 1");
-    if (cpu_threads < 0) throw FlagError("--cpu-threads=" + std::to_string(cpu_threads) + ": expected >= 0");
-    if (warmup < 0) throw FlagError("--warmup=" + std::to_string(warmup) + ": expected >= 0");
-    if (topk < 1) throw FlagError("--topk=" + std::to_string(topk) + ": expected >= 1");
+    auto at_least = [](const char* flag, int64_t value, int64_t min) {
+      if (value < min) {
+        throw FlagError(std::string("--") + flag + "=" + std::to_string(value) +
+                        ": expected >= " + std::to_string(min));
+      }
+    };
+    at_least("batch-size", batch_size, 1);
+    at_least("cpu-threads", cpu_threads, 0);
+    at_least("warmup", warmup, 0);
+    at_least("topk", topk, 1);
     if (precision != "fp32") {
       throw FlagError("--precision=" + precision + ": only fp32 is supported on the CPU");
     }
     if (use_gpu) {
-      DPAR_CHECK(!built_with_cuda(), "--use-gpu=True: no GPU found for dpar::infer (the runtime runs on the CPU in this version); use --use-gpu=False");
-      DPAR_FAIL("--use-gpu=True: dpar was built without CUDA; use --use-gpu=False or rebuild with -DDPAR_WITH_CUDA=ON");
+      DPAR_CHECK(!built_with_cuda(),
+                 "--use-gpu=True: no GPU found for dpar::infer (the runtime runs on the CPU in "
+                 "this version); use --use-gpu=False");
+      DPAR_FAIL(
+          "--use-gpu=True: dpar was built without CUDA; use --use-gpu=False or rebuild with "
+          "-DDPAR_WITH_CUDA=ON");
     }
 
     const std::string model_path = find_model(model_dir);
@@ -142,15 +160,17 @@ int main(int argc, char** argv) {
     if (!flags.was_set("resize-size") && info.resize_size > 0) resize_size = info.resize_size;
     if (!flags.was_set("crop-size") && info.input_height > 0) {
       DPAR_CHECK(info.input_height == info.input_width, model_path, ": the model takes ",
-                 info.input_height, "x", info.input_width, " images; infer makes square crops only");
+                 info.input_height, "x", info.input_width,
+                 " images; infer makes square crops only");
       crop_size = info.input_height;
     }
-    DPAR_CHECK(info.input_height <= 0 || (info.input_height == crop_size && info.input_width == crop_size),
-               "--crop-size=", crop_size, " does not fit ", model_path, ", which takes ",
-               info.input_height, "x", info.input_width, " images");
-    const data::Compose transform(
-        {std::make_shared<data::Resize>(resize_size), std::make_shared<data::CenterCrop>(crop_size)},
-        data::ToTensorNormalize(info.mean, info.std));
+    DPAR_CHECK(
+        info.input_height <= 0 || (info.input_height == crop_size && info.input_width == crop_size),
+        "--crop-size=", crop_size, " does not fit ", model_path, ", which takes ",
+        info.input_height, "x", info.input_width, " images");
+    const data::Compose transform({std::make_shared<data::Resize>(resize_size),
+                                   std::make_shared<data::CenterCrop>(crop_size)},
+                                  data::ToTensorNormalize(info.mean, info.std));
 
     const int64_t n_images = static_cast<int64_t>(images.size());
     const int64_t full = std::min<int64_t>(batch_size, n_images);
@@ -196,8 +216,8 @@ int main(int argc, char** argv) {
                  (p[static_cast<size_t>(a)] == p[static_cast<size_t>(b)] && a < b);
         });
         std::string line = "image_name: " + images[static_cast<size_t>(first + i)] +
-                           ", class_id: " + std::to_string(order[0]) + ", prob: " +
-                           format_prob(p[static_cast<size_t>(order[0])]);
+                           ", class_id: " + std::to_string(order[0]) +
+                           ", prob: " + format_prob(p[static_cast<size_t>(order[0])]);
         if (k > 1) line += topk_text(order, p, k, info.class_names);
         std::printf("%s\n", line.c_str());
       }
@@ -211,7 +231,7 @@ int main(int argc, char** argv) {
       facts.model_name = info.name;
       facts.precision = precision;
       facts.threads = model.num_threads();
-      facts.batch_size = full;
+      facts.batch_size = batch_size;
       facts.input_shape = {3, crop_size, crop_size};
       facts.images = n_images;
       facts.total_s = total_s;

@@ -19,6 +19,9 @@ BN folding would be the identity and prove nothing). Files written to DIR/infer/
   unsupported.onnx             valid graph with LSTM 'lstm_1', Resize 'up' and
                                com.microsoft FusedConv 'fc' nodes (built with onnx.helper)
   missing_init.onnx            a Conv whose weight 'w_missing' is no initializer
+  bad_shape.onnx               input [N,3,8,8] into a Conv 'conv' with weight [4,5,1,1]
+  dropout.onnx                 input [N,4] -> Dropout (ratio and training_mode=False as
+                               initializers) -> Identity -> Relu: inference computes relu(x)
   mobilenet.safetensors        x1 [1,3,224,224], x4 [4,3,224,224] ~ N(0,1); logits1, logits4;
                                probs1, probs4 (softmax of the logits)
   ops.safetensors              x [2,3,20,24]; y (OpsNet output at opset 14), y12 (same)
@@ -128,6 +131,24 @@ def bad_models(out):
     graph = helper.make_graph(nodes, "missing", [x], [y], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     onnx.save(model, os.path.join(out, "missing_init.onnx"))
+
+    w5 = helper.make_tensor("w5", TensorProto.FLOAT, [4, 5, 1, 1], [0.5] * 20)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w5"], ["y"], name="conv")],
+                              "bad_shape", [x], [y], [w5])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    onnx.save(model, os.path.join(out, "bad_shape.onnx"))
+
+    x2 = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["d"], name="drop"),
+             helper.make_node("Identity", ["d"], ["i"], name="id"),
+             helper.make_node("Relu", ["i"], ["y"], name="relu")]
+    inits = [helper.make_tensor("ratio", TensorProto.FLOAT, [], [0.5]),
+             helper.make_tensor("train", TensorProto.BOOL, [], [False])]
+    y2 = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph(nodes, "dropout", [x2], [y2], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    onnx.checker.check_model(model)
+    onnx.save(model, os.path.join(out, "dropout.onnx"))
 
 
 def main():

@@ -2,6 +2,8 @@
 // (fixtures_infer.py): MobileNetV3-small with BatchNorm folded by the exporter or left for the
 // runtime to fold, a small net covering every supported op and fusion, and the rejection of
 // unsupported, incomplete, truncated and corrupt files.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -21,9 +23,7 @@ using parity::Fixture;
 
 constexpr double kTolerance = 1e-4;
 
-std::string model_path(const std::string& name) {
-  return parity::fixture_dir() + "/infer/" + name;
-}
+std::string model_path(const std::string& name) { return parity::fixture_dir() + "/infer/" + name; }
 
 // The message of the dpar::Error that fn throws ("" if it throws none).
 template <class Fn>
@@ -42,8 +42,9 @@ std::string read_bytes(const std::string& path) {
 }
 
 std::string write_temp(const std::string& name, const std::string& bytes) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("dpar_infer_" + name)).string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("dpar_infer_" + std::to_string(getpid()) + "_" + name))
+                               .string();
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }
@@ -105,7 +106,7 @@ TEST_CASE("MobileNetV3-small exported by torch matches PyTorch eval at batch 1 a
   table.print("infer mobilenet_v3_small");
 }
 
-TEST_CASE("BatchNormalization nodes are folded at load; appended Softmax gives probabilities") {
+TEST_CASE("BatchNormalization nodes are folded at load, an appended Softmax gives probs") {
   const Fixture ref("infer/mobilenet.safetensors");
   infer::Model model = infer::Model::load(model_path("mobilenet_v3_small_bn.onnx"));
   CHECK(model.info().outputs_probabilities);
@@ -166,7 +167,8 @@ void perturb(nn::Module& model) {
     t.copy_(Tensor::from_vector(v, t.shape()));
   };
   auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   for (auto& [name, t] : model.named_buffers()) {
     if (ends_with(name, "running_mean")) fill(t, 0.f, 0.1f, true);
@@ -184,7 +186,8 @@ TEST_CASE("dpar's own ONNX export (io::export_onnx) runs on dpar::infer like the
   perturb(*model);
   model->eval();
   const std::string dir =
-      (std::filesystem::temp_directory_path() / "dpar_test_infer_export").string();
+      (std::filesystem::temp_directory_path() / ("dpar_infer_export_" + std::to_string(getpid())))
+          .string();
   io::OnnxExportOptions options;
   options.model_name = "mobilenet_v3_small";
   options.height = options.width = 96;
@@ -211,8 +214,8 @@ TEST_CASE("dpar's own ONNX export (io::export_onnx) runs on dpar::infer like the
   }
   ErrorTable table;
   check_close(runtime.run(x), expected, kTolerance, "probs batch 3", table, "export -> infer");
-  check_close(runtime.run(x.slice(0, 1, 2)), expected.slice(0, 1, 2), kTolerance,
-              "probs batch 1", table, "export -> infer");
+  check_close(runtime.run(x.slice(0, 1, 2)), expected.slice(0, 1, 2), kTolerance, "probs batch 1",
+              table, "export -> infer");
   const std::vector<std::string> plan = runtime.plan_summary({3, 3, 96, 96});
   CHECK(count_steps(plan, "conv ") == 52);
   CHECK(count_steps(plan, "eltwise ") == 0);
@@ -232,6 +235,22 @@ TEST_CASE("a missing initializer is named with the node that needs it") {
   INFO(err);
   CHECK(err.find("missing_init.onnx: missing tensors") != std::string::npos);
   CHECK(err.find("'w_missing' (input 1 of Conv 'conv1')") != std::string::npos);
+}
+
+TEST_CASE("shapes that do not fit are reported at load when the input shape is fixed") {
+  const std::string err = error_of([&] { infer::Model::load(model_path("bad_shape.onnx")); });
+  INFO(err);
+  CHECK(err.find("bad_shape.onnx: Conv 'conv': input [1,3,8,8] has 3 channels, weight "
+                 "[4,5,1,1] with group 1 needs 5") != std::string::npos);
+}
+
+TEST_CASE("inference-mode Dropout and Identity are no-ops") {
+  infer::Model model = infer::Model::load(model_path("dropout.onnx"));
+  const Tensor x =
+      Tensor::from_vector(std::vector<float>{-1.f, 2.f, -3.f, 4.f, 5.f, -6.f, 0.f, 7.f}, {2, 4});
+  CHECK(model.run(x).to_float_vector() ==
+        std::vector<float>{0.f, 2.f, 0.f, 4.f, 5.f, 0.f, 0.f, 7.f});
+  CHECK(model.plan_summary({2, 4}).size() == 1);  // the Relu alone
 }
 
 TEST_CASE("truncated and corrupt ONNX files give a clear error naming the file") {

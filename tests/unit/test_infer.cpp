@@ -1,5 +1,7 @@
 // dpar::infer::Model::load on files that are not ONNX models at all; the model-level checks
 // (parity with PyTorch, unsupported ops, truncation) are in tests/parity/test_infer_parity.cpp.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -22,7 +24,9 @@ std::string load_error(const std::string& path) {
 }
 
 std::string temp_file(const std::string& name, const std::string& bytes) {
-  const std::string path = (fs::temp_directory_path() / ("dpar_test_infer_" + name)).string();
+  const std::string path =
+      (fs::temp_directory_path() / ("dpar_test_infer_" + std::to_string(getpid()) + "_" + name))
+          .string();
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }

@@ -329,6 +329,20 @@ TEST_CASE("async: collectives run in issue order, wait and is_completed", "[proc
     for (auto& w : works) expect(w->is_completed(), "work not completed after wait");
     // (1 + 2) * 2^4: each allreduce doubles the sum of the previous one.
     expect_values(t, std::vector<double>(1000, 48.0), "five queued allreduces");
+
+    // An unbounded wait may run the queued collectives on the waiting thread; they still run
+    // in issue order, and everything issued before the waited one has completed.
+    Tensor a = Tensor::full({10}, rank + 1.0), b = Tensor::full({3000}, rank + 1.0);
+    std::vector<std::shared_ptr<Work>> queued;
+    for (int i = 0; i < 3; ++i) {
+      queued.push_back(pg.allreduce({a}, ReduceOp::Sum));
+      queued.push_back(pg.allreduce({b}, ReduceOp::Max));
+    }
+    queued.push_back(pg.barrier());
+    queued.back()->wait();
+    for (auto& w : queued) expect(w->is_completed(), "queued work not completed after wait");
+    expect_values(a, std::vector<double>(10, 12.0), "queued sums");  // (1 + 2) * 2^2
+    expect_values(b, std::vector<double>(3000, 2.0), "queued maxima");
   });
 }
 

@@ -26,9 +26,9 @@ struct Attribute {
 };
 
 struct Node {
-  std::string op;    // op type; "domain:op" outside the default domain
-  std::string name;  // node name, or "#<index>" when the file gives none
-  std::vector<std::string> inputs;   // "" marks an optional input that is left out
+  std::string op;                   // op type; "domain:op" outside the default domain
+  std::string name;                 // node name, or "#<index>" when the file gives none
+  std::vector<std::string> inputs;  // "" marks an optional input that is left out
   std::vector<std::string> outputs;
   std::map<std::string, Attribute> attrs;
 
@@ -43,7 +43,7 @@ struct Node {
 
 struct GraphValue {
   std::string name;
-  Shape dims;  // -1: dynamic
+  Shape dims;             // -1: dynamic
   int32_t elem_type = 0;  // ONNX TensorProto data type (1 = float)
 };
 
@@ -54,9 +54,9 @@ struct Graph {
   int64_t ir_version = 0;
   int64_t opset = 0;  // of the default domain
   std::vector<Node> nodes;
-  std::map<std::string, Tensor> initializers;        // f32 or i64 constants, incl. Constant nodes
+  std::map<std::string, Tensor> initializers;          // f32 or i64 constants, incl. Constant nodes
   std::map<std::string, std::string> other_constants;  // name -> dtype, for types we do not read
-  std::vector<GraphValue> inputs;  // graph inputs that are not initializers
+  std::vector<GraphValue> inputs;                      // graph inputs that are not initializers
   std::vector<std::string> outputs;
   std::map<std::string, std::string> metadata;
 };
@@ -88,10 +88,10 @@ struct Op {
   std::array<int64_t, 2> dilation{1, 1};
   std::array<int64_t, 4> pads{0, 0, 0, 0};  // top, left, bottom, right
   std::string auto_pad = "NOTSET";
-  std::vector<Eltwise> acts;                // Eltwise
+  std::vector<Eltwise> acts;  // Eltwise
   dnnl::algorithm binary_alg = dnnl::algorithm::binary_add;
-  int64_t axis = 1;                         // Flatten, Softmax
-  bool softmax_coerce_2d = false;           // opset < 13: softmax over the flattened tail
+  int64_t axis = 1;                // Flatten, Softmax
+  bool softmax_coerce_2d = false;  // opset < 13: softmax over the flattened tail
 };
 
 struct Program {
@@ -107,5 +107,14 @@ struct Program {
 // Validates the graph and lowers it. Throws one dpar::Error per problem class, listing every
 // instance (all unsupported ops, all missing tensors).
 Program lower(const Graph& graph);
+
+// The shape of every value for one input shape (constants keep theirs; 0-d becomes [1]) and
+// each op's convolution padding with auto_pad resolved. Throws dpar::Error naming the node
+// whose shapes do not fit.
+struct Shapes {
+  std::vector<Shape> dims;                        // by value id
+  std::vector<std::array<int64_t, 4>> conv_pads;  // by op: top, left, bottom, right
+};
+Shapes infer_shapes(const Program& program, const Shape& input_dims);
 
 }  // namespace dpar::infer::detail

@@ -13,11 +13,23 @@ namespace dpar::infer::detail {
 namespace {
 
 const std::set<std::string>& supported_ops() {
-  static const std::set<std::string> ops = {
-      "Conv",    "BatchNormalization", "Gemm",     "Relu",    "LeakyRelu",
-      "HardSwish", "HardSigmoid",      "Sigmoid",  "Tanh",    "Clip",
-      "Add",     "Mul",                "GlobalAveragePool", "Flatten", "Softmax",
-      "Identity", "Dropout"};
+  static const std::set<std::string> ops = {"Conv",
+                                            "BatchNormalization",
+                                            "Gemm",
+                                            "Relu",
+                                            "LeakyRelu",
+                                            "HardSwish",
+                                            "HardSigmoid",
+                                            "Sigmoid",
+                                            "Tanh",
+                                            "Clip",
+                                            "Add",
+                                            "Mul",
+                                            "GlobalAveragePool",
+                                            "Flatten",
+                                            "Softmax",
+                                            "Identity",
+                                            "Dropout"};
   return ops;
 }
 
@@ -60,6 +72,10 @@ class Lowering {
 
  private:
   void check_supported() const {
+    // Opsets before 7 gave Gemm, Add and Mul explicit broadcast attributes and BatchNormalization
+    // other outputs; the lowerings below follow opset 7 and later.
+    DPAR_CHECK(g_.opset >= 7, g_.path, ": opset ", g_.opset,
+               " is not supported (dpar::infer reads opset 7 and later)");
     std::vector<std::string> bad;
     for (const Node& n : g_.nodes) {
       if (!supported_ops().count(n.op)) bad.push_back(n.op + " (node '" + n.name + "')");
@@ -157,8 +173,8 @@ class Lowering {
   }
 
   const std::string& input_name(const Node& n, size_t k, const char* what) const {
-    DPAR_CHECK(k < n.inputs.size() && !n.inputs[k].empty(), n.label(), ": missing input ", k,
-               " (", what, ")");
+    DPAR_CHECK(k < n.inputs.size() && !n.inputs[k].empty(), n.label(), ": missing input ", k, " (",
+               what, ")");
     return n.inputs[k];
   }
 
@@ -247,8 +263,7 @@ class Lowering {
 
   float scalar(const Node& n, size_t k, const char* what) const {
     const Tensor t = constant(n, k, what);
-    DPAR_CHECK(t.numel() == 1, n.label(), ": ", what, " should be a scalar, got shape ",
-               t.shape());
+    DPAR_CHECK(t.numel() == 1, n.label(), ": ", what, " should be a scalar, got shape ", t.shape());
     return static_cast<float>(t.item());
   }
 
@@ -259,8 +274,8 @@ class Lowering {
     Tensor b;
     if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
       b = constant(n, 2, "bias", 1);
-      DPAR_CHECK(b.size(0) == o, n.label(), ": bias has ", b.size(0), " values, weight ",
-                 w.shape(), " has ", o, " output channels");
+      DPAR_CHECK(b.size(0) == o, n.label(), ": bias has ", b.size(0), " values, weight ", w.shape(),
+                 " has ", o, " output channels");
     }
     const auto kernel = n.get_ints("kernel_shape", {w.size(2), w.size(3)});
     DPAR_CHECK(kernel.size() == 2 && kernel[0] == w.size(2) && kernel[1] == w.size(3), n.label(),
@@ -346,8 +361,8 @@ class Lowering {
     for (size_t r = 0; r < rows; ++r) {
       for (size_t k = 0; k < per_row; ++k) w[r * per_row + k] *= mul[r];
     }
-    std::vector<float> b = op.bias.defined() ? op.bias.to_float_vector()
-                                             : std::vector<float>(rows, 0.f);
+    std::vector<float> b =
+        op.bias.defined() ? op.bias.to_float_vector() : std::vector<float>(rows, 0.f);
     for (size_t r = 0; r < rows; ++r) b[r] = b[r] * mul[r] + add[r];
     op.weight = Tensor::from_vector(w, op.weight.shape());
     op.bias = Tensor::from_vector(b, {static_cast<int64_t>(rows)});
@@ -374,9 +389,8 @@ class Lowering {
     if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
       const Tensor c = constant(n, 2, "C");
       const std::vector<float> cv = c.to_float_vector();
-      DPAR_CHECK(c.numel() == 1 || (c.numel() == o && c.size(-1) == o), n.label(),
-                 ": C of shape ", c.shape(), " is not supported (expected [", o, "], [1,", o,
-                 "] or a scalar)");
+      DPAR_CHECK(c.numel() == 1 || (c.numel() == o && c.size(-1) == o), n.label(), ": C of shape ",
+                 c.shape(), " is not supported (expected [", o, "], [1,", o, "] or a scalar)");
       std::vector<float> bias(static_cast<size_t>(o));
       for (size_t i = 0; i < bias.size(); ++i) bias[i] = beta * cv[cv.size() == 1 ? 0 : i];
       op.bias = Tensor::from_vector(bias, {o});

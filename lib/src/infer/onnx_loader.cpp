@@ -61,7 +61,27 @@ std::string read_external(const onnx::TensorProto& t, const std::string& model_p
   return data;
 }
 
-// f32 and i64 tensors become dpar Tensors; the caller records other types by name.
+// Booleans (Dropout's training_mode) as an i64 tensor of 0/1: one byte each in raw or
+// external data, else int32_data.
+Tensor read_bool(const onnx::TensorProto& t, const Shape& dims, int64_t numel,
+                 const std::string& path) {
+  std::vector<int64_t> values(static_cast<size_t>(numel));
+  if (t.data_location() == onnx::TensorProto::EXTERNAL || !t.raw_data().empty()) {
+    const std::string data = t.data_location() == onnx::TensorProto::EXTERNAL
+                                 ? read_external(t, path, values.size())
+                                 : t.raw_data();
+    DPAR_CHECK(data.size() == values.size(), path, ": initializer '", t.name(), "' holds ",
+               data.size(), " bytes, its shape ", dims, " needs ", values.size());
+    for (size_t i = 0; i < values.size(); ++i) values[i] = data[i] != 0;
+  } else {
+    DPAR_CHECK(t.int32_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
+               t.int32_data_size(), " values, its shape ", dims, " needs ", numel);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = t.int32_data(static_cast<int>(i)) != 0;
+  }
+  return Tensor::from_vector(values, dims);
+}
+
+// f32, i64 and bool tensors become dpar Tensors; the caller records other types by name.
 Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
   Shape dims(t.dims().begin(), t.dims().end());
   int64_t numel = 1;
@@ -72,6 +92,7 @@ Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
     DPAR_CHECK(numel <= (int64_t{1} << 40), path, ": initializer '", t.name(),
                "' is implausibly large: ", dims);
   }
+  if (t.data_type() == onnx::TensorProto::BOOL) return read_bool(t, dims, numel, path);
   const bool is_float = t.data_type() == onnx::TensorProto::FLOAT;
   const size_t elem = is_float ? sizeof(float) : sizeof(int64_t);
   const size_t nbytes = static_cast<size_t>(numel) * elem;
@@ -97,7 +118,8 @@ Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
 }
 
 bool readable_type(int32_t type) {
-  return type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::INT64;
+  return type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::INT64 ||
+         type == onnx::TensorProto::BOOL;
 }
 
 Attribute read_attribute(const onnx::AttributeProto& a) {
@@ -135,7 +157,8 @@ Tensor constant_value(const onnx::NodeProto& node, const std::string& label,
   for (const auto& a : node.attribute()) {
     if (a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR) {
       DPAR_CHECK(readable_type(a.t().data_type()), path, ": ", label, " holds a ",
-                 data_type_name(a.t().data_type()), " tensor; only FLOAT and INT64 are supported");
+                 data_type_name(a.t().data_type()),
+                 " tensor; only FLOAT, INT64 and BOOL are supported");
       return read_tensor(a.t(), path);
     }
     if (a.name() == "value_float") return Tensor::full({}, a.f());

@@ -14,7 +14,9 @@ using dnnl::memory;
 dnnl::engine& engine() { return cpu::onednn::engine(); }
 dnnl::stream& stream() { return cpu::onednn::stream(); }
 
-memory::desc plain_md(const Shape& dims) { return memory::desc(dims, kF32, contiguous_strides(dims)); }
+memory::desc plain_md(const Shape& dims) {
+  return memory::desc(dims, kF32, contiguous_strides(dims));
+}
 
 bool is_plain(const memory::desc& md) {
   const dnnl_memory_desc_t& d = md.data;
@@ -88,16 +90,14 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
   in.dims = input_dims;
   in.md = plain_md(input_dims);
   in.external = true;
+  Shapes shapes = infer_shapes(program, input_dims);
+  conv_pads_ = std::move(shapes.conv_pads);
   for (size_t v = 0; v < values_.size(); ++v) {
-    const Tensor& c = program.constants[v];
-    if (!c.defined()) continue;
-    // A 0-d constant is one value; oneDNN descriptors need at least one dimension.
-    values_[v].dims = c.dim() == 0 ? Shape{1} : c.shape();
+    values_[v].dims = std::move(shapes.dims[v]);
+    if (!program.constants[v].defined()) continue;
     values_[v].md = plain_md(values_[v].dims);
     values_[v].external = true;
-    values_[v].memory = memory(values_[v].md, engine(), c.raw_data());
   }
-  infer_shapes();
   try {
     for (const Fused& f : fuse()) {
       const Op& op = program.ops[f.op_index];
@@ -128,8 +128,8 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
     assign_buffers();
     bind();
   } catch (const dnnl::error& e) {
-    DPAR_FAIL(program.path, ": oneDNN cannot run this model for input ", input_dims, " (",
-              e.what(), ")");
+    DPAR_FAIL(program.path, ": oneDNN cannot run this model for input ", input_dims, " (", e.what(),
+              ")");
   }
   for (const Step& s : steps_) {
     summary_.push_back(s.pre_copy ? "copy residual + " + s.text : s.text);
@@ -157,8 +157,8 @@ void Plan::assign_buffers() {
     }
     if (best < 0) {  // nothing fits: grow the largest free buffer, or open a new one
       for (int b : free_list) {
-        if (best < 0 || buffer_bytes_[static_cast<size_t>(b)] >
-                            buffer_bytes_[static_cast<size_t>(best)]) {
+        if (best < 0 ||
+            buffer_bytes_[static_cast<size_t>(b)] > buffer_bytes_[static_cast<size_t>(best)]) {
           best = b;
         }
       }
@@ -222,8 +222,10 @@ void Plan::bind() {
   // The caller's input (and views of it) are bound per run; everything else now.
   auto make = [&](int v, const memory::desc& md) {
     const Value& val = values_[static_cast<size_t>(v)];
-    if (val.external && val.buffer < 0 && program_.constants[static_cast<size_t>(v)].defined()) {
-      return memory(md, engine(), program_.constants[static_cast<size_t>(v)].raw_data());
+    const size_t id = static_cast<size_t>(v);
+    // Values past the program's are the planner's temporaries, never constants.
+    if (id < program_.constants.size() && program_.constants[id].defined()) {
+      return memory(md, engine(), program_.constants[id].raw_data());
     }
     if (val.external) {
       memory m(md, engine(), nullptr);

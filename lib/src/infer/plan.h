@@ -49,8 +49,8 @@ class Plan {
     dnnl::memory memory;    // over the value's storage; bound at the end of planning
   };
   struct Arg {
-    int arg;    // DNNL_ARG_*
-    int value;  // value id
+    int arg;                               // DNNL_ARG_*
+    int value;                             // value id
     std::optional<dnnl::memory::desc> md;  // another view of the same bytes
   };
   struct Step {
@@ -60,9 +60,9 @@ class Plan {
     dnnl::memory::desc scratchpad_md;
     std::vector<int> reads;
     int dst = -1;
-    int reuse = -1;              // a read whose buffer dst may take over if it dies here
-    bool reuse_required = false;  // dst must start as a copy of `reuse` (sum post-op)
-    bool view = false;           // dst is a view of `reuse` (no computation)
+    int reuse = -1;                         // a read whose buffer dst may take over if it dies here
+    bool reuse_required = false;            // dst must start as a copy of `reuse` (sum post-op)
+    bool view = false;                      // dst is a view of `reuse` (no computation)
     std::optional<dnnl::reorder> pre_copy;  // set when a required reuse was impossible
     std::unordered_map<int, dnnl::memory> args;
     std::string text;  // for summary()
@@ -79,7 +79,6 @@ class Plan {
     std::vector<std::string> nodes;  // the ONNX nodes it computes, for summary()
   };
 
-  void infer_shapes();
   std::vector<Fused> fuse() const;
   void build_conv(const Fused& f);
   void build_gemm(const Fused& f);

@@ -1,5 +1,5 @@
-// Plan construction, per op: shape inference, fusion of activations / residual additions into
-// the producing convolution or inner product, and creation of the oneDNN primitives.
+// Plan construction, per op: fusion of activations / residual additions into the producing
+// convolution or inner product, and creation of the oneDNN primitives (shapes: shapes.cpp).
 #include <algorithm>
 
 #include "infer/plan.h"
@@ -9,94 +9,6 @@ namespace dpar::infer::detail {
 
 using dnnl::memory;
 using tag = memory::format_tag;
-
-namespace {
-
-Shape broadcast(const Shape& a, const Shape& b, bool& ok) {
-  const size_t n = std::max(a.size(), b.size());
-  Shape out(n);
-  ok = true;
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    const int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    ok = ok && (x == y || x == 1 || y == 1);
-    out[i] = std::max(x, y);
-  }
-  return out;
-}
-
-}  // namespace
-
-void Plan::infer_shapes() {
-  conv_pads_.assign(program_.ops.size(), {0, 0, 0, 0});
-  for (size_t i = 0; i < program_.ops.size(); ++i) {
-    const Op& op = program_.ops[i];
-    const std::string where = program_.path + ": " + op.nodes[0];
-    const Shape& x = values_[static_cast<size_t>(op.src)].dims;
-    Shape y = x;
-    switch (op.kind) {
-      case OpKind::Conv: {
-        const Shape& w = op.weight.shape();
-        DPAR_CHECK(x.size() == 4, where, ": expected a 4-D input [N,C,H,W], got ", x);
-        DPAR_CHECK(x[1] == w[1] * op.groups, where, ": input ", x, " has ", x[1],
-                   " channels, weight ", w, " with group ", op.groups, " needs ", w[1] * op.groups);
-        y = {x[0], w[0], 0, 0};
-        for (size_t d = 0; d < 2; ++d) {
-          const int64_t in = x[2 + d], s = op.stride[d];
-          const int64_t k = (w[2 + d] - 1) * op.dilation[d] + 1;
-          int64_t lo = op.pads[d], hi = op.pads[d + 2];
-          if (op.auto_pad == "VALID") {
-            lo = hi = 0;
-          } else if (op.auto_pad != "NOTSET") {
-            const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + k - in);
-            lo = op.auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
-            hi = total - lo;
-          }
-          DPAR_CHECK(in + lo + hi >= k, where, ": input ", x, " is smaller than the kernel ", w);
-          y[2 + d] = (in + lo + hi - k) / s + 1;
-          conv_pads_[i][d] = lo;
-          conv_pads_[i][d + 2] = hi;
-        }
-        break;
-      }
-      case OpKind::Gemm:
-        DPAR_CHECK(x.size() == 2 && x[1] == op.weight.size(1), where, ": expected input [M,",
-                   op.weight.size(1), "], got ", x);
-        y = {x[0], op.weight.size(0)};
-        break;
-      case OpKind::Eltwise:
-        break;
-      case OpKind::Binary: {
-        const Shape& b = values_[static_cast<size_t>(op.src2)].dims;
-        bool ok = false;
-        y = broadcast(x, b, ok);
-        DPAR_CHECK(ok, where, ": shapes ", x, " and ", b, " do not broadcast");
-        DPAR_CHECK(y == x || y == b, where, ": broadcasting ", x, " with ", b, " gives ", y,
-                   "; only one operand may be broadcast");
-        break;
-      }
-      case OpKind::GlobalAvgPool:
-        DPAR_CHECK(x.size() == 4, where, ": expected a 4-D input [N,C,H,W], got ", x);
-        y = {x[0], x[1], 1, 1};
-        break;
-      case OpKind::Flatten: {
-        const int64_t r = static_cast<int64_t>(x.size());
-        const int64_t axis = op.axis < 0 ? op.axis + r : op.axis;
-        DPAR_CHECK(axis >= 0 && axis <= r, where, ": axis ", op.axis, " is out of range for ", x);
-        y = {1, 1};
-        for (int64_t d = 0; d < r; ++d) y[d < axis ? 0 : 1] *= x[static_cast<size_t>(d)];
-        break;
-      }
-      case OpKind::Softmax: {
-        const int64_t r = static_cast<int64_t>(x.size());
-        DPAR_CHECK(op.axis >= -r && op.axis < r, where, ": axis ", op.axis,
-                   " is out of range for ", x);
-        break;
-      }
-    }
-    values_[static_cast<size_t>(op.dst)].dims = y;
-  }
-}
 
 std::vector<Plan::Fused> Plan::fuse() const {
   const auto& ops = program_.ops;
@@ -129,8 +41,8 @@ std::vector<Plan::Fused> Plan::fuse() const {
           // the convolution runs, and must not need broadcasting.
           const int other = c.src == cur ? c.src2 : c.src;
           const size_t o = static_cast<size_t>(other);
-          const bool ready = other == program_.input ||
-                             (producer[o] >= 0 && producer[o] < static_cast<int>(i));
+          const bool ready =
+              other == program_.input || (producer[o] >= 0 && producer[o] < static_cast<int>(i));
           if (other == cur || program_.constants[o].defined() || !ready ||
               values_[o].dims != values_[static_cast<size_t>(cur)].dims) {
             break;
@@ -221,12 +133,11 @@ void Plan::build_conv(const Fused& f) {
     const memory::dims pad_l{pads[0], pads[1]}, pad_r{pads[2], pads[3]};
     const auto prop = dnnl::prop_kind::forward_inference;
     const auto alg = dnnl::algorithm::convolution_direct;
-    auto desc = op.bias.defined()
-                    ? dnnl::convolution_forward::desc(prop, alg, src, w_any,
-                                                      memory::desc({w[0]}, kF32, tag::x), dst,
-                                                      strides, dilates, pad_l, pad_r)
-                    : dnnl::convolution_forward::desc(prop, alg, src, w_any, dst, strides,
-                                                      dilates, pad_l, pad_r);
+    auto desc = op.bias.defined() ? dnnl::convolution_forward::desc(
+                                        prop, alg, src, w_any, memory::desc({w[0]}, kF32, tag::x),
+                                        dst, strides, dilates, pad_l, pad_r)
+                                  : dnnl::convolution_forward::desc(prop, alg, src, w_any, dst,
+                                                                    strides, dilates, pad_l, pad_r);
     return dnnl::convolution_forward::primitive_desc(desc, attr, engine());
   };
   // Let oneDNN pick the source layout; if it differs from what the producer wrote, prefer a
@@ -293,8 +204,7 @@ void Plan::build_eltwise(const Op& op) {
     values_[static_cast<size_t>(dst)].md = md;
     const Eltwise& a = op.acts[k];
     dnnl::eltwise_forward::primitive_desc pd(
-        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, a.alg, md, a.alpha,
-                                    a.beta),
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, a.alg, md, a.alpha, a.beta),
         user_scratchpad_attr(), engine());
     Step s;
     s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, dst, std::nullopt}};
@@ -316,8 +226,8 @@ void Plan::build_binary(const Op& op) {
   // view only for plain layouts (constants always are).
   std::optional<memory::desc> b_view;
   if (vb.dims.size() < y.size()) {
-    DPAR_CHECK(is_plain(vb.md), program_.path, ": ", op.nodes[0], ": cannot broadcast ",
-               vb.dims, " against ", y, " in layout ", describe_layout(vb.md));
+    DPAR_CHECK(is_plain(vb.md), program_.path, ": ", op.nodes[0], ": cannot broadcast ", vb.dims,
+               " against ", y, " in layout ", describe_layout(vb.md));
     Shape padded(y.size() - vb.dims.size(), 1);
     padded.insert(padded.end(), vb.dims.begin(), vb.dims.end());
     b_view = plain_md(padded);

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -42,17 +43,21 @@ struct Model::Impl {
                x.device().str());
     DPAR_CHECK(x.dtype() == DType::f32, info.path, ": expected a float32 input, got ",
                dtype_name(x.dtype()));
+    check_shape(x.shape());
+  }
+
+  void check_shape(const Shape& shape) const {
+    for (int64_t d : shape) DPAR_CHECK(d > 0, info.path, ": empty input ", shape);
     const Shape& want = program.input_dims;
     if (want.empty()) return;
-    bool ok = x.dim() == static_cast<int64_t>(want.size());
-    for (size_t d = 0; ok && d < want.size(); ++d) ok = want[d] < 0 || want[d] == x.shape()[d];
+    bool ok = shape.size() == want.size();
+    for (size_t d = 0; ok && d < want.size(); ++d) ok = want[d] < 0 || want[d] == shape[d];
     std::string expected = "[";
     for (size_t d = 0; d < want.size(); ++d) {
       if (d) expected.append(",");
       expected.append(want[d] >= 0 ? std::to_string(want[d]) : d == 0 ? "N" : "?");
     }
-    DPAR_CHECK(ok, info.path, ": the model expects input ", expected, "], got ", x.shape());
-    for (int64_t d : x.shape()) DPAR_CHECK(d > 0, info.path, ": empty input ", x.shape());
+    DPAR_CHECK(ok, info.path, ": the model expects input ", expected, "], got ", shape);
   }
 };
 
@@ -75,8 +80,7 @@ class ThreadScope {
   bool active_;
 };
 
-std::vector<float> parse_floats(const std::string& path, const std::string& key,
-                                std::string text) {
+std::vector<float> parse_floats(const std::string& path, const std::string& key, std::string text) {
   for (char& c : text) {
     if (c == '[' || c == ']' || c == ',') c = ' ';
   }
@@ -108,8 +112,8 @@ std::vector<std::string> parse_names(const std::string& path, const std::string&
       DPAR_FAIL(path, ": metadata 'class_names' is not valid JSON: ", e.what());
     }
     DPAR_CHECK(j.is_array(), path, ": metadata 'class_names' should be a JSON array");
-    for (const auto& item : j) names.push_back(item.is_string() ? item.get<std::string>()
-                                                                : item.dump());
+    for (const auto& item : j)
+      names.push_back(item.is_string() ? item.get<std::string>() : item.dump());
     return names;
   }
   const char sep = text.find('\n') != std::string::npos ? '\n' : ',';
@@ -182,6 +186,12 @@ Model Model::load(const std::string& path) {
   auto impl = std::make_unique<Impl>();
   const detail::Graph graph = detail::load_onnx(path);
   impl->program = detail::lower(graph);
+  // When the file fixes every dimension but the batch, shape errors surface at load.
+  Shape probe = impl->program.input_dims;
+  if (!probe.empty() && probe[0] < 0) probe[0] = 1;
+  if (!probe.empty() && std::all_of(probe.begin(), probe.end(), [](int64_t d) { return d > 0; })) {
+    detail::infer_shapes(impl->program, probe);
+  }
   impl->info = make_info(graph, impl->program);
   return Model(std::move(impl));
 }
@@ -197,32 +207,32 @@ Tensor Model::run(const Tensor& input) {
 }
 
 void Model::prepare(const Shape& input_shape) {
-  impl_->check_input(Tensor::empty(input_shape));
+  impl_->check_shape(input_shape);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ThreadScope threads(impl_->threads);
   impl_->plan_for(input_shape);
 }
 
 std::vector<std::string> Model::plan_summary(const Shape& input_shape) {
-  impl_->check_input(Tensor::empty(input_shape));
+  impl_->check_shape(input_shape);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ThreadScope threads(impl_->threads);
   return impl_->plan_for(input_shape).summary();
 }
 
 void Model::set_num_threads(int n) {
-  DPAR_CHECK(n >= 0, "infer::Model::set_num_threads: expected >= 0 (0 = process default), got ",
-             n);
+  DPAR_CHECK(n >= 0, "infer::Model::set_num_threads: expected >= 0 (0 = process default), got ", n);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->threads = n;
 }
 
-int Model::num_threads() const { return impl_->threads > 0 ? impl_->threads : omp_get_max_threads(); }
+int Model::num_threads() const {
+  return impl_->threads > 0 ? impl_->threads : omp_get_max_threads();
+}
 
 std::string onednn_version() {
   const dnnl_version_t* v = dnnl_version();
-  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-         std::to_string(v->patch);
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
 }
 
 }  // namespace dpar::infer

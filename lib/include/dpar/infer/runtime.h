@@ -40,14 +40,14 @@ struct ModelInfo {
   int64_t opset = 0;
   std::string input_name;
   std::string output_name;
-  Shape input_shape;                 // as declared; -1 marks a dynamic dimension
-  int64_t input_height = 0;          // from metadata or a static input shape; 0 if unknown
+  Shape input_shape;         // as declared; -1 marks a dynamic dimension
+  int64_t input_height = 0;  // from metadata or a static input shape; 0 if unknown
   int64_t input_width = 0;
-  int64_t resize_size = 0;           // from metadata; 0 if unknown
+  int64_t resize_size = 0;  // from metadata; 0 if unknown
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
   std::array<float, 3> std{0.229f, 0.224f, 0.225f};
-  std::vector<std::string> class_names;  // empty when the file has none
-  bool outputs_probabilities = false;    // the graph ends in Softmax
+  std::vector<std::string> class_names;         // empty when the file has none
+  bool outputs_probabilities = false;           // the graph ends in Softmax
   std::map<std::string, std::string> metadata;  // every metadata_props entry
   int64_t num_nodes = 0;                        // ONNX nodes in the file
 };

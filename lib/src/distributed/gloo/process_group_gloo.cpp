@@ -212,15 +212,23 @@ void ProcessGroupGloo::run_inline_until(const WorkImpl* work) {
       queue_.pop_front();
       running_ = true;
     }
-    execute(op);
-    bool more = false;
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      running_ = false;
-      more = !queue_.empty() || stop_;
+    // Hands the queue back whatever happens: the communication thread skipped it meanwhile.
+    auto release = [this] {
+      bool more = false;
+      {
+        std::lock_guard<std::mutex> lock(queue_mutex_);
+        running_ = false;
+        more = !queue_.empty() || stop_;
+      }
+      if (more) queue_cv_.notify_one();
+    };
+    try {
+      execute(op);
+    } catch (...) {
+      release();
+      throw;
     }
-    // The communication thread skipped the queue while this thread ran it.
-    if (more) queue_cv_.notify_one();
+    release();
     if (op.work.get() == work) return;
   }
 }
