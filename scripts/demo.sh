@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: install dependencies, build, and train MobileNetV3-small
-# with data parallelism on 2 local CPU ranks started by dpar-launch, on a Fashion-MNIST
-# subset (Debian's dataset-fashion-mnist). Prints the launcher's environment table, the
-# DataParallel bucket layout, per-iteration logs of rank 0, validation accuracy after each
-# epoch and the final accuracy; rank 0 saves the weights.
+# The main job on a fresh machine, in one command: install dependencies, build, prepare the
+# lite data (demo.jpg), train MobileNetV3-small with data parallelism on 2 local CPU ranks
+# started by dpar-launch on a Fashion-MNIST subset (Debian's dataset-fashion-mnist), export the
+# inference model on rank 0 (ONNX, BatchNorm folded, Softmax appended), and classify demo.jpg
+# with the exported model, ending with the benchmark report.
+# Prints the launcher's environment table, the DataParallel bucket layout, per-iteration logs
+# of rank 0, validation accuracy after each epoch, the export, the image's class and the report.
 # Extra arguments go to the training program (e.g. scripts/demo.sh --epochs 5).
+# Environment: DPAR_BUILD_DIR (default build), DPAR_DEMO_OUT (default out/demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
@@ -12,7 +15,12 @@ scripts/bootstrap.sh
 build=${DPAR_BUILD_DIR:-build}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target train dpar-launch
+cmake --build "$build" -j "$(nproc)" --target train export_model infer dpar-launch make_lite_data
+
+tipc=examples/mobilenetv3/test_tipc
+echo "== lite data (test_tipc/prepare.sh): 16 train + 16 val JPEG images and demo.jpg"
+DPAR_BUILD_DIR=$build "$tipc/prepare.sh" "$tipc/configs/mobilenet_v3_small/train_infer.txt" \
+  lite_train_lite_infer
 
 out=${DPAR_DEMO_OUT:-out/demo}
 mkdir -p "$out"
@@ -24,3 +32,10 @@ echo "== data-parallel training: mobilenet_v3_small, 2 ranks x batch 64, 30000 F
   --limit-train 30000 --limit-val 5000 \
   --img-size 32 --epochs 3 --batch-size 64 --lr 0.1 \
   --print-freq 50 --output-dir "$out" "$@"
+
+echo "== rank-0 export: $out/inference/inference.onnx"
+ls -l "$out/inference"
+
+echo "== inference on $tipc/data/lite/demo.jpg (a Fashion-MNIST test image: T-shirt/top)"
+"$build/examples/mobilenetv3/infer" --model-dir "$out/inference" \
+  --img-path "$tipc/data/lite/demo.jpg" --topk 3 --benchmark=True --warmup 2

@@ -43,7 +43,7 @@ mkdir -p data
 # data/lite. The stamp records how it was made: other settings mean a rebuild.
 exec 9>data/.prepare.lock
 flock 9
-lite_args=(--fashion-mnist "$source_dir" --classes 0,1,7,8 --per-class 4)
+lite_args=(--fashion-mnist "$source_dir" --classes "0,1,7,8" --per-class 4)
 stamp="make_lite_data ${lite_args[*]}"
 if [ -f data/lite/stamp.txt ] && [ "$(cat data/lite/stamp.txt)" = "$stamp" ]; then
   echo "prepare.sh: data/lite is up to date"

@@ -76,7 +76,10 @@ no_alternatives() {  # SECTION KEY...
   done
 }
 no_alternatives train_params model_name nodes trainer train_model_name reproducibility_check
-no_alternatives export_params exporter $(tipc_flag_keys export_params)
+mapfile -t train_flags < <(tipc_flag_keys train_params)
+mapfile -t export_flags < <(tipc_flag_keys export_params)
+mapfile -t infer_flags < <(tipc_flag_keys infer_params)
+no_alternatives export_params exporter "${export_flags[@]}"
 no_alternatives infer_params inference compare_results atol rtol
 
 # gpu_list entry -> launcher flags. `ips;devices` or `devices`; devices: -1 (one CPU process),
@@ -166,13 +169,14 @@ tag_of() {
     [ -n "$item" ] || continue
     local key=${item%%=*} value=${item#*=}
     key=${key#--}
+    [ "$key" = gpu_list ] && key=gpus
     tag+="${tag:+_}${key//-/_}_${value}"
   done
   printf '%s' "${tag//[^A-Za-z0-9.,_-]/_}"
 }
 
-mapfile -t train_combos < <(combinations train_params gpu_list $(tipc_flag_keys train_params))
-mapfile -t infer_combos < <(combinations infer_params $(tipc_flag_keys infer_params))
+mapfile -t train_combos < <(combinations train_params gpu_list "${train_flags[@]}")
+mapfile -t infer_combos < <(combinations infer_params "${infer_flags[@]}")
 IFS='|' read -r -a exports <<<"$(tipc_value export_params export)"
 for e in "${exports[@]}"; do
   [ "$e" = rank0 ] || [ "$e" = export_model ] ||
@@ -194,25 +198,15 @@ for combo in "${infer_combos[@]}"; do
     tipc_die "$params:$(tipc_line infer_params --img-path): --img-path $img: no such file or folder (in $tipc_dir); run prepare.sh $1 $mode first"
 done
 
-# Network namespaces: checked now, so a machine without CAP_NET_ADMIN skips before any work.
+# netns_setup IP_A IP_B: two namespaces joined by a veth pair, one address each (the approach
+# of tests/launch/netns_two_hosts.sh); the interfaces never appear in this machine's namespace.
 declare -a netns_names=()
-if [ "$nodes" = netns ]; then
-  command -v ip >/dev/null || { echo "SKIPPED: nodes:netns needs the 'ip' tool (iproute2)"; exit 77; }
-  probe=dpar_tipc_probe_$$
-  if ! err=$(ip netns add "$probe" 2>&1); then
-    echo "SKIPPED: nodes:netns cannot create a network namespace (needs root or CAP_NET_ADMIN): $err"
-    exit 77
-  fi
-  ip netns del "$probe"
-fi
 netns_cleanup() {
   local ns
   for ns in "${netns_names[@]}"; do ip netns del "$ns" 2>/dev/null; done
   netns_names=()
 }
 trap netns_cleanup EXIT
-# netns_setup IP_A IP_B: two namespaces joined by a veth pair, one address each (the approach
-# of tests/launch/netns_two_hosts.sh); the interfaces never appear in this machine's namespace.
 netns_setup() {
   netns_cleanup
   local a=dpar_tipc_a_$$ b=dpar_tipc_b_$$
@@ -222,6 +216,20 @@ netns_setup() {
     ip -n "$a" link set lo up && ip -n "$b" link set lo up &&
     ip -n "$a" link set veth_a up && ip -n "$b" link set veth_b up
 }
+# Checked now, so a machine without CAP_NET_ADMIN (or veth support) skips before any work.
+if [ "$nodes" = netns ]; then
+  command -v ip >/dev/null || { echo "SKIPPED: nodes:netns needs the 'ip' tool (iproute2)"; exit 77; }
+  if ! err=$({ netns_setup "${node_ips[0]}" "${node_ips[1]}" &&
+    ip netns exec "dpar_tipc_a_$$" true; } 2>&1); then
+    netns_names=(dpar_tipc_a_$$ dpar_tipc_b_$$)
+    netns_cleanup
+    echo "SKIPPED: nodes:netns cannot set up two network namespaces joined by a veth pair" \
+      "(needs root or CAP_NET_ADMIN): $err"
+    exit 77
+  fi
+  netns_names=(dpar_tipc_a_$$ dpar_tipc_b_$$)
+  netns_cleanup
+fi
 
 # ---- run ------------------------------------------------------------------------------------
 log_path=$out_root/$model/$mode
@@ -302,15 +310,16 @@ train() {
   return $rc
 }
 
-# same_losses DIR_A DIR_B: every rank's loss log of the repeat run is byte-identical.
+# same_losses DIR_A DIR_B LOG: every rank's loss log of the repeat run is byte-identical.
 same_losses() {
-  local a=$1 b=$2 f rc=0 n=0
+  local a=$1 b=$2 log=$3 f rc=0 n=0
+  : >"$log"
   for f in "$a"/loss.log*; do
     [ -f "$f" ] || continue
     n=$((n + 1))
-    cmp "$f" "$b/$(basename "$f")" >"$log_path/reproducibility.log" 2>&1
+    cmp "$f" "$b/$(basename "$f")" >>"$log" 2>&1
     local r=$?
-    record $r "cmp $f $b/$(basename "$f")" "$log_path/reproducibility.log"
+    record $r "cmp $f $b/$(basename "$f")" "$log"
     [ $r -eq 0 ] || rc=1
   done
   if [ $n -eq 0 ]; then
@@ -336,7 +345,7 @@ for combo in "${train_combos[@]}"; do
   if [ $repro -eq 1 ]; then
     echo "== reproducibility: the same training again"
     train "${train_dir}_repeat" "$log_path/train_${tag}_repeat" "${train_args[@]}" &&
-      same_losses "$train_dir" "${train_dir}_repeat"
+      same_losses "$train_dir" "${train_dir}_repeat" "$log_path/reproducibility_$tag.log"
   fi
 
   infer_logs=()
