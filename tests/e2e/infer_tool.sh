@@ -143,7 +143,8 @@ expect_error 1 "broken.jpg" -- --model-dir "$work/model" --img-path "$work/mixed
 if [ -n "$(grep -F broken "$work/err.out")" ]; then
   echo "FAIL: a line was printed for the undecodable image"; fail=1
 fi
-expect_error 1 "built without CUDA" -- --model-dir "$work/model" --img-path "$work/imgs" --use-gpu=True
+# "dpar was built without CUDA" in a CPU-only build, "no GPU found" in a CUDA build.
+expect_error 1 "--use-gpu=True: " -- --model-dir "$work/model" --img-path "$work/imgs" --use-gpu=True
 expect_error 1 "--model-dir $work/nothing: no such file or directory" -- \
   --model-dir "$work/nothing" --img-path "$work/imgs"
 mkdir "$work/truncated"
