@@ -189,3 +189,19 @@ status_check() {
   echo "$line"
   echo "$line" >>"$log"
 }
+
+# tipc_start <params file> <mode>: the common start of both scripts. Checks the arguments,
+# sets params, mode and DPAR_BUILD_DIR (default <repo>/build; needs $repo), parses the params
+# file and checks every section's program flags, so bad input stops before anything runs.
+tipc_start() {
+  if [ $# -ne 2 ]; then
+    echo "usage: $TIPC_PROG <params file> <mode: ${TIPC_MODES[*]}>" >&2
+    exit 2
+  fi
+  params=$(realpath -m -- "$1")
+  mode=$2
+  DPAR_BUILD_DIR=$(realpath -m -- "${DPAR_BUILD_DIR:-$repo/build}")
+  tipc_parse "$params" "$mode"
+  local section
+  for section in "${TIPC_SECTIONS[@]}"; do tipc_check_flags "$section"; done
+}

@@ -18,15 +18,7 @@ repo=$(cd "$tipc_dir/../../.." && pwd)
 # shellcheck source=common_func.sh
 source "$tipc_dir/common_func.sh"
 
-if [ $# -ne 2 ]; then
-  echo "usage: $0 <params file> <mode: ${TIPC_MODES[*]}>" >&2
-  exit 2
-fi
-params=$(realpath -m -- "$1")
-mode=$2
-DPAR_BUILD_DIR=$(realpath -m -- "${DPAR_BUILD_DIR:-$repo/build}")
-tipc_parse "$params" "$mode"
-for section in "${TIPC_SECTIONS[@]}"; do tipc_check_flags "$section"; done
+tipc_start "$@"
 make_lite_data=$(tipc_program make_lite_data) || exit 1
 
 source_dir=${DPAR_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}

@@ -27,19 +27,11 @@ repo=$(cd "$tipc_dir/../../.." && pwd)
 # shellcheck source=common_func.sh
 source "$tipc_dir/common_func.sh"
 
-if [ $# -ne 2 ]; then
-  echo "usage: $0 <params file> <mode: ${TIPC_MODES[*]}>" >&2
-  exit 2
-fi
-params=$(realpath -m -- "$1")
-mode=$2
-DPAR_BUILD_DIR=$(realpath -m -- "${DPAR_BUILD_DIR:-$repo/build}")
 out_root=$(realpath -m -- "${DPAR_TIPC_OUTPUT:-$tipc_dir/output}")
 timeout_s=${DPAR_TIPC_TIMEOUT:-0}
 
 # ---- read and check everything before anything runs or is written --------------------------
-tipc_parse "$params" "$mode"
-for section in "${TIPC_SECTIONS[@]}"; do tipc_check_flags "$section"; done
+tipc_start "$@"
 launch=$(tipc_program dpar-launch) || exit 1
 trainer=$(tipc_program "$(tipc_value train_params trainer train)") || exit 1
 exporter=$(tipc_program "$(tipc_value export_params exporter export_model)") || exit 1
