@@ -30,6 +30,7 @@
 #include "model/mobilenet_v3.h"
 #include "model/mobilenet_v3_onnx.h"
 #include "train_checkpoint.h"
+#include "train_ps.h"
 #include "train_data.h"
 
 using namespace dpar;
@@ -161,6 +162,7 @@ int main(int argc, char** argv) {
                                     "(gpu is accepted and reported)");
     auto& amp = flags.add_bool("amp", false,
                                "mixed precision; not supported on CPU (fp32 is used, reported)");
+    mobilenetv3::PsFlags ps_flags(flags);
     flags.parse(argc, argv);
 
     if (epochs < 1) throw FlagError("train: --epochs must be >= 1");
@@ -200,8 +202,24 @@ int main(int argc, char** argv) {
     }
     if (threads > 0) set_num_threads(static_cast<int>(threads));
     manual_seed(static_cast<uint64_t>(seed));
-    dist::init_parallel_env();  // a world of one without a launcher environment
-    const int rank = dist::get_rank(), world = dist::get_world_size();
+    // Parameter-server job (dpar-launch --run_mode=ps): a PSERVER process only serves; a
+    // TRAINER trains with the servers instead of DataParallel, as trainer_id of num_trainers.
+    const ps::PsEnv ps_env = ps::env_from_environment();
+    const mobilenetv3::PsSettings ps_settings = ps_flags.settings();
+    const bool ps_mode = mobilenetv3::use_ps(ps_settings, ps_env);
+    if (ps_mode && ps_env.role == ps::Role::kServer) {
+      return mobilenetv3::serve_parameters(ps_env, ps_settings);
+    }
+    if (ps_mode && test_only) {
+      throw FlagError("train: --test-only evaluates without servers; run it outside a ps job");
+    }
+    if (ps_mode && !resume.empty() && checkpoint_dir.empty()) {
+      throw FlagError("train: --resume in ps mode needs --checkpoint-dir (where the servers saved "
+                      "their shards)");
+    }
+    if (!ps_mode) dist::init_parallel_env();  // a world of one without a launcher environment
+    const int rank = ps_mode ? ps_env.trainer_id : dist::get_rank();
+    const int world = ps_mode ? ps_env.num_trainers : dist::get_world_size();
 
     const auto splits = mobilenetv3::load_data(data_path, img_size, limit_train, limit_val);
     const int64_t classes = num_classes > 0 ? num_classes : static_cast<int64_t>(splits.train->class_names().size());
@@ -226,8 +244,10 @@ int main(int argc, char** argv) {
                                                 .seed = static_cast<uint64_t>(seed)};
     data::DataLoader train_loader(splits.train, train_sampler, train_options);
     data::DataLoader val_loader(splits.val,
-                                std::make_shared<data::DistributedSampler>(splits.val->size(), rank, world,
-                                                                           /*shuffle=*/false),
+                                // In ps mode every trainer evaluates the whole set (there is no
+                                // group to add up shards); trainer 0 reports the job's figures.
+                                std::make_shared<data::DistributedSampler>(splits.val->size(), ps_mode ? 0 : rank,
+                                                                           ps_mode ? 1 : world, /*shuffle=*/false),
                                 {.batch_size = static_cast<size_t>(batch_size), .num_workers = static_cast<int>(workers),
                                  .prefetch_batches = 4, .drop_last = false, .seed = static_cast<uint64_t>(seed)});
     const int64_t steps_per_epoch = static_cast<int64_t>(train_loader.num_batches());
@@ -316,6 +336,13 @@ int main(int argc, char** argv) {
       return 0;
     }
 
+    // After a resume the servers restore the shards they saved with that checkpoint.
+    std::unique_ptr<ps::ParameterServerTrainer> ps_trainer;
+    if (ps_mode) {
+      ps_trainer = mobilenetv3::connect_trainer(*model, *opt, ps_env, ps_settings,
+                                                was_resumed ? checkpoint_dir : "", global_step);
+    }
+
     std::unique_ptr<io::CheckpointManager> checkpoints;
     if (!checkpoint_dir.empty()) {
       checkpoints = std::make_unique<io::CheckpointManager>(
@@ -348,8 +375,13 @@ int main(int argc, char** argv) {
                  {"data", splits.kind}};
       return io::capture_checkpoint(*model, opt.get(), sched.get(), std::move(s));
     };
-    auto note_saved = [](const std::string& path, Clock::time_point t0) {
+    auto note_saved = [&](const std::string& path, Clock::time_point t0) {
       std::printf("saved checkpoint %s (%.0f ms)\n", path.c_str(), 1e3 * seconds(t0, Clock::now()));
+      if (ps_trainer) {  // the servers' shards and optimizer state at the same step
+        for (const std::string& shard : ps_trainer->save(checkpoint_dir, static_cast<int>(max_checkpoints))) {
+          std::printf("  ps shard %s\n", shard.c_str());
+        }
+      }
       std::fflush(stdout);
     };
     auto epoch_checkpoint_due = [&](int64_t e) {
@@ -391,7 +423,11 @@ int main(int argc, char** argv) {
         Tensor logits = dp.forward(batch.images);
         Tensor loss = cross_entropy(logits, batch.labels, label_smoothing);
         loss.backward();
-        opt->step();
+        if (ps_trainer) {
+          ps_trainer->step(batch.labels.numel());  // push gradients, pull the servers' update
+        } else {
+          opt->step();
+        }
         const double loss_value = loss.item();
         DPAR_CHECK(std::isfinite(loss_value), "train: loss became ", loss_value, " at epoch ", epoch,
                    " iteration ", iter, "; lower --lr");
@@ -456,6 +492,13 @@ int main(int argc, char** argv) {
       std::printf("the checkpoint is at epoch %lld of %lld: nothing left to train\n",
                   static_cast<long long>(start_epoch), static_cast<long long>(epochs));
       last_eval = evaluate(dp, val_loader);
+    }
+    if (ps_trainer) {
+      const ps::TrainerStats& st = ps_trainer->stats();
+      std::printf("ps trainer %d: pushed %.1f MB in %.1f s, pulled %.1f MB in %.1f s\n", rank,
+                  static_cast<double>(st.bytes_pushed) / 1e6, st.push_seconds,
+                  static_cast<double>(st.bytes_pulled) / 1e6, st.pull_seconds);
+      ps_trainer->finish();  // the servers stop once every trainer has finished
     }
     std::printf("final: top1 %.4f, top5 %.4f on %zu validation images after %lld epochs (%.1f s)\n",
                 last_eval.acc1(), last_eval.acc5(), splits.val->size(), static_cast<long long>(epochs),

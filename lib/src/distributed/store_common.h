@@ -41,4 +41,10 @@ inline std::string join_host_port(const std::string& host, int port) {
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
+// Binds a probe socket to host:port (with SO_REUSEADDR, as gRPC's listeners) and throws
+// dpar::Error "<what>: cannot listen on <where>: <why>" when that fails: gRPC itself only
+// reports "no port selected", without the reason (in use, not an address of this machine).
+void probe_bind(const std::string& host, int port, const std::string& where,
+                const std::string& what);
+
 }  // namespace dpar::dist::detail

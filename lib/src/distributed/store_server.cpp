@@ -235,10 +235,15 @@ class StoreService final : public rpc::KeyValueStore::Service {
   bool stopping_ = false;
 };
 
+}  // namespace
+
+namespace detail {
+
 // gRPC reports a failed bind only as "no port selected" (plus a log line); binding a probe
 // socket first lets the error say why (in use, not an address of this machine, ...). gRPC sets
 // SO_REUSEADDR on its listeners, so the probe does too: a port in TIME_WAIT is not "in use".
-void probe_bind(const std::string& host, int port, const std::string& where) {
+void probe_bind(const std::string& host, int port, const std::string& where,
+                const std::string& what) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -248,7 +253,7 @@ void probe_bind(const std::string& host, int port, const std::string& where) {
                                ? host.substr(1, host.size() - 2)
                                : host;
   if (int rc = getaddrinfo(bare.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0) {
-    DPAR_FAIL("rendezvous store: cannot listen on ", where, ": ", gai_strerror(rc));
+    DPAR_FAIL(what, ": cannot listen on ", where, ": ", gai_strerror(rc));
   }
   std::string why;
   for (addrinfo* a = found; a; a = a->ai_next) {
@@ -270,10 +275,10 @@ void probe_bind(const std::string& host, int port, const std::string& where) {
     }
   }
   freeaddrinfo(found);
-  DPAR_FAIL("rendezvous store: cannot listen on ", where, ": ", why.empty() ? "no socket" : why);
+  DPAR_FAIL(what, ": cannot listen on ", where, ": ", why.empty() ? "no socket" : why);
 }
 
-}  // namespace
+}  // namespace detail
 
 struct StoreServer::Impl {
   std::string host;
@@ -290,7 +295,7 @@ StoreServer::StoreServer(const std::string& host, int port, std::string job_id, 
   DPAR_CHECK(port >= 0 && port <= 65535, "rendezvous store: cannot listen on ", where,
              ": port out of range 0..65535");
   DPAR_CHECK(world_size >= 1, "rendezvous store: world size must be >= 1, got ", world_size);
-  probe_bind(host, port, where);
+  detail::probe_bind(host, port, where, "rendezvous store");
 
   impl_->host = host;
   impl_->service = std::make_unique<StoreService>(std::move(job_id), world_size);

@@ -1,0 +1,331 @@
+#include "ps/client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <thread>
+
+#include "dpar/core/error.h"
+
+namespace dpar::ps::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+int64_t whole_seconds(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::seconds>(d).count();
+}
+
+std::string seconds_text(milliseconds t) {
+  char buf[32];
+  const double s = static_cast<double>(t.count()) / 1000.0;
+  std::snprintf(buf, sizeof buf, s == static_cast<int64_t>(s) ? "%.0f s" : "%.1f s", s);
+  return buf;
+}
+
+}  // namespace
+
+FlatView::FlatView(const std::vector<Tensor>& tensors) {
+  for (const Tensor& t : tensors) {
+    DPAR_CHECK(t.dtype() == DType::f32 && t.device().is_cpu() && t.is_contiguous(),
+               "ps: parameters and gradients must be contiguous f32 CPU tensors, got ", t.str());
+    data_.push_back(t.numel() ? t.data<float>() : nullptr);
+    offsets_.push_back(total_);
+    total_ += t.numel();
+  }
+  offsets_.push_back(total_);
+}
+
+// The tensors overlapping [begin, begin+count), each with the overlapping part.
+template <class Copy>
+static void for_each_piece(const std::vector<int64_t>& offsets, int64_t begin, int64_t count,
+                           Copy copy) {
+  auto it = std::upper_bound(offsets.begin(), offsets.end() - 1, begin);
+  size_t i = static_cast<size_t>(it - offsets.begin()) - 1;
+  int64_t done = 0;
+  while (done < count) {
+    const int64_t pos = begin + done;
+    while (offsets[i + 1] <= pos) ++i;
+    const int64_t take = std::min(count - done, offsets[i + 1] - pos);
+    copy(i, pos - offsets[i], done, take);
+    done += take;
+  }
+}
+
+void FlatView::gather(int64_t begin, int64_t count, float* out) const {
+  DPAR_CHECK(begin >= 0 && begin + count <= total_, "ps: range [", begin, ", ", begin + count,
+             ") outside a flat vector of ", total_);
+  for_each_piece(offsets_, begin, count, [&](size_t t, int64_t at, int64_t to, int64_t n) {
+    std::memcpy(out + to, data_[t] + at, static_cast<size_t>(n) * 4);
+  });
+}
+
+void FlatView::scatter(int64_t begin, int64_t count, const float* in) const {
+  DPAR_CHECK(begin >= 0 && begin + count <= total_, "ps: range [", begin, ", ", begin + count,
+             ") outside a flat vector of ", total_);
+  for_each_piece(offsets_, begin, count, [&](size_t t, int64_t at, int64_t from, int64_t n) {
+    std::memcpy(data_[t] + at, in + from, static_cast<size_t>(n) * 4);
+  });
+}
+
+struct PsClient::Conn {
+  std::string endpoint;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<rpc::ParameterServer::Stub> stub;
+  ElementRange range;
+};
+
+PsClient::PsClient(ClientOptions options, ShardLayout layout, rpc::ModeConfig mode)
+    : options_(std::move(options)), layout_(std::move(layout)), mode_(std::move(mode)) {
+  DPAR_CHECK(static_cast<int>(options_.endpoints.size()) == layout_.num_servers(),
+             "ps: ", options_.endpoints.size(), " server endpoints for a layout over ",
+             layout_.num_servers(), " servers");
+  for (size_t s = 0; s < options_.endpoints.size(); ++s) {
+    auto conn = std::make_unique<Conn>();
+    conn->endpoint = options_.endpoints[s];
+    conn->channel = make_channel(conn->endpoint);
+    conn->stub = rpc::ParameterServer::NewStub(conn->channel);
+    conn->range = layout_.shard(static_cast<int>(s));
+    conns_.push_back(std::move(conn));
+  }
+}
+
+PsClient::~PsClient() = default;
+
+void PsClient::say(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::cerr << line << std::endl;
+  }
+}
+
+void PsClient::prepare(grpc::ClientContext& ctx, milliseconds deadline) const {
+  ctx.AddMetadata(kTokenKey, options_.token);
+  ctx.AddMetadata(kTrainerKey, std::to_string(options_.trainer_id));
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+}
+
+std::string PsClient::describe(size_t server, const grpc::Status& status) const {
+  const std::string who =
+      "ps server " + std::to_string(server) + " (" + conns_[server]->endpoint + ")";
+  const std::string& msg = status.error_message();
+  // The server's own refusals already name it and say why.
+  if (msg.rfind("ps server", 0) == 0 || msg.rfind("trainer", 0) == 0) return msg;
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      return who + " is unreachable (did it die?): " + msg;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return who + " did not answer in time (" + msg + ")";
+    default:
+      return who + ": " + msg;
+  }
+}
+
+void PsClient::for_each_server(const std::function<void(size_t)>& body) {
+  std::vector<std::exception_ptr> errors(conns_.size());
+  std::vector<std::thread> threads;
+  for (size_t s = 1; s < conns_.size(); ++s) {
+    threads.emplace_back([&, s] {
+      try {
+        body(s);
+      } catch (...) {
+        errors[s] = std::current_exception();
+      }
+    });
+  }
+  try {
+    body(0);
+  } catch (...) {
+    errors[0] = std::current_exception();
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void PsClient::connect(bool wait_for_init) {
+  for_each_server([&](size_t s) {
+    Conn& c = *conns_[s];
+    rpc::HelloRequest req;
+    req.set_trainer_id(options_.trainer_id);
+    req.set_server_id(static_cast<int>(s));
+    *req.mutable_layout() = to_proto(layout_);
+    *req.mutable_mode() = mode_;
+    const auto start = Clock::now();
+    auto next_note = start + std::chrono::seconds(3);
+    rpc::HelloReply rep;
+    while (true) {
+      grpc::ClientContext ctx;
+      prepare(ctx, milliseconds(1000));
+      ctx.set_wait_for_ready(true);  // wait for the listener instead of failing at once
+      const grpc::Status st = c.stub->Hello(&ctx, req, &rep);
+      if (st.ok()) break;
+      const bool not_up = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                          st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (!not_up) DPAR_FAIL(describe(s, st));
+      const auto now = Clock::now();
+      if (now - start >= options_.connect_timeout) {
+        DPAR_FAIL("pserver not ready: ", c.endpoint, " did not answer within ",
+                  seconds_text(options_.connect_timeout),
+                  " (--ps-connect-timeout); is the server running and reachable from here?");
+      }
+      if (now >= next_note) {
+        say("pserver not ready: " + c.endpoint + " (retrying, " +
+            std::to_string(whole_seconds(now - start)) + " s elapsed)");
+        next_note += std::chrono::seconds(3);
+      }
+    }
+    DPAR_CHECK(rep.shard_begin() == c.range.begin && rep.shard_end() == c.range.end,
+               "ps: ", c.endpoint, " computes shard [", rep.shard_begin(), ", ", rep.shard_end(),
+               ") for this layout, this trainer [", c.range.begin, ", ", c.range.end, ")");
+    if (!wait_for_init || rep.initialized()) return;
+    req.set_wait_for_init(true);
+    req.set_wait_init_ms(5000);
+    const auto wait_start = Clock::now();
+    while (!rep.initialized()) {
+      if (Clock::now() - wait_start >= options_.timeout) {
+        DPAR_FAIL("ps: trainer 0 did not initialise ", c.endpoint, " within ",
+                  seconds_text(options_.timeout), " (is trainer 0 running?)");
+      }
+      grpc::ClientContext ctx;
+      prepare(ctx, milliseconds(15000));
+      const grpc::Status st = c.stub->Hello(&ctx, req, &rep);
+      if (!st.ok()) DPAR_FAIL(describe(s, st));
+      if (!rep.initialized()) {
+        say("waiting for trainer 0 to initialise " + c.endpoint + " (" +
+            std::to_string(whole_seconds(Clock::now() - wait_start)) + " s)");
+      }
+    }
+  });
+}
+
+void PsClient::init(const rpc::InitHeader& header, const FlatView& params) {
+  for_each_server([&](size_t s) {
+    Conn& c = *conns_[s];
+    grpc::ClientContext ctx;
+    prepare(ctx, options_.timeout);
+    rpc::InitReply rep;
+    auto writer = c.stub->Init(&ctx, &rep);
+    rpc::InitMessage msg;
+    *msg.mutable_header() = header;
+    const int64_t n = header.resume_dir().empty() ? c.range.size() : 0;
+    int64_t off = 0;
+    do {
+      const int64_t len = std::min(kChunkElements, n - off);
+      msg.set_offset(off);
+      msg.mutable_data()->resize(static_cast<size_t>(len) * 4);
+      if (len > 0)
+        params.gather(c.range.begin + off, len,
+                      reinterpret_cast<float*>(msg.mutable_data()->data()));
+      if (!writer->Write(msg)) break;
+      msg.clear_header();
+      off += len;
+    } while (off < n);
+    writer->WritesDone();
+    const grpc::Status st = writer->Finish();
+    if (!st.ok()) DPAR_FAIL(describe(s, st));
+  });
+}
+
+int64_t PsClient::push(const rpc::PushHeader& header, const FlatView& source) {
+  std::vector<int64_t> versions(conns_.size(), 0);
+  for_each_server([&](size_t s) {
+    Conn& c = *conns_[s];
+    grpc::ClientContext ctx;
+    prepare(ctx, options_.timeout);
+    rpc::PushReply rep;
+    auto writer = c.stub->Push(&ctx, &rep);
+    rpc::PushMessage msg;
+    *msg.mutable_header() = header;
+    const int64_t n = c.range.size();
+    int64_t off = 0;
+    do {
+      const int64_t len = std::min(kChunkElements, n - off);
+      msg.set_offset(off);
+      // The one copy on this side: straight from the gradients into the message.
+      msg.mutable_data()->resize(static_cast<size_t>(len) * 4);
+      if (len > 0)
+        source.gather(c.range.begin + off, len,
+                      reinterpret_cast<float*>(msg.mutable_data()->data()));
+      if (!writer->Write(msg)) break;
+      msg.clear_header();
+      off += len;
+    } while (off < n);
+    writer->WritesDone();
+    const grpc::Status st = writer->Finish();
+    if (!st.ok()) DPAR_FAIL(describe(s, st));
+    versions[s] = rep.version();
+  });
+  for (const auto& c : conns_) bytes_pushed_ += c->range.size() * 4;
+  return *std::min_element(versions.begin(), versions.end());
+}
+
+int64_t PsClient::pull(int64_t min_version, int64_t step, const FlatView& sink) {
+  std::vector<int64_t> versions(conns_.size(), 0);
+  for_each_server([&](size_t s) {
+    Conn& c = *conns_[s];
+    grpc::ClientContext ctx;
+    // A little longer than the server's own wait, so its message (naming the trainers it is
+    // waiting for) arrives instead of a bare deadline.
+    prepare(ctx, options_.timeout + milliseconds(10000));
+    rpc::PullRequest req;
+    req.set_min_version(min_version);
+    req.set_step(step);
+    req.set_timeout_ms(options_.timeout.count());
+    auto reader = c.stub->Pull(&ctx, req);
+    rpc::PullMessage msg;
+    int64_t received = 0;
+    bool first = true;
+    while (reader->Read(&msg)) {
+      if (first) versions[s] = msg.version();
+      first = false;
+      const int64_t len = static_cast<int64_t>(msg.data().size() / 4);
+      DPAR_CHECK(msg.offset() >= 0 && msg.offset() + len <= c.range.size(), "ps: ", c.endpoint,
+                 " sent a chunk outside its shard");
+      // Straight from the message into the parameters.
+      if (len > 0)
+        sink.scatter(c.range.begin + msg.offset(), len,
+                     reinterpret_cast<const float*>(msg.data().data()));
+      received += len;
+    }
+    const grpc::Status st = reader->Finish();
+    if (!st.ok()) DPAR_FAIL(describe(s, st));
+    DPAR_CHECK(received == c.range.size(), "ps: ", c.endpoint, " sent ", received, " of ",
+               c.range.size(), " floats");
+  });
+  for (const auto& c : conns_) bytes_pulled_ += c->range.size() * 4;
+  return *std::min_element(versions.begin(), versions.end());
+}
+
+std::vector<std::string> PsClient::save(const std::string& dir, int64_t step, int keep) {
+  std::vector<std::string> paths(conns_.size());
+  for_each_server([&](size_t s) {
+    grpc::ClientContext ctx;
+    prepare(ctx, options_.timeout);
+    rpc::SaveRequest req;
+    req.set_dir(dir);
+    req.set_step(step);
+    req.set_keep(keep);
+    rpc::SaveReply rep;
+    const grpc::Status st = conns_[s]->stub->Save(&ctx, req, &rep);
+    if (!st.ok()) DPAR_FAIL(describe(s, st));
+    paths[s] = rep.path();
+  });
+  return paths;
+}
+
+void PsClient::finish() {
+  for_each_server([&](size_t s) {
+    grpc::ClientContext ctx;
+    prepare(ctx, milliseconds(30000));
+    rpc::FinishReply rep;
+    const grpc::Status st = conns_[s]->stub->Finish(&ctx, rpc::FinishRequest(), &rep);
+    if (!st.ok()) DPAR_FAIL(describe(s, st));
+  });
+}
+
+}  // namespace dpar::ps::detail

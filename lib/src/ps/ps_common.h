@@ -1,0 +1,37 @@
+#pragma once
+// Internals shared by the parameter server and its client (lib/src/ps/*.cpp).
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dpar/ps/layout.h"
+#include "ps.grpc.pb.h"
+
+namespace dpar::ps::detail {
+
+namespace rpc = dpar::rpc::ps;
+
+// Metadata on every call. The token is a "-bin" header so any bytes are allowed.
+inline constexpr char kTokenKey[] = "dpar-ps-token-bin";
+inline constexpr char kTrainerKey[] = "dpar-trainer-id";
+
+// Tensors are streamed in chunks of 1 MiB of f32: big enough that per-message overhead is
+// small, small enough that the first bytes are applied while the rest is still in flight.
+inline constexpr int64_t kChunkElements = int64_t{256} * 1024;
+// Explicit message cap on both ends (a chunk plus headers fits with room to spare; the layout
+// of a model with many parameters travels in Hello/Init headers).
+inline constexpr int kMaxMessageBytes = 16 << 20;
+
+rpc::Layout to_proto(const ShardLayout& layout);
+ShardLayout from_proto(const rpc::Layout& layout);
+
+// A channel to a server with dpar's message limits and keepalive settings.
+std::shared_ptr<grpc::Channel> make_channel(const std::string& endpoint);
+
+// "sync" / "async" / "geo" mode settings compared between trainers: "" when equal, else what
+// differs ("mode async vs sync").
+std::string mode_difference(const rpc::ModeConfig& a, const rpc::ModeConfig& b);
+
+}  // namespace dpar::ps::detail
