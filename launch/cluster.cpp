@@ -22,6 +22,30 @@ int Cluster::max_local_size() const {
   return static_cast<int>(n);
 }
 
+std::string process_name(const Process& proc) {
+  switch (proc.role) {
+    case Role::kServer:
+      return "server " + std::to_string(proc.role_id);
+    case Role::kTrainer:
+      return "trainer " + std::to_string(proc.role_id);
+    case Role::kRank:
+      break;
+  }
+  return "rank " + std::to_string(proc.rank);
+}
+
+std::string log_file_name(const Process& proc) {
+  switch (proc.role) {
+    case Role::kServer:
+      return "serverlog." + std::to_string(proc.role_local);
+    case Role::kTrainer:
+      return "workerlog." + std::to_string(proc.role_local);
+    case Role::kRank:
+      break;
+  }
+  return "workerlog." + std::to_string(proc.local_rank);
+}
+
 std::vector<std::string> parse_gpu_list(const std::string& text, const std::string& flag) {
   auto bad = [&](const std::string& why) {
     throw FlagError("dpar-launch: " + flag + "=" + text + ": " + why);

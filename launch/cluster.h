@@ -11,11 +11,26 @@
 
 namespace dpar::launch {
 
+// What a process is in the job: a rank of a collective job, or a parameter server or a trainer
+// of a ps job (--run_mode=ps).
+enum class Role { kRank, kServer, kTrainer };
+
 struct Process {
-  int rank = 0;        // global rank
+  int rank = 0;        // global rank; in ps mode only a position among all the job's processes
   int local_rank = 0;  // index among its node's processes
   std::string gpu;     // GPU id as the launcher's caller numbers it; empty: a CPU process
+  Role role = Role::kRank;
+  int role_id = 0;       // ps mode: global server id or trainer id
+  int role_local = 0;    // ps mode: index among the node's processes of the same role
+  std::string endpoint;  // ps servers: ip:port
 };
+
+// "rank 3", "server 1", "trainer 0": how messages name a process.
+std::string process_name(const Process& proc);
+
+// Its log file under --log_dir: workerlog.<local rank> for ranks, serverlog.<local server
+// index> for servers and workerlog.<local trainer index> for trainers.
+std::string log_file_name(const Process& proc);
 
 struct Node {
   std::string host;            // as written in the input (an IP or, in files, a host name)

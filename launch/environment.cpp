@@ -56,8 +56,57 @@ std::string visible_devices(const Node& node, const Env& base) {
 
 }  // namespace
 
+namespace {
+
+// ps mode: the variables of a parameter server or trainer. The collective names (ranks, world
+// size, master) are not set: a ps job has none of them.
+Env ps_environment(const LaunchPlan& plan, const Process& proc, const Env& base, int restart_count,
+                   int cpus) {
+  Env env = base;
+  const Node& node = plan.node();
+  const std::string servers = join(plan.servers, ",");
+  const std::string server_num = std::to_string(plan.servers.size());
+  const std::string trainers_num = std::to_string(plan.trainers_num);
+  const std::string id = std::to_string(proc.role_id);
+  const bool server = proc.role == Role::kServer;
+
+  env["TRAINING_ROLE"] = server ? "PSERVER" : "TRAINER";
+  env["DPAR_RUN_MODE"] = "ps";
+  env["DPAR_PSERVER_ENDPOINTS"] = servers;
+  env["DPAR_SERVER_NUM"] = server_num;
+  env["DPAR_TRAINERS_NUM"] = trainers_num;
+  env["DPAR_JOB_ID"] = plan.job_id;
+  env["DPAR_JOB_TOKEN"] = plan.job_token;
+  env["DPAR_NODE_RANK"] = std::to_string(plan.node_rank);
+  env["DPAR_NNODES"] = std::to_string(plan.cluster.nodes.size());
+  env["DPAR_RESTART_COUNT"] = std::to_string(restart_count);
+  env["DPAR_DEVICE"] = "cpu";
+  env["PADDLE_PSERVERS_IP_PORT_LIST"] = servers;
+  env["PADDLE_TRAINERS_NUM"] = trainers_num;
+  env["POD_IP"] = node.ip;
+  if (server) {
+    env["DPAR_SERVER_ID"] = id;
+    env["DPAR_CURRENT_ENDPOINT"] = proc.endpoint;
+    env["PADDLE_CURRENT_ENDPOINT"] = proc.endpoint;
+    env["PADDLE_PORT"] = proc.endpoint.substr(proc.endpoint.rfind(':') + 1);
+    // A server answers requests; the trainers get the node's cores.
+    if (!env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
+  } else {
+    env["DPAR_TRAINER_ID"] = id;
+    env["PADDLE_TRAINER_ID"] = id;
+    if (!env.count("OMP_NUM_THREADS")) {
+      env["OMP_NUM_THREADS"] =
+          std::to_string(std::max(1, cpus / std::max(1, plan.local_count(Role::kTrainer))));
+    }
+  }
+  return env;
+}
+
+}  // namespace
+
 Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& base,
                        int restart_count, int cpus) {
+  if (plan.ps_mode) return ps_environment(plan, proc, base, restart_count, cpus);
   Env env = base;
   const Node& node = plan.node();
   const std::string rank = std::to_string(proc.rank);
@@ -108,7 +157,9 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
 }
 
 std::vector<std::pair<std::string, std::string>> launcher_variables(const Env& env) {
-  static const char* const kNames[] = {"DPAR_RANK",
+  static const char* const kNames[] = {"TRAINING_ROLE",
+                                       "DPAR_RUN_MODE",
+                                       "DPAR_RANK",
                                        "DPAR_WORLD_SIZE",
                                        "DPAR_LOCAL_RANK",
                                        "DPAR_LOCAL_SIZE",
@@ -117,14 +168,23 @@ std::vector<std::pair<std::string, std::string>> launcher_variables(const Env& e
                                        "DPAR_MASTER",
                                        "DPAR_ENDPOINTS",
                                        "DPAR_CURRENT_ENDPOINT",
+                                       "DPAR_PSERVER_ENDPOINTS",
+                                       "DPAR_SERVER_ID",
+                                       "DPAR_SERVER_NUM",
+                                       "DPAR_TRAINER_ID",
+                                       "DPAR_TRAINERS_NUM",
                                        "DPAR_JOB_ID",
+                                       "DPAR_JOB_TOKEN",
                                        "DPAR_DEVICE",
                                        "DPAR_RESTART_COUNT",
                                        "PADDLE_TRAINER_ID",
                                        "PADDLE_TRAINERS_NUM",
                                        "PADDLE_TRAINER_ENDPOINTS",
+                                       "PADDLE_PSERVERS_IP_PORT_LIST",
                                        "PADDLE_CURRENT_ENDPOINT",
+                                       "PADDLE_PORT",
                                        "PADDLE_RANK_IN_NODE",
+                                       "POD_IP",
                                        "FLAGS_selected_gpus",
                                        "RANK",
                                        "WORLD_SIZE",
@@ -136,7 +196,10 @@ std::vector<std::pair<std::string, std::string>> launcher_variables(const Env& e
                                        "OMP_NUM_THREADS"};
   std::vector<std::pair<std::string, std::string>> out;
   for (const char* name : kNames) {
-    if (auto it = env.find(name); it != env.end()) out.emplace_back(name, it->second);
+    auto it = env.find(name);
+    if (it == env.end()) continue;
+    // The token protects the servers: it never appears on the console or in a log.
+    out.emplace_back(name, std::string(name) == "DPAR_JOB_TOKEN" ? "(set)" : it->second);
   }
   return out;
 }

@@ -27,10 +27,20 @@ int usable_cpus();
 // `base` is the launcher's environment; the result is base plus the variables above,
 // DPAR_RESTART_COUNT, and OMP_NUM_THREADS = max(1, cpus / local processes) unless base sets it.
 // Throws FlagError when a GPU is outside an inherited CUDA_VISIBLE_DEVICES.
+//
+// ps mode (plan.ps_mode) sets instead, for every process: TRAINING_ROLE (PSERVER | TRAINER),
+// DPAR_RUN_MODE=ps, DPAR_PSERVER_ENDPOINTS = PADDLE_PSERVERS_IP_PORT_LIST (all servers, by id),
+// DPAR_SERVER_NUM, DPAR_TRAINERS_NUM = PADDLE_TRAINERS_NUM, DPAR_JOB_ID, DPAR_JOB_TOKEN
+// (plan.job_token), POD_IP (this node), DPAR_NODE_RANK, DPAR_NNODES, DPAR_RESTART_COUNT and
+// DPAR_DEVICE=cpu; servers also DPAR_SERVER_ID, PADDLE_PORT, DPAR_CURRENT_ENDPOINT =
+// PADDLE_CURRENT_ENDPOINT (their ip:port) and OMP_NUM_THREADS=1 unless set; trainers
+// DPAR_TRAINER_ID = PADDLE_TRAINER_ID and OMP_NUM_THREADS = max(1, cpus / local trainers)
+// unless set. Inherited values of other variables are left as they are.
 Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& base,
                        int restart_count, int cpus);
 
-// The variables the launcher sets, in a readable order, with their values in `env`.
+// The variables the launcher sets, in a readable order, with their values in `env`;
+// DPAR_JOB_TOKEN's value is shown as "(set)".
 std::vector<std::pair<std::string, std::string>> launcher_variables(const Env& env);
 
 // A boxed two-column table of launcher_variables(env) under `title`.

@@ -1,5 +1,6 @@
 #pragma once
-// Where one worker's output goes: its log file (log_dir/workerlog.<local rank>), optionally
+// Where one worker's output goes: its log file (log_dir/workerlog.<local rank>; in ps mode
+// serverlog.<i> or workerlog.<i>, see log_file_name in cluster.h), optionally
 // the launcher's console, and a short memory of its last lines for the failure report.
 // The launcher reads each worker's stdout+stderr from a pipe and hands the bytes here.
 #include <deque>

@@ -1,21 +1,93 @@
 #include "options.h"
 
+#include <tuple>
+#include <utility>
+
 #include "dpar/core/flags.h"
+#include "text.h"
 
 namespace dpar::launch {
 namespace {
 
 [[noreturn]] void bad(const std::string& message) { throw FlagError("dpar-launch: " + message); }
 
+// Flags of one mode given in the other: each is one line naming the flag.
+void check_mode_flags(const Options& o) {
+  if (!o.ps_mode()) {
+    const std::pair<bool, const char*> ps_flags[] = {
+        {o.servers_given, "--servers"},
+        {o.trainers_given, "--trainers"},
+        {o.server_num_given, "--server_num"},
+        {o.trainer_num_given, "--trainer_num"},
+        {o.job_token_given, "--job_token"},
+        {o.server_stop_timeout_given, "--server_stop_timeout"}};
+    for (const auto& [given, name] : ps_flags) {
+      if (given) bad(std::string(name) + " needs --run_mode=ps (parameter-server mode)");
+    }
+    return;
+  }
+  const std::pair<bool, const char*> collective_flags[] = {{o.gpus_given, "--gpus"},
+                                                           {!o.hostfile.empty(), "--hostfile"},
+                                                           {!o.rank_table.empty(), "--rank_table"},
+                                                           {o.nproc_given, "--nproc_per_node"},
+                                                           {!o.master.empty(), "--master"}};
+  for (const auto& [given, name] : collective_flags) {
+    if (given) {
+      bad(std::string(name) +
+          " cannot be used with --run_mode=ps: ps mode runs CPU trainers described by "
+          "--servers/--trainers or --server_num/--trainer_num");
+    }
+  }
+}
+
+void check_ps(const Options& o) {
+  const std::tuple<bool, int64_t, const char*, const char*> counts[] = {
+      {o.server_num_given, o.server_num, "--server_num", "server"},
+      {o.trainer_num_given, o.trainer_num, "--trainer_num", "trainer"}};
+  for (const auto& [given, n, name, what] : counts) {
+    if (given && n < 1) {
+      bad(std::string(name) + "=" + std::to_string(n) + ": ps mode needs at least 1 " + what);
+    }
+    if (given && n > 4096) {
+      bad(std::string(name) + "=" + std::to_string(n) + ": expected at most 4096");
+    }
+  }
+  if (!o.servers_given && !o.server_num_given) {
+    bad("--run_mode=ps needs at least 1 server and 1 trainer: give --servers=ip:port,... or "
+        "--server_num=N");
+  }
+  if (!o.trainers_given && !o.trainer_num_given) {
+    bad("--run_mode=ps needs at least 1 server and 1 trainer: give --trainers=ip,... or "
+        "--trainer_num=M");
+  }
+  if (o.servers_given && trim(o.servers).empty()) {
+    bad("--servers is empty (expected --servers=ip:port,ip:port)");
+  }
+  if (o.trainers_given && trim(o.trainers).empty()) {
+    bad("--trainers is empty (expected --trainers=ip,ip: one entry per trainer)");
+  }
+  if (o.ips_given && o.servers_given && o.trainers_given) {
+    bad("--ips is not used with --servers and --trainers (the nodes are their addresses); "
+        "--ips names the node of --server_num/--trainer_num");
+  }
+  if (o.job_token_given && o.job_token.empty()) {
+    bad("--job_token is empty (leave it out to use DPAR_JOB_TOKEN or a generated token)");
+  }
+  if (!(o.server_stop_timeout >= 0 && o.server_stop_timeout <= 86400)) {
+    bad("--server_stop_timeout=" + std::to_string(o.server_stop_timeout) +
+        ": expected 0..86400 seconds");
+  }
+}
+
 void check(const Options& o) {
   if (o.command.empty()) {
     bad("no program given (usage: dpar-launch [flags] <program> [args...]; see --help)");
   }
-  if (o.run_mode == "ps") {
-    bad("--run_mode=ps: this build's dpar-launch supports collective mode only "
-        "(--run_mode=collective)");
+  if (o.run_mode != "collective" && o.run_mode != "ps") {
+    bad("--run_mode=" + o.run_mode + ": expected collective or ps");
   }
-  if (o.run_mode != "collective") bad("--run_mode=" + o.run_mode + ": expected collective");
+  check_mode_flags(o);
+  if (o.ps_mode()) check_ps(o);
   if (o.nproc_given && o.nproc_per_node < 1) {
     bad("--nproc_per_node=" + std::to_string(o.nproc_per_node) +
         ": expected at least 1 process per node");
@@ -74,17 +146,40 @@ Options parse_options(const std::vector<std::string>& args) {
                               "processes per node (CPU processes when there is no --gpus)");
   auto& hostfile = flags.add_string("hostfile", "", "Horovod/MPI hostfile ('host slots=N' lines)");
   auto& rank_table = flags.add_string("rank_table", "", "MindSpore-style rank table (JSON)");
-  auto& log_dir = flags.add_string(
-      "log_dir", o.log_dir, "directory of workerlog.N files (\"\": every process on the console)");
+  auto& log_dir = flags.add_string("log_dir", o.log_dir,
+                                   "directory of the workerlog.N (ps mode: and serverlog.N) files "
+                                   "(\"\": every process on the console)");
   auto& start_port =
-      flags.add_int("start_port", o.start_port, "first port of the per-rank endpoints");
+      flags.add_int("start_port", o.start_port,
+                    "first port of the per-rank endpoints (ps mode: of the --server_num servers)");
   auto& master = flags.add_string("master", "",
                                   "ip:port of the store rank 0 hosts; empty: rank 0's "
                                   "node, the port after the per-rank ports");
-  auto& job_id =
-      flags.add_string("job_id", "", "job id shared by all nodes; empty: from the master endpoint");
-  auto& run_mode =
-      flags.add_string("run_mode", o.run_mode, "collective (the only mode of this build)");
+  auto& job_id = flags.add_string(
+      "job_id", "",
+      "job id shared by all nodes; empty: from the master endpoint (ps mode: from server 0's)");
+  auto& run_mode = flags.add_string("run_mode", o.run_mode,
+                                    "collective, or ps (parameter servers and CPU trainers)");
+  auto& servers = flags.add_string(
+      "servers", "", "ps mode: ip:port of each parameter server; server id = position");
+  auto& trainers = flags.add_string("trainers", "",
+                                    "ps mode: ip of each trainer, one entry per trainer, trainer "
+                                    "id = position (ip:port accepted, port unused; alias "
+                                    "--workers)");
+  flags.add_alias("workers", "trainers");
+  auto& server_num = flags.add_int(
+      "server_num", 0, "ps mode on one node (--ips): N servers at ports --start_port..");
+  auto& trainer_num = flags.add_int("trainer_num", 0,
+                                    "ps mode on one node (--ips): M trainers (alias --worker_num)");
+  flags.add_alias("worker_num", "trainer_num");
+  auto& job_token = flags.add_string("job_token", "",
+                                     "ps mode: the job's secret, the same on every node; empty: "
+                                     "DPAR_JOB_TOKEN, else random (one node) or derived from "
+                                     "the job id (several nodes, with a warning)");
+  auto& stop_timeout = flags.add_double(
+      "server_stop_timeout", o.server_stop_timeout,
+      "ps mode: seconds the servers get to exit by themselves after all trainers (all on this "
+      "node) exited 0; then they are stopped and the launcher exits 1");
   auto& max_restarts = flags.add_int("max_restarts", o.max_restarts,
                                      "restart all local workers after a failure, up to N "
                                      "times (alias --max_restart)");
@@ -107,9 +202,21 @@ Options parse_options(const std::vector<std::string>& args) {
   o.run_mode = run_mode;
   o.max_restarts = max_restarts;
   o.grace_period = grace;
+  o.servers = servers;
+  o.trainers = trainers;
+  o.server_num = server_num;
+  o.trainer_num = trainer_num;
+  o.job_token = job_token;
+  o.server_stop_timeout = stop_timeout;
   o.ips_given = flags.was_set("ips");
   o.gpus_given = flags.was_set("gpus");
   o.nproc_given = flags.was_set("nproc_per_node");
+  o.servers_given = flags.was_set("servers");
+  o.trainers_given = flags.was_set("trainers");
+  o.server_num_given = flags.was_set("server_num");
+  o.trainer_num_given = flags.was_set("trainer_num");
+  o.job_token_given = flags.was_set("job_token");
+  o.server_stop_timeout_given = flags.was_set("server_stop_timeout");
   check(o);
   return o;
 }

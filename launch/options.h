@@ -24,9 +24,24 @@ struct Options {
   int64_t max_restarts = 0;
   double grace_period = 3.0;  // seconds between SIGTERM and SIGKILL when stopping workers
 
+  // --run_mode=ps (parameter-server mode); see plan.h for how they combine.
+  std::string servers;   // "ip:port,ip:port": the servers, server id = position
+  std::string trainers;  // "ip,ip" (or ip:port, port unused): one trainer per entry
+  int64_t server_num = 0;
+  int64_t trainer_num = 0;
+  std::string job_token;              // "": DPAR_JOB_TOKEN, else generated or derived
+  double server_stop_timeout = 30.0;  // seconds servers get to exit after all trainers did
+
   bool ips_given = false;
   bool gpus_given = false;
   bool nproc_given = false;
+  bool servers_given = false;
+  bool trainers_given = false;
+  bool server_num_given = false;
+  bool trainer_num_given = false;
+  bool job_token_given = false;
+  bool server_stop_timeout_given = false;
+  bool ps_mode() const { return run_mode == "ps"; }
   std::vector<std::string> command;  // program and its arguments
 };
 

@@ -108,7 +108,21 @@ int select_node(const Cluster& cluster, const std::string& host, int node_rank,
   return matches[0];
 }
 
+int LaunchPlan::local_count(Role role) const {
+  int n = 0;
+  for (const Process& p : node().procs) n += p.role == role ? 1 : 0;
+  return n;
+}
+
+int LaunchPlan::echo_local_rank() const {
+  for (const Process& p : node().procs) {
+    if (p.role == Role::kTrainer) return p.local_rank;
+  }
+  return 0;
+}
+
 LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_addresses) {
+  if (o.ps_mode()) return make_ps_plan(o, local_addresses);
   LaunchPlan plan;
   plan.cluster = build_cluster(o);
   const Cluster& cluster = plan.cluster;
@@ -165,6 +179,20 @@ LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_add
 
 void check_ports_free(const LaunchPlan& plan) {
   const Node& node = plan.node();
+  if (plan.ps_mode) {
+    for (const Process& p : node.procs) {
+      if (p.role != Role::kServer) continue;
+      std::string ip;
+      int port = 0;
+      split_endpoint(p.endpoint, &ip, &port);
+      if (std::string why = probe_port(ip, port); !why.empty()) {
+        bad("port " + std::to_string(port) + " on " + ip + " (endpoint of server " +
+            std::to_string(p.role_id) + ") is not free: " + why +
+            "; choose other --servers ports or another --start_port");
+      }
+    }
+    return;
+  }
   for (const Process& p : node.procs) {
     const int port = plan.start_port + p.local_rank;
     if (std::string why = probe_port(node.ip, port); !why.empty()) {

@@ -13,6 +13,7 @@
 
 #include "dpar/core/error.h"
 #include "spawner.h"
+#include "text.h"
 
 namespace dpar::launch {
 namespace {
@@ -30,6 +31,21 @@ std::string seconds(double s) {
   char text[32];
   std::snprintf(text, sizeof text, "%g s", s);
   return text;
+}
+
+// "rank 1 (local rank 1, pid 42)", "server 1 (127.0.0.1:6071, pid 42)", "trainer 0 (pid 42)".
+std::string describe_process(const Process& proc, pid_t pid) {
+  const std::string pid_text = "pid " + std::to_string(pid);
+  switch (proc.role) {
+    case Role::kServer:
+      return process_name(proc) + " (" + proc.endpoint + ", " + pid_text + ")";
+    case Role::kTrainer:
+      return process_name(proc) + " (" + pid_text + ")";
+    case Role::kRank:
+      break;
+  }
+  return process_name(proc) + " (local rank " + std::to_string(proc.local_rank) + ", " + pid_text +
+         ")";
 }
 
 // Direct children of the launcher: the workers, and with the subreaper flag also whatever a
@@ -108,17 +124,20 @@ size_t Supervisor::running_count() const {
 void Supervisor::start_all(int restart) {
   stopping_ = killed_ = false;
   failed_ = -1;
+  servers_waiting_ = false;
+  overdue_servers_.clear();
   const bool to_files = !plan_.log_dir.empty();
   for (Worker& w : workers_) {
-    const int local = w.proc->local_rank;
     const std::string path =
-        to_files ? plan_.log_dir + "/workerlog." + std::to_string(local) : std::string();
-    // With log files only the node's first process is echoed (as paddle's launcher does);
-    // without them every process is, behind a rank prefix when there are several.
-    const bool echo = !to_files || local == 0;
-    const std::string prefix = !to_files && workers_.size() > 1
-                                   ? "[rank " + std::to_string(w.proc->rank) + "] "
-                                   : std::string();
+        to_files ? plan_.log_dir + "/" + log_file_name(*w.proc) : std::string();
+    // With log files only the node's first process (ps mode: its first trainer) is echoed, as
+    // paddle's launcher does; without them every process is, behind a prefix naming it when
+    // there are several.
+    const bool echo = !to_files || w.proc->local_rank == plan_.echo_local_rank();
+    std::string prefix;
+    // Appended (not "[" + name) to sidestep a GCC 12 -Wrestrict false alarm.
+    if (!to_files && workers_.size() > 1)
+      prefix.append("[").append(process_name(*w.proc)).append("] ");
     w.log = std::make_unique<LogSink>(path, restart > 0, echo, prefix);
     if (restart > 0) {
       w.log->write_file_only("----- dpar-launch: restart " + std::to_string(restart) + " of " +
@@ -173,9 +192,7 @@ void Supervisor::begin_stop(int sig) {
 
 void Supervisor::report_failure(const Worker& w) const {
   const size_t others = running_count();
-  std::string msg = "rank " + std::to_string(w.proc->rank) + " (local rank " +
-                    std::to_string(w.proc->local_rank) + ", pid " + std::to_string(w.pid) + ") " +
-                    describe_wait_status(w.status);
+  std::string msg = describe_process(*w.proc, w.pid) + " " + describe_wait_status(w.status);
   if (others > 0) {
     msg += "; stopping the other " + std::to_string(others) + " local process" +
            (others == 1 ? "" : "es");
@@ -216,6 +233,43 @@ void Supervisor::reap() {
       }
     }
   }
+}
+
+void Supervisor::watch_servers() {
+  if (!plan_.all_trainers_local() || stopping_) return;
+  if (!servers_waiting_) {
+    for (const Worker& w : workers_) {
+      // A trainer that failed has already started the stop, so the rest exited 0.
+      if (w.proc->role == Role::kTrainer && w.running) return;
+    }
+    if (running_count() == 0) return;
+    servers_waiting_ = true;
+    servers_deadline_ = Clock::now() + std::chrono::milliseconds(
+                                           static_cast<int64_t>(plan_.server_stop_timeout * 1000));
+  }
+  if (Clock::now() < servers_deadline_) return;
+  for (const Worker& w : workers_) {
+    if (!w.running || w.proc->role != Role::kServer) continue;
+    overdue_servers_.push_back(w.proc->role_id);
+    say(process_name(*w.proc) + " did not stop within " + seconds(plan_.server_stop_timeout) +
+        " after all trainers finished (" + w.proc->endpoint + ", pid " + std::to_string(w.pid) +
+        "); stopping it");
+  }
+  begin_stop(SIGTERM);
+}
+
+int Supervisor::poll_timeout_ms() const {
+  Clock::time_point until;
+  if (stopping_ && !killed_) {
+    until = deadline_;
+  } else if (servers_waiting_ && !stopping_) {
+    until = servers_deadline_;
+  } else {
+    return -1;
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+  // Rounded up, so the loop does not spin through the last fraction of a millisecond.
+  return static_cast<int>(std::max<int64_t>(0, left.count() + 1));
 }
 
 void Supervisor::handle_signals() {
@@ -264,13 +318,7 @@ Supervisor::Outcome Supervisor::supervise() {
         owners.push_back(&w);
       }
     }
-    int timeout = -1;
-    if (stopping_ && !killed_) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
-      timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
-    }
-    const int ready = ::poll(fds.data(), fds.size(), timeout);
+    const int ready = ::poll(fds.data(), fds.size(), poll_timeout_ms());
     if (ready < 0 && errno != EINTR) {
       DPAR_FAIL("dpar-launch: poll failed: ", std::strerror(errno));
     }
@@ -279,6 +327,7 @@ Supervisor::Outcome Supervisor::supervise() {
     }
     if (ready > 0 && fds[0].revents != 0) handle_signals();
     reap();
+    watch_servers();
     if (stopping_ && !killed_ && running_count() > 0 && Clock::now() >= deadline_) {
       say(std::to_string(running_count()) + " local process(es) still running after " +
           seconds(plan_.grace_period) + "; sending SIGKILL");
@@ -290,7 +339,8 @@ Supervisor::Outcome Supervisor::supervise() {
   for (Worker& w : workers_) close_output(w);
   kill_leftovers();
   if (interrupt_ != 0) return Outcome::kInterrupted;
-  return failed_ >= 0 ? Outcome::kFailure : Outcome::kSuccess;
+  if (failed_ >= 0) return Outcome::kFailure;
+  return overdue_servers_.empty() ? Outcome::kSuccess : Outcome::kServersDidNotStop;
 }
 
 int Supervisor::run() {
@@ -305,9 +355,17 @@ int Supervisor::run() {
       say("stopped by " + signal_name(interrupt_));
       return 128 + interrupt_;
     }
+    if (outcome == Outcome::kServersDidNotStop) {
+      // The trainers finished their work: a restart would repeat it, so this is final.
+      std::vector<std::string> ids;
+      for (int id : overdue_servers_) ids.push_back(std::to_string(id));
+      say("job failed: " + std::string(ids.size() == 1 ? "server " : "servers ") + join(ids, ", ") +
+          " did not stop within " + seconds(plan_.server_stop_timeout) +
+          " after all trainers finished");
+      return 1;
+    }
     const Worker& w = workers_[static_cast<size_t>(failed_)];
-    const std::string what =
-        "rank " + std::to_string(w.proc->rank) + " " + describe_wait_status(w.status);
+    const std::string what = process_name(*w.proc) + " " + describe_wait_status(w.status);
     if (restart < plan_.max_restarts) {
       say(what + "; restarting all " + std::to_string(workers_.size()) +
           " local process(es) (restart " + std::to_string(restart + 1) + " of " +

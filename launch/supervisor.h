@@ -6,6 +6,10 @@
 //    lines of its log, and all local workers restart if --max_restarts allows; else status 1
 //  - the launcher gets SIGINT/SIGTERM/SIGHUP   -> the same signal goes to every worker's group,
 //    SIGKILL after the grace period (at once on a second signal); status 128 + signal
+//  - ps mode, every trainer of the job runs here and all exited 0 -> the servers get
+//    --server_stop_timeout seconds to exit by themselves (the trainers told them to); servers
+//    still running then are stopped as above and the status is 1 (no restart)
+// Processes are named by role in messages: "rank 3", or in ps mode "server 1" / "trainer 0".
 // The launcher is a child subreaper, so processes the workers leave behind are reaped too.
 #include <signal.h>
 
@@ -42,7 +46,7 @@ class Supervisor {
     int status = 0;      // wait status once it exited
     std::unique_ptr<LogSink> log;
   };
-  enum class Outcome { kSuccess, kFailure, kInterrupted };
+  enum class Outcome { kSuccess, kFailure, kInterrupted, kServersDidNotStop };
   using Clock = std::chrono::steady_clock;
 
   void start_all(int restart);
@@ -54,6 +58,8 @@ class Supervisor {
   void begin_stop(int sig);
   void signal_groups(int sig);
   void report_failure(const Worker& w) const;
+  void watch_servers();
+  int poll_timeout_ms() const;
   void kill_leftovers();
   size_t running_count() const;
 
@@ -66,6 +72,10 @@ class Supervisor {
   Clock::time_point deadline_{};
   int failed_ = -1;    // index of the worker whose failure stops this attempt
   int interrupt_ = 0;  // signal that interrupted the launcher
+  // ps mode: all trainers finished; the servers must exit by servers_deadline_.
+  bool servers_waiting_ = false;
+  Clock::time_point servers_deadline_{};
+  std::vector<int> overdue_servers_;  // ids of the servers stopped after the deadline
 };
 
 // "exited with code 3", "was killed by signal 9 (SIGKILL)".

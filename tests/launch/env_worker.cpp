@@ -1,5 +1,7 @@
 // A stand-in worker for the launcher tests. It prints its environment as key=value lines
-// (sorted), then behaves as its key=value arguments say:
+// (sorted), then behaves as its key=value arguments say. Messages name it "rank <r>" (DPAR_RANK)
+// or, in ps mode, "server <id>" / "trainer <id>" (TRAINING_ROLE, DPAR_SERVER_ID,
+// DPAR_TRAINER_ID); that id is also what fail_rank= compares with.
 //   lines=N          print N more lines "line <i> of rank <r>"
 //   listen=IP:PORT   keep a listening TCP socket on IP:PORT (to occupy a port)
 //   grandchild=1     start a child process that sleeps as long as this one (same arguments
@@ -12,6 +14,10 @@
 //                    SEGV, TERM, ...)               } fail_restart=K (default any),
 //   fail_after=S     ... after S seconds             } after sleeping fail_after=S seconds
 //   sleep=S          otherwise sleep S seconds, then exit 0
+//   fail_role=ROLE   ps mode: fail only in a process whose TRAINING_ROLE is ROLE (PSERVER or
+//                    TRAINER), with fail_rank=R comparing R with its server or trainer id
+//   server.KEY=V     ps mode: KEY=V for servers only (e.g. server.sleep=60); trainer.KEY=V
+//                    likewise for trainers
 // Any other argument (e.g. a unique marker for pgrep) is ignored.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -86,17 +92,40 @@ int listen_on(const std::string& endpoint) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> args;
+  const char* role_env = std::getenv("TRAINING_ROLE");
+  const std::string role = role_env ? role_env : "";
+  const std::string scope = role == "PSERVER" ? "server." : role == "TRAINER" ? "trainer." : "";
+  std::map<std::string, std::string> args, scoped;
   for (int i = 1; i < argc; ++i) {
     const char* eq = std::strchr(argv[i], '=');
-    if (eq) args[std::string(argv[i], static_cast<size_t>(eq - argv[i]))] = eq + 1;
+    if (!eq) continue;
+    const std::string key(argv[i], static_cast<size_t>(eq - argv[i]));
+    if (!scope.empty() && key.rfind(scope, 0) == 0) {
+      scoped[key.substr(scope.size())] = eq + 1;
+    } else {
+      args[key] = eq + 1;
+    }
   }
+  for (const auto& [key, value] : scoped) args[key] = value;
   auto arg = [&](const char* key, const char* def) {
     auto it = args.find(key);
     return it == args.end() ? std::string(def) : it->second;
   };
-  const char* rank_env = std::getenv("DPAR_RANK");
-  const int rank = rank_env ? std::atoi(rank_env) : -1;
+  auto env_int = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value ? std::atoi(value) : -1;
+  };
+  // The id fail_rank= compares with, and the name the messages use.
+  int rank = env_int("DPAR_RANK");
+  std::string who = "rank ";
+  if (role == "PSERVER") {
+    rank = env_int("DPAR_SERVER_ID");
+    who = "server ";
+  } else if (role == "TRAINER") {
+    rank = env_int("DPAR_TRAINER_ID");
+    who = "trainer ";
+  }
+  who += std::to_string(rank);
   const char* restart_env = std::getenv("DPAR_RESTART_COUNT");
   const int restart = restart_env ? std::atoi(restart_env) : -1;
 
@@ -107,10 +136,10 @@ int main(int argc, char** argv) {
   }
   for (const auto& [key, value] : env) std::printf("%s=%s\n", key.c_str(), value.c_str());
   const int lines = std::atoi(arg("lines", "0").c_str());
-  for (int i = 1; i <= lines; ++i) std::printf("line %d of rank %d\n", i, rank);
+  for (int i = 1; i <= lines; ++i) std::printf("line %d of %s\n", i, who.c_str());
   std::fflush(stdout);
 
-  std::snprintf(g_message, sizeof g_message, "rank %d got ", rank);
+  std::snprintf(g_message, sizeof g_message, "%s got ", who.c_str());
   g_record = arg("record", "");
   if (arg("trap", "0") == "1") {
     for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::signal(sig, on_signal);
@@ -127,15 +156,16 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  const bool role_matches = !args.count("fail_role") || args["fail_role"] == role;
   const bool rank_matches =
       !args.count("fail_rank") || std::atoi(args["fail_rank"].c_str()) == rank;
   const bool restart_matches =
       !args.count("fail_restart") || std::atoi(args["fail_restart"].c_str()) == restart;
-  const bool fails =
-      (args.count("exit") || args.count("signal")) && rank_matches && restart_matches;
+  const bool fails = (args.count("exit") || args.count("signal")) && role_matches && rank_matches &&
+                     restart_matches;
   if (fails) {
     sleep_seconds(std::atof(arg("fail_after", "0").c_str()));
-    std::printf("rank %d failing now\n", rank);
+    std::printf("%s failing now\n", who.c_str());
     std::fflush(stdout);
     if (args.count("signal")) {
       const int sig = signal_number(args["signal"]);
@@ -146,6 +176,6 @@ int main(int argc, char** argv) {
     return std::atoi(arg("exit", "1").c_str());
   }
   sleep_seconds(std::atof(arg("sleep", "0").c_str()));
-  std::printf("rank %d done\n", rank);
+  std::printf("%s done\n", who.c_str());
   return 0;
 }

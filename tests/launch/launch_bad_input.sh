@@ -44,9 +44,7 @@ expect_bad "--node_rank=2: --ips=127.0.0.1,127.0.0.2 has 2 node(s), so expected 
   --ips=127.0.0.1,127.0.0.2 --node_rank=2 "${W[@]}"
 expect_bad "--host=127.0.0.3 is not one of the nodes in --ips=127.0.0.1,127.0.0.2" \
   --ips=127.0.0.1,127.0.0.2 --host=127.0.0.3 "${W[@]}"
-expect_bad "--run_mode=ps: this build's dpar-launch supports collective mode only" \
-  --run_mode=ps "${W[@]}"
-expect_bad "--run_mode=hybrid: expected collective" --run_mode=hybrid "${W[@]}"
+expect_bad "--run_mode=hybrid: expected collective or ps" --run_mode=hybrid "${W[@]}"
 expect_bad "unknown flag --nprocs" --nprocs=2 "${W[@]}"
 expect_bad "--start_port=abc: expected an integer" --start_port=abc "${W[@]}"
 expect_bad "--start_port=70000: expected a port in 1..65535" --start_port=70000 "${W[@]}"
@@ -60,6 +58,39 @@ expect_bad "program $work/not_exec: is not executable" "$work/not_exec" "$marker
 expect_bad "program $work: is a directory" "$work" "$marker"
 CUDA_VISIBLE_DEVICES=4,5 expect_bad "GPU 0 is not in this launcher's CUDA_VISIBLE_DEVICES=4,5" \
   --gpus=0 "${W[@]}"
+
+echo "== ps mode"
+P=(--run_mode=ps)
+expect_bad "--servers=127.0.0.1: entry '127.0.0.1': expected ip:port" \
+  "${P[@]}" --servers=127.0.0.1 --trainer_num=1 "${W[@]}"
+expect_bad "--servers=127.0.0.1:99999: entry '127.0.0.1:99999': expected ip:port" \
+  "${P[@]}" --servers=127.0.0.1:99999 --trainer_num=1 "${W[@]}"
+expect_bad "--servers=127.0.0.1:$port,,127.0.0.1:1: empty entry" \
+  "${P[@]}" --servers=127.0.0.1:$port,,127.0.0.1:1 --trainer_num=1 "${W[@]}"
+expect_bad "duplicate server endpoint 127.0.0.1:$port (servers 0 and 1)" \
+  "${P[@]}" --servers=127.0.0.1:$port,127.0.0.1:$port --trainers=127.0.0.1 "${W[@]}"
+three=127.0.0.1:$port,127.0.0.1:$((port + 1)),127.0.0.1:$((port + 2))
+expect_bad "--server_num=2 but --servers=$three lists 3 server(s)" \
+  "${P[@]}" --server_num=2 --servers=$three --trainer_num=1 "${W[@]}"
+expect_bad "--trainer_num=3 but --trainers=127.0.0.1,127.0.0.1 lists 2 trainer(s)" \
+  "${P[@]}" --server_num=1 --trainers=127.0.0.1,127.0.0.1 --trainer_num=3 "${W[@]}"
+expect_bad "--trainers=127.0.0.1,x: entry 'x': expected an IPv4 address" \
+  "${P[@]}" --server_num=1 --workers=127.0.0.1,x "${W[@]}"
+expect_bad "--trainers needs --run_mode=ps" --trainers=127.0.0.1 "${W[@]}"
+expect_bad "--server_num needs --run_mode=ps" --run_mode=collective --server_num=1 "${W[@]}"
+ps_only="cannot be used with --run_mode=ps: ps mode runs CPU trainers described by --servers/--trainers or --server_num/--trainer_num"
+expect_bad "--gpus $ps_only" "${P[@]}" --gpus=0 --server_num=1 --trainer_num=1 "${W[@]}"
+expect_bad "--nproc_per_node $ps_only" "${P[@]}" --nproc_per_node=2 --server_num=1 --trainer_num=1 \
+  "${W[@]}"
+expect_bad "--master $ps_only" "${P[@]}" --master=127.0.0.1:1 --server_num=1 --trainer_num=1 \
+  "${W[@]}"
+expect_bad "--trainer_num=0: ps mode needs at least 1 trainer" \
+  "${P[@]}" --server_num=1 --trainer_num=0 "${W[@]}"
+expect_bad "--run_mode=ps needs at least 1 server and 1 trainer" "${P[@]}" --trainer_num=1 "${W[@]}"
+expect_bad "this host is not in --servers=10.231.99.1:$port --trainers=10.231.99.2 (local addresses: 127.0.0.1" \
+  "${P[@]}" --servers=10.231.99.1:$port --trainers=10.231.99.2 "${W[@]}"
+expect_bad "program '$marker-missing' not found in PATH" \
+  "${P[@]}" --server_num=1 --trainer_num=1 "$marker-missing"
 
 echo "== cluster files"
 expect_bad "--hostfile=$work/missing: cannot open the file" --hostfile="$work/missing" "${W[@]}"
@@ -90,6 +121,8 @@ expect_bad "port $((port + 1)) on 127.0.0.1 (endpoint of rank 1) is not free: Ad
 # With one process the store takes port+1: the launcher checks it on rank 0's node as well.
 expect_bad "port $((port + 1)) on 127.0.0.1 (the store's endpoint, DPAR_MASTER) is not free" \
   --nproc_per_node=1 "$worker" sleep=0
+expect_bad "port $((port + 1)) on 127.0.0.1 (endpoint of server 1) is not free: Address already in use" \
+  --run_mode=ps --server_num=2 --trainer_num=1 "${W[@]}"
 kill $listener
 wait $listener 2>/dev/null
 finish

@@ -5,26 +5,35 @@
 # as on real machines. The job's program and its arguments are parameters, so the same script
 # runs a collective test program later:
 #
-#   netns_two_hosts.sh [--expect-env] [--nproc=N] <dpar-launch> <program> [args...]
+#   netns_two_hosts.sh [--expect-env] [--nproc=N] [--ps] <dpar-launch> <program> [args...]
 #
 # Both launchers must exit 0. --expect-env also checks the env_worker output: world size 2N,
 # ranks, node ranks and endpoints agree across the two hosts.
+#
+# --ps runs a parameter-server job instead: one server on each host
+# (--servers=10.231.0.1:6070,10.231.0.2:6070) and N trainers on each (--nproc, default 1 with
+# --ps; --trainers lists each host's address N times, so host a runs trainers 0..N-1), with
+# one random --job_token given to both launchers. --expect-env then checks roles, server and
+# trainer ids, the server list, the trainer count and the shared token.
 # Exit status: 0 passed, 1 failed, 77 skipped (no CAP_NET_ADMIN or no `ip`; the reason is
 # printed). NETNS_TEST_TIMEOUT (default 45 s) bounds each launcher.
 set -u
 expect_env=0
-nproc=2
+nproc=
+ps=0
 while [ $# -gt 0 ]; do
   case $1 in
     --expect-env) expect_env=1; shift ;;
     --nproc=*) nproc=${1#--nproc=}; shift ;;
+    --ps) ps=1; shift ;;
     *) break ;;
   esac
 done
 if [ $# -lt 2 ]; then
-  echo "usage: $0 [--expect-env] [--nproc=N] <dpar-launch> <program> [args...]" >&2
+  echo "usage: $0 [--expect-env] [--nproc=N] [--ps] <dpar-launch> <program> [args...]" >&2
   exit 1
 fi
+[ -n "$nproc" ] || nproc=$((ps ? 1 : 2))
 launcher=$1
 shift
 skip() {
@@ -64,13 +73,24 @@ fi
 
 limit=${NETNS_TEST_TIMEOUT:-45}
 port=6070  # the namespaces are fresh: the default ports are free there
+# The cluster flags both launchers get.
+if [ $ps -eq 1 ]; then
+  servers=$ip_a:$port,$ip_b:$port
+  trainers=""
+  for ip in $ip_a $ip_b; do
+    for ((l = 0; l < nproc; l++)); do trainers+="${trainers:+,}$ip"; done
+  done
+  token=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+  cluster=(--run_mode=ps --servers="$servers" --trainers="$trainers" --job_token="$token")
+else
+  cluster=(--ips="$ip_a,$ip_b" --nproc_per_node="$nproc" --start_port=$port)
+fi
 # run_node NS NAME PROGRAM [ARGS...]: one launcher in namespace NS, logs under $work/NAME.
 run_node() {
   local ns=$1 name=$2
   shift 2
-  timeout -s TERM "$limit" ip netns exec "$ns" "$launcher" --ips="$ip_a,$ip_b" \
-    --nproc_per_node="$nproc" --start_port=$port --log_dir="$work/$name" "$@" \
-    >"$work/$name.out" 2>"$work/$name.err"
+  timeout -s TERM "$limit" ip netns exec "$ns" "$launcher" "${cluster[@]}" \
+    --log_dir="$work/$name" "$@" >"$work/$name.out" 2>"$work/$name.err"
 }
 run_node "$ns_a" a "$@" &
 pid_a=$!
@@ -91,13 +111,39 @@ for node in a b; do
   if [ "${!rc_var}" -ne 0 ]; then
     fail "launcher on host $node exited ${!rc_var}; its stderr and logs:"
     cat "$work/$node.err"
-    for f in "$work/$node"/workerlog.*; do echo "--- $f"; tail -n 20 "$f"; done
+    for f in "$work/$node"/*log.*; do echo "--- $f"; tail -n 20 "$f"; done
   else
     echo "ok: launcher on host $node exited 0"
   fi
 done
 
-if [ $expect_env -eq 1 ]; then
+# expect_lines LOG WHAT KEY=VALUE...: LOG has each line.
+expect_lines() {
+  local log=$1 what=$2 kv
+  shift 2
+  for kv in "$@"; do
+    if grep -qxF -- "$kv" "$log" 2>/dev/null; then echo "ok: $what: $kv"; else
+      fail "$what: $log lacks $kv"
+    fi
+  done
+}
+
+if [ $expect_env -eq 1 ] && [ $ps -eq 1 ]; then
+  node=0
+  for name in a b; do
+    ip_var=ip_$name
+    common=(DPAR_RUN_MODE=ps DPAR_PSERVER_ENDPOINTS=$servers PADDLE_PSERVERS_IP_PORT_LIST=$servers
+      DPAR_SERVER_NUM=2 DPAR_TRAINERS_NUM=$((2 * nproc)) DPAR_NNODES=2 DPAR_NODE_RANK=$node
+      POD_IP=${!ip_var} DPAR_JOB_ID=dpar-ps-$ip_a-$port DPAR_JOB_TOKEN=$token)
+    expect_lines "$work/$name/serverlog.0" "host $name server" TRAINING_ROLE=PSERVER \
+      DPAR_SERVER_ID=$node PADDLE_PORT=$port DPAR_CURRENT_ENDPOINT=${!ip_var}:$port "${common[@]}"
+    for ((l = 0; l < nproc; l++)); do
+      expect_lines "$work/$name/workerlog.$l" "host $name trainer $l" TRAINING_ROLE=TRAINER \
+        DPAR_TRAINER_ID=$((node * nproc + l)) "${common[@]}"
+    done
+    node=$((node + 1))
+  done
+elif [ $expect_env -eq 1 ]; then
   world=$((2 * nproc))
   endpoints=""
   for ip in $ip_a $ip_b; do
@@ -106,14 +152,10 @@ if [ $expect_env -eq 1 ]; then
   node=0
   for name in a b; do
     for ((l = 0; l < nproc; l++)); do
-      log=$work/$name/workerlog.$l
-      for kv in DPAR_RANK=$((node * nproc + l)) DPAR_WORLD_SIZE=$world DPAR_NODE_RANK=$node \
-          DPAR_NNODES=2 DPAR_LOCAL_RANK=$l DPAR_ENDPOINTS=$endpoints \
-          DPAR_MASTER=$ip_a:$((port + nproc)) WORLD_SIZE=$world MASTER_ADDR=$ip_a; do
-        if grep -qxF -- "$kv" "$log" 2>/dev/null; then echo "ok: host $name $l: $kv"; else
-          fail "host $name: $log lacks $kv"
-        fi
-      done
+      expect_lines "$work/$name/workerlog.$l" "host $name $l" DPAR_RANK=$((node * nproc + l)) \
+        DPAR_WORLD_SIZE=$world DPAR_NODE_RANK=$node DPAR_NNODES=2 DPAR_LOCAL_RANK=$l \
+        DPAR_ENDPOINTS=$endpoints DPAR_MASTER=$ip_a:$((port + nproc)) WORLD_SIZE=$world \
+        MASTER_ADDR=$ip_a
     done
     node=$((node + 1))
   done

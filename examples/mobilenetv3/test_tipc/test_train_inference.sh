@@ -88,10 +88,13 @@ parse_gpu_list() {
     device_flags=(--nproc_per_node=1)
   elif [[ $devices =~ ^cpu:([1-9][0-9]*)$ ]]; then
     device_flags=(--nproc_per_node="${BASH_REMATCH[1]}")
+  elif [[ $devices =~ ^ps:([1-9][0-9]*),([1-9][0-9]*)$ ]]; then
+    # Parameter-server mode on one node: S servers and T trainers (the same train program).
+    device_flags=(--run_mode=ps --server_num="${BASH_REMATCH[1]}" --trainer_num="${BASH_REMATCH[2]}")
   elif [[ $devices =~ ^[0-9]+(,[0-9]+)*$ ]]; then
     device_flags=(--gpus="$devices")
   else
-    tipc_die "$params:$n: gpu_list entry '$entry': devices '$devices' should be -1 (CPU), cpu:N (N CPU processes per node) or GPU ids like 0,1"
+    tipc_die "$params:$n: gpu_list entry '$entry': devices '$devices' should be -1 (CPU), cpu:N (N CPU processes per node), ps:S,T (S parameter servers and T trainers) or GPU ids like 0,1"
   fi
   node_ips=()
   if [ -n "$ips" ]; then
