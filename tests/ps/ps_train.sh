@@ -5,7 +5,9 @@
 #      log serverlog.N and stop by themselves once the trainers finish; launcher exit 0;
 #   2. the same job described by --servers/--trainers with one launcher per "node"
 #      (127.0.0.1 and 127.0.0.2): exit 0 and the same weights again;
-#   3. async and GEO runs whose loss decreases.
+#   3. a sync job whose trainer 0 dies, resumed with --resume auto: the servers restore the
+#      shards they saved with trainer 0's checkpoint and the weights end as in 1;
+#   4. async and GEO runs whose loss decreases.
 # Usage: ps_train.sh <train> <dpar-launch> <python3> <source dir>
 set -u
 source "$(dirname "$0")/common.sh" "$@"
@@ -92,6 +94,21 @@ for k in 0 1; do
 done
 compare_weights "$work/nodes/out0/mobilenet_v3_small.safetensors" \
   "$work/collective/out/mobilenet_v3_small.safetensors" "two-node sync ps weights == collective weights"
+
+echo "== sync ps resumed: trainer 0 dies at step 11, servers saved shards at step 8; --resume"
+ckpt=(--checkpoint-dir "$work/resume/ckpt" --step-interval 4)
+DPAR_TEST_DIE_AT_STEP=11:0 run resume --run_mode=ps --server_num=2 --trainer_num=2 \
+  --start_port=$((port + 3)) -- "${epochs[@]}" --ps-mode sync "${ckpt[@]}" &&
+  fail "the job survived its trainer 0 dying"
+ls "$work/resume/ckpt"/pserver.1.step8.safetensors >/dev/null 2>&1 &&
+  ok "server 1 saved its shard at step 8" || fail "no pserver.1.step8.safetensors in $work/resume/ckpt"
+if run resume --run_mode=ps --server_num=2 --trainer_num=2 --start_port=$((port + 3)) -- \
+  "${epochs[@]}" --ps-mode sync "${ckpt[@]}" --resume auto; then ok "resumed job exit 0"; else
+  fail "resumed job failed"; tail -n 20 "$work/resume.out"
+fi
+expect_text "$work/resume/log/serverlog.0" "resumed at step 8"
+compare_weights "$work/resume/out/mobilenet_v3_small.safetensors" \
+  "$work/collective/out/mobilenet_v3_small.safetensors" "resumed sync ps weights == collective weights"
 
 echo "== async ps: 2 servers x 2 trainers"
 run async --run_mode=ps --server_num=2 --trainer_num=2 --start_port=$((port + 3)) -- \
