@@ -52,25 +52,16 @@ struct Options {
 
 // ---- driver: re-launch through dpar-launch -------------------------------------------------
 
-bool port_free(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  close(fd);
-  return ok;
-}
-
 // dpar-launch uses ports P, P+1 (rank endpoints) and P+2 (the store) for 2 processes; a random
 // free block keeps concurrent runs (tests, other benchmarks) from colliding.
 int pick_start_port() {
   std::mt19937 rng(std::random_device{}());
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int base = 30000 + static_cast<int>(rng() % 2500) * 10;
-    if (port_free(base) && port_free(base + 1) && port_free(base + 2)) return base;
+    if (bench::loopback_port_free(base) && bench::loopback_port_free(base + 1) &&
+        bench::loopback_port_free(base + 2)) {
+      return base;
+    }
   }
   DPAR_FAIL("bench_allreduce: found no free block of 3 loopback ports in 30000-55000");
 }

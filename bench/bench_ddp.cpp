@@ -5,6 +5,12 @@
 //
 // Run without arguments: the driver runs one process alone, then itself under dpar-launch
 // with --worker, then the PyTorch peer (bench/peers/torch_ddp.py).
+//
+// --ps adds the same training loop as a sync parameter-server job in the same invocation:
+// itself under `dpar-launch --run_mode=ps --server_num=2 --trainer_num=<world>`, each trainer
+// calling ps::ParameterServerTrainer::step(batch) instead of optimizer.step() (the servers run
+// the same SGD), and prints its img/s beside the collective (DataParallel) figure and the ratio
+// ps/collective.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -14,6 +20,7 @@
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
+#include "dpar/ps/ps.h"
 #include "model/mobilenet_v3.h"
 
 using namespace dpar;
@@ -57,6 +64,42 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
   return r;
 }
 
+// One trainer of the sync parameter-server job: the loop above with
+// ParameterServerTrainer::step(batch) in place of DataParallel + optimizer.step(). Returns this
+// trainer's seconds per step; comm_seconds is its push + pull time per step (the pull includes
+// waiting for the other trainers' gradients and the servers' optimizer step).
+StepResult run_ps_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps) {
+  manual_seed(0);
+  auto model = models::mobilenet_v3_small(1000);
+  model->train();
+  optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
+  ps::TrainerOptions options;
+  options.mode = ps::Mode::kSync;
+  options.log = [](const std::string&) {};
+  ps::ParameterServerTrainer trainer(*model, opt, ps::env_from_environment(), options);
+  const auto [x, y] =
+      bench::random_batch(batch, img, 1000, static_cast<uint64_t>(trainer.trainer_id() + 1));
+  auto step = [&] {
+    opt.zero_grad();
+    cross_entropy(model->forward(x), y).backward();
+    trainer.step(batch);
+  };
+  // Sync steps keep the trainers in lockstep, so after the warm-up they start together.
+  for (int64_t i = 0; i < warmup; ++i) step();
+  const ps::TrainerStats before = trainer.stats();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) step();
+  StepResult r;
+  r.seconds_per_step = bench::seconds_since(t0) / static_cast<double>(steps);
+  const ps::TrainerStats& after = trainer.stats();
+  r.comm_seconds =
+      (after.push_seconds - before.push_seconds + after.pull_seconds - before.pull_seconds) /
+      static_cast<double>(steps);
+  r.exposed_seconds = r.comm_seconds;  // nothing overlaps backward in ps mode
+  trainer.finish();
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,9 +115,30 @@ int main(int argc, char** argv) {
     auto& result = flags.add_string("result", "", "internal: where rank 0 writes its figures");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCHER, "dpar-launch binary");
     auto& port = flags.add_int("start-port", 29300, "dpar-launch --start_port");
+    auto& with_ps =
+        flags.add_bool("ps", false, "also run the loop as a sync parameter-server job and compare");
+    auto& ps_servers = flags.add_int("ps-servers", 2, "--ps: parameter servers");
+    auto& ps_port = flags.add_int("ps-start-port", 0,
+                                  "--ps: dpar-launch --start_port of the servers (0: free ports)");
+    auto& ps_pairs =
+        flags.add_int("ps-pairs", 3, "--ps: (collective, ps) job pairs, alternating; medians");
     flags.parse(argc, argv);
+    DPAR_CHECK(ps_pairs >= 1 && ps_servers >= 1,
+               "bench_ddp: --ps-pairs and --ps-servers must be >= 1");
     set_num_threads(1);
 
+    if (worker && ps::is_server()) {
+      ps::init_server();
+      ps::run_server();
+      return 0;
+    }
+    if (worker && ps::is_worker()) {
+      const StepResult r = run_ps_training(batch, img, warmup, steps);
+      const std::string path =
+          result + ".trainer" + std::to_string(ps::env_from_environment().trainer_id);
+      std::ofstream(path) << r.seconds_per_step << " " << r.comm_seconds << "\n";
+      return 0;
+    }
     if (worker) {
       dist::init_parallel_env();
       const StepResult r = run_training(batch, img, warmup, steps, dist::get_rank() + 1);
@@ -91,39 +155,137 @@ int main(int argc, char** argv) {
 
     // 2. world ranks under dpar-launch.
     const std::string result_file = "/tmp/bench_ddp_" + std::to_string(getpid()) + ".txt";
-    const std::string cmd = launcher + " --nproc_per_node=" + std::to_string(world) +
-                            " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_log_" +
-                            std::to_string(getpid()) + " " + std::string(argv[0]) + " --worker --result " +
-                            result_file + " --batch " + std::to_string(batch) + " --img " + std::to_string(img) +
-                            " --warmup " + std::to_string(warmup) + " --steps " + std::to_string(steps) +
-                            " > /dev/null";
-    const int status = std::system(cmd.c_str());
-    DPAR_CHECK(status == 0, "bench_ddp: the ", world, "-rank run failed (status ", status, "): ", cmd);
-    StepResult multi;
-    std::ifstream(result_file) >> multi.seconds_per_step >> multi.comm_seconds >> multi.exposed_seconds;
-    std::remove(result_file.c_str());
-    const double multi_ips = static_cast<double>(world * batch) / multi.seconds_per_step;
-    const double hidden = multi.comm_seconds > 0 ? 1.0 - multi.exposed_seconds / multi.comm_seconds : 0.0;
+    const std::string worker_args = " --worker --result " + result_file + " --batch " +
+                                    std::to_string(batch) + " --img " + std::to_string(img) +
+                                    " --warmup " + std::to_string(warmup) + " --steps " +
+                                    std::to_string(steps) + " > /dev/null";
+    auto run_collective = [&] {
+      const std::string cmd = launcher + " --nproc_per_node=" + std::to_string(world) +
+                              " --start_port=" + std::to_string(port) +
+                              " --log_dir=/tmp/bench_ddp_log_" + std::to_string(getpid()) + " " +
+                              std::string(argv[0]) + worker_args;
+      const int status = std::system(cmd.c_str());
+      DPAR_CHECK(status == 0, "bench_ddp: the ", world, "-rank run failed (status ", status,
+                 "): ", cmd);
+      StepResult r;
+      std::ifstream(result_file) >> r.seconds_per_step >> r.comm_seconds >> r.exposed_seconds;
+      std::remove(result_file.c_str());
+      return r;
+    };
+    // 3. (--ps) The same loop as a sync parameter-server job: world trainers + ps_servers
+    // servers. The job's speed is the slowest trainer's.
+    auto run_ps = [&] {
+      const int first_port = ps_port > 0 ? static_cast<int>(ps_port)
+                                         : bench::pick_free_ports(static_cast<int>(ps_servers));
+      const std::string cmd = launcher +
+                              " --run_mode=ps --server_num=" + std::to_string(ps_servers) +
+                              " --trainer_num=" + std::to_string(world) +
+                              " --ips=127.0.0.1 --start_port=" + std::to_string(first_port) +
+                              " --log_dir=/tmp/bench_ddp_ps_log_" + std::to_string(getpid()) + " " +
+                              bench::self_path() + worker_args;
+      const int status = std::system(cmd.c_str());
+      DPAR_CHECK(status == 0, "bench_ddp: the parameter-server run failed (status ", status,
+                 "): ", cmd);
+      StepResult slowest;
+      for (int64_t t = 0; t < world; ++t) {
+        const std::string path = result_file + ".trainer" + std::to_string(t);
+        StepResult r;
+        std::ifstream in(path);
+        DPAR_CHECK(static_cast<bool>(in >> r.seconds_per_step >> r.comm_seconds),
+                   "bench_ddp: trainer ", t, " left no result in ", path);
+        std::remove(path.c_str());
+        if (r.seconds_per_step > slowest.seconds_per_step) slowest = r;
+      }
+      return slowest;
+    };
+    auto images_per_s = [&](const StepResult& r) {
+      return static_cast<double>(world * batch) / r.seconds_per_step;
+    };
 
-    std::printf("bench_ddp: mobilenet_v3_small %lldpx, %lld ranks x 1 thread, batch %lld per rank, %lld timed steps\n",
-                static_cast<long long>(img), static_cast<long long>(world), static_cast<long long>(batch),
-                static_cast<long long>(steps));
-    std::printf("  dpar     %8.2f img/s with %lld ranks | one process %7.2f img/s | scaling efficiency %.3f\n",
-                multi_ips, static_cast<long long>(world), single_ips, multi_ips / (static_cast<double>(world) * single_ips));
-    std::printf("           communication per step %.1f ms, of which %.1f ms exposed after backward: %.0f%% hidden\n",
-                multi.comm_seconds * 1e3, multi.exposed_seconds * 1e3, 100.0 * hidden);
-    if (peer) {
-      const auto p = bench::run_peer("torch_ddp.py",
-                                     "--world " + std::to_string(world) + " --batch " + std::to_string(batch) +
-                                         " --img " + std::to_string(img) + " --warmup " + std::to_string(warmup) +
-                                         " --steps " + std::to_string(steps),
-                                     1);
-      const double theirs = p.at("img_per_s").get<double>();
-      std::printf("  pytorch  %8.2f img/s with %lld ranks | one process %7.2f img/s | scaling efficiency %.3f (DDP, gloo)\n",
-                  theirs, static_cast<long long>(world), p.at("single_img_per_s").get<double>(),
-                  p.at("scaling").get<double>());
-      std::printf("  ratio dpar/pytorch (%lld ranks): %.2fx\n", static_cast<long long>(world), multi_ips / theirs);
+    const StepResult multi = run_collective();
+    const double multi_ips = images_per_s(multi);
+    const double hidden =
+        multi.comm_seconds > 0 ? 1.0 - multi.exposed_seconds / multi.comm_seconds : 0.0;
+
+    std::printf(
+        "bench_ddp: mobilenet_v3_small %lldpx, %lld ranks x 1 thread, batch %lld per rank, %lld "
+        "timed steps\n",
+        static_cast<long long>(img), static_cast<long long>(world), static_cast<long long>(batch),
+        static_cast<long long>(steps));
+    std::printf(
+        "  dpar     %8.2f img/s with %lld ranks | one process %7.2f img/s | scaling efficiency "
+        "%.3f\n",
+        multi_ips, static_cast<long long>(world), single_ips,
+        multi_ips / (static_cast<double>(world) * single_ips));
+    std::printf(
+        "           communication per step %.1f ms, of which %.1f ms exposed after backward: "
+        "%.0f%% hidden\n",
+        multi.comm_seconds * 1e3, multi.exposed_seconds * 1e3, 100.0 * hidden);
+    std::fflush(stdout);
+    nlohmann::json json = {{"bench", "bench_ddp"},
+                           {"img", img},
+                           {"batch", batch},
+                           {"ranks", world},
+                           {"steps", steps},
+                           {"dpar_img_per_s", multi_ips},
+                           {"single_img_per_s", single_ips}};
+    if (with_ps) {
+      // Pairs of (collective, ps) jobs in ABBA order, so neither mode always runs first and a
+      // burst of other work on the machine lands on both; the first collective job is the one
+      // above.
+      std::vector<double> coll_ips{multi_ips}, ps_ips, ratio;
+      std::vector<StepResult> ps_runs;
+      for (int64_t pair = 0; pair < ps_pairs; ++pair) {
+        if (pair > 0 && pair % 2 == 0) coll_ips.push_back(images_per_s(run_collective()));
+        ps_runs.push_back(run_ps());
+        ps_ips.push_back(images_per_s(ps_runs.back()));
+        if (pair % 2 == 1) coll_ips.push_back(images_per_s(run_collective()));
+        ratio.push_back(ps_ips.back() / coll_ips.back());
+      }
+      double ps_comm = 0;
+      for (const StepResult& r : ps_runs)
+        ps_comm += r.comm_seconds / static_cast<double>(ps_runs.size());
+      std::printf(
+          "  --ps: %lld collective and %lld parameter-server jobs, alternating (ABBA), medians:\n",
+          static_cast<long long>(coll_ips.size()), static_cast<long long>(ps_ips.size()));
+      std::printf("  collective %8.2f img/s  (DataParallel, %lld ranks; per job:",
+                  bench::median(coll_ips), static_cast<long long>(world));
+      for (double v : coll_ips) std::printf(" %.1f", v);
+      std::printf(
+          ")\n  dpar ps    %8.2f img/s  (sync ParameterServerTrainer::step, %lld trainers + %lld "
+          "servers; per job:",
+          bench::median(ps_ips), static_cast<long long>(world), static_cast<long long>(ps_servers));
+      for (double v : ps_ips) std::printf(" %.1f", v);
+      std::printf(
+          ")\n             push + pull %.1f ms per step, all after backward (the pull waits for "
+          "every trainer)\n",
+          ps_comm * 1e3);
+      std::printf("  ratio ps/collective: %.2fx (median of the pairs' ratios; target >= 0.80)\n",
+                  bench::median(ratio));
+      json["collective_img_per_s"] = bench::median(coll_ips);
+      json["ps_img_per_s"] = bench::median(ps_ips);
+      json["ps_servers"] = ps_servers;
+      json["ratio_ps_collective"] = bench::median(ratio);
     }
+    if (peer) {
+      const auto p =
+          bench::run_peer("torch_ddp.py",
+                          "--world " + std::to_string(world) + " --batch " + std::to_string(batch) +
+                              " --img " + std::to_string(img) + " --warmup " +
+                              std::to_string(warmup) + " --steps " + std::to_string(steps),
+                          1);
+      const double theirs = p.at("img_per_s").get<double>();
+      std::printf(
+          "  pytorch  %8.2f img/s with %lld ranks | one process %7.2f img/s | scaling efficiency "
+          "%.3f (DDP, gloo)\n",
+          theirs, static_cast<long long>(world), p.at("single_img_per_s").get<double>(),
+          p.at("scaling").get<double>());
+      std::printf("  ratio dpar/pytorch (%lld ranks): %.2fx\n", static_cast<long long>(world),
+                  multi_ips / theirs);
+      json["pytorch_img_per_s"] = theirs;
+      json["ratio_dpar_pytorch"] = multi_ips / theirs;
+    }
+    std::printf("%s\n", json.dump().c_str());
     return 0;
   });
 }

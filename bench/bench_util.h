@@ -1,9 +1,18 @@
 #pragma once
 // Shared pieces of the benchmarks: running a PyTorch peer script in the same invocation and
-// reading its one-line JSON answer, timing loops, and the result table.
+// reading its one-line JSON answer, timing loops, the result table, and what the self-launching
+// benchmarks need (their own path, free loopback ports).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -36,6 +45,13 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+inline double median(std::vector<double> v) {
+  DPAR_CHECK(!v.empty(), "bench: median of nothing");
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
 // A random image batch (normal pixels) and labels in [0, classes), reproducible from seed.
 struct RandomBatch {
   Tensor images;
@@ -48,6 +64,39 @@ inline RandomBatch random_batch(int64_t batch, int64_t img, int64_t classes, uin
   std::vector<int64_t> yv(static_cast<size_t>(batch));
   for (auto& v : yv) v = static_cast<int64_t>(gen.next_u64() % static_cast<uint64_t>(classes));
   return {Tensor::from_vector(xv, {batch, 3, img, img}), Tensor::from_vector(yv, {batch})};
+}
+
+// This executable's absolute path (for re-running itself under dpar-launch).
+inline std::string self_path() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  DPAR_CHECK(n > 0, "bench: cannot read /proc/self/exe");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+inline bool loopback_port_free(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+// The first of `count` consecutive loopback ports that are all free now, from a random start in
+// 30000-55000, so concurrent runs (tests, other benchmarks) do not collide.
+inline int pick_free_ports(int count) {
+  std::mt19937 rng(std::random_device{}());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int base = 30000 + static_cast<int>(rng() % 2500) * 10;
+    bool free = true;
+    for (int p = base; free && p < base + count; ++p) free = loopback_port_free(p);
+    if (free) return base;
+  }
+  DPAR_FAIL("bench: found no free block of ", count, " loopback ports in 30000-55000");
 }
 
 }  // namespace dpar::bench
