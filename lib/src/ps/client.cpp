@@ -18,13 +18,6 @@ int64_t whole_seconds(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::seconds>(d).count();
 }
 
-std::string seconds_text(milliseconds t) {
-  char buf[32];
-  const double s = static_cast<double>(t.count()) / 1000.0;
-  std::snprintf(buf, sizeof buf, s == static_cast<int64_t>(s) ? "%.0f s" : "%.1f s", s);
-  return buf;
-}
-
 }  // namespace
 
 FlatView::FlatView(const std::vector<Tensor>& tensors) {

@@ -1,5 +1,7 @@
 #include "ps/ps_common.h"
 
+#include <cstdio>
+
 namespace dpar::ps::detail {
 
 rpc::Layout to_proto(const ShardLayout& layout) {
@@ -36,6 +38,14 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& endpoint) {
   // Each trainer gets its own connection per server instead of sharing a subchannel.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+}
+
+std::string seconds_text(std::chrono::milliseconds t) {
+  const double s = static_cast<double>(t.count()) / 1000.0;
+  char buf[32];
+  std::snprintf(buf, sizeof buf,
+                s == static_cast<double>(static_cast<int64_t>(s)) ? "%.0f s" : "%.1f s", s);
+  return buf;
 }
 
 std::string mode_difference(const rpc::ModeConfig& a, const rpc::ModeConfig& b) {

@@ -2,6 +2,7 @@
 // Internals shared by the parameter server and its client (lib/src/ps/*.cpp).
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@ ShardLayout from_proto(const rpc::Layout& layout);
 
 // A channel to a server with dpar's message limits and keepalive settings.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& endpoint);
+
+// "4 s", "1.5 s": durations in messages.
+std::string seconds_text(std::chrono::milliseconds t);
 
 // "sync" / "async" / "geo" mode settings compared between trainers: "" when equal, else what
 // differs ("mode async vs sync").

@@ -15,13 +15,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::string seconds_text(milliseconds t) {
-  const double s = static_cast<double>(t.count()) / 1000.0;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, s == static_cast<int64_t>(s) ? "%.0f s" : "%.1f s", s);
-  return buf;
-}
-
 std::string id_list(const std::vector<int>& ids) {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
