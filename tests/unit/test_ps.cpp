@@ -400,3 +400,84 @@ TEST_CASE("ps: servers save their shards and optimizer state, and resume from th
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("ps async: max_staleness holds a trainer back until the others catch up", "[ps]") {
+  Job job(1, 2, milliseconds(20000));
+  TwoLayer m0(3), m1(3);
+  optim::SGD o0(m0.parameters(), {.lr = 0.1}), o1(m1.parameters(), {.lr = 0.1});
+  ps::TrainerOptions options;
+  options.mode = ps::Mode::kAsync;
+  options.max_staleness = 0;
+  options.timeout = milliseconds(1500);
+  options.log = quiet;
+  ps::ParameterServerTrainer t0(m0, o0, job.trainer_env(0, 2), options);
+  ps::ParameterServerTrainer t1(m1, o1, job.trainer_env(1, 2), options);
+  o0.zero_grad();
+  backward_on(m0, batch_input(1, 2));
+  // Trainer 1 has pushed nothing: with a bound of 0 this pull must wait for it, and fail.
+  REQUIRE_THROWS_WITH(t0.step(2), Contains("trainer(s) 1 lag more than 0 steps behind trainer 0"));
+  t0.finish();
+  t1.finish();
+}
+
+TEST_CASE("ps: a server listens only on the address it was given", "[ps]") {
+  Job job(1, 1);
+  ps::PsEnv env = job.trainer_env(0, 1);
+  // Same port, another loopback address: nothing answers there.
+  env.server_endpoints[0].replace(0, std::string("127.0.0.1").size(), "127.0.0.2");
+  TwoLayer model(1);
+  optim::SGD opt(model.parameters(), {.lr = 0.1});
+  ps::TrainerOptions options;
+  options.connect_timeout = milliseconds(1500);
+  options.log = quiet;
+  REQUIRE_THROWS_WITH(ps::ParameterServerTrainer(model, opt, env, options),
+                      Contains("pserver not ready: 127.0.0.2:"));
+}
+
+TEST_CASE("ps fleet-style API: init_server/run_server and init_worker/worker/stop_worker", "[ps]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto set_role = [&](const char* role) {
+    setenv("TRAINING_ROLE", role, 1);
+    setenv("DPAR_PSERVER_ENDPOINTS", endpoint.c_str(), 1);
+    setenv("DPAR_TRAINERS_NUM", "1", 1);
+    setenv("DPAR_SERVER_ID", "0", 1);
+    setenv("DPAR_TRAINER_ID", "0", 1);
+    setenv("DPAR_JOB_TOKEN", "fleet", 1);
+  };
+  set_role("PSERVER");
+  REQUIRE(ps::is_server());
+  ps::init_server(milliseconds(20000));
+  std::string server_error;
+  std::thread server([&] {
+    try {
+      ps::run_server();  // returns once the one trainer has stopped
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  set_role("TRAINER");
+  REQUIRE(ps::is_worker());
+  TwoLayer model(4), local(4);
+  optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.5});
+  optim::SGD local_opt(local.parameters(), {.lr = 0.05, .momentum = 0.5});
+  ps::TrainerOptions options;
+  options.log = quiet;
+  ps::init_worker(model, opt, options);
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    backward_on(model, batch_input(step, 3));
+    ps::worker().step(3);
+    local_opt.zero_grad();
+    backward_on(local, batch_input(step, 3));
+    local_opt.step();
+  }
+  ps::stop_worker();
+  server.join();
+  for (const char* name : {"TRAINING_ROLE", "DPAR_PSERVER_ENDPOINTS", "DPAR_TRAINERS_NUM",
+                           "DPAR_SERVER_ID", "DPAR_TRAINER_ID", "DPAR_JOB_TOKEN"}) {
+    unsetenv(name);
+  }
+  REQUIRE(server_error.empty());
+  REQUIRE_THROWS_WITH(ps::worker(), Contains("call init_worker() first"));
+  CHECK(max_rel_diff(model, local) <= 1e-6);
+}
