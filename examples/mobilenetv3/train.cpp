@@ -355,6 +355,15 @@ int main(int argc, char** argv) {
       class_names += (class_names.empty() ? "" : ",") + c;
     // The state after `global_step` steps, positioned at (epoch_pos, step_pos).
     auto checkpoint_at = [&](int64_t epoch_pos, int64_t step_pos) {
+      if (ps_trainer) {
+        // The servers' shards and optimizer state at this step come first: a trainer checkpoint
+        // exists only once its shards do. Servers keep as many steps as the trainer can keep
+        // checkpoints for (epoch and step ones, and the best).
+        const int keep = max_checkpoints == 0 ? 0 : static_cast<int>(2 * max_checkpoints + 1);
+        for (const std::string& shard : ps_trainer->save(checkpoint_dir, keep)) {
+          std::printf("ps shard saved: %s\n", shard.c_str());
+        }
+      }
       io::TrainingState s;
       s.model_name = model_name;
       s.epoch = epoch_pos;
@@ -375,13 +384,8 @@ int main(int argc, char** argv) {
                  {"data", splits.kind}};
       return io::capture_checkpoint(*model, opt.get(), sched.get(), std::move(s));
     };
-    auto note_saved = [&](const std::string& path, Clock::time_point t0) {
+    auto note_saved = [](const std::string& path, Clock::time_point t0) {
       std::printf("saved checkpoint %s (%.0f ms)\n", path.c_str(), 1e3 * seconds(t0, Clock::now()));
-      if (ps_trainer) {  // the servers' shards and optimizer state at the same step
-        for (const std::string& shard : ps_trainer->save(checkpoint_dir, static_cast<int>(max_checkpoints))) {
-          std::printf("  ps shard %s\n", shard.c_str());
-        }
-      }
       std::fflush(stdout);
     };
     auto epoch_checkpoint_due = [&](int64_t e) {

@@ -396,7 +396,7 @@ TEST_CASE("ps: servers save their shards and optimizer state, and resume from th
     optim::SGD opt(fresh.parameters(), {.lr = 0.1, .momentum = 0.9});
     options.resume_step = 7;  // no such checkpoint
     REQUIRE_THROWS_WITH(ps::ParameterServerTrainer(fresh, opt, job.trainer_env(0, 1), options),
-                        Contains("pserver.0.step7.safetensors: no such file"));
+                        Contains(".step7.safetensors: no such file"));
   }
   std::filesystem::remove_all(dir);
 }
@@ -480,4 +480,24 @@ TEST_CASE("ps fleet-style API: init_server/run_server and init_worker/worker/sto
   REQUIRE(server_error.empty());
   REQUIRE_THROWS_WITH(ps::worker(), Contains("call init_worker() first"));
   CHECK(max_rel_diff(model, local) <= 1e-6);
+}
+
+TEST_CASE("ps: a trainer going down with an exception fails the job instead of finishing", "[ps]") {
+  Job job(1, 2);
+  TwoLayer m0(3), m1(3);
+  optim::SGD o0(m0.parameters(), {.lr = 0.1}), o1(m1.parameters(), {.lr = 0.1});
+  ps::TrainerOptions options;
+  options.log = quiet;
+  ps::ParameterServerTrainer t0(m0, o0, job.trainer_env(0, 2), options);
+  try {
+    ps::ParameterServerTrainer t1(m1, o1, job.trainer_env(1, 2), options);
+    throw std::runtime_error("loss became nan");  // unwinding destroys t1
+  } catch (const std::runtime_error&) {
+  }
+  o0.zero_grad();
+  backward_on(m0, batch_input(1, 2));
+  REQUIRE_THROWS_WITH(t0.step(2), Contains("trainer 1 stopped with an error"));
+  job.join();
+  REQUIRE(job.errors.size() == 1);
+  REQUIRE_THAT(job.errors[0], Contains("trainer 1 stopped with an error"));
 }

@@ -63,6 +63,23 @@ void FlatView::scatter(int64_t begin, int64_t count, const float* in) const {
   });
 }
 
+// One RPC's context, registered while the call lives so that a failing sibling can cancel it.
+struct PsClient::Call {
+  Call(PsClient& client, milliseconds deadline) : owner(client) {
+    owner.prepare(ctx, deadline);
+    std::lock_guard<std::mutex> lock(owner.calls_mu_);
+    owner.calls_.insert(&ctx);
+  }
+  ~Call() {
+    std::lock_guard<std::mutex> lock(owner.calls_mu_);
+    owner.calls_.erase(&ctx);
+  }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  PsClient& owner;
+  grpc::ClientContext ctx;
+};
+
 struct PsClient::Conn {
   std::string endpoint;
   std::shared_ptr<grpc::Channel> channel;
@@ -117,27 +134,35 @@ std::string PsClient::describe(size_t server, const grpc::Status& status) const 
   }
 }
 
+void PsClient::cancel_calls() {
+  abandon_ = true;
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+}
+
 void PsClient::for_each_server(const std::function<void(size_t)>& body) {
-  std::vector<std::exception_ptr> errors(conns_.size());
-  std::vector<std::thread> threads;
-  for (size_t s = 1; s < conns_.size(); ++s) {
-    threads.emplace_back([&, s] {
-      try {
-        body(s);
-      } catch (...) {
-        errors[s] = std::current_exception();
+  abandon_ = false;
+  std::mutex mu;
+  std::exception_ptr first;  // the failure that happened first, not the lowest server's
+  auto run = [&](size_t s) {
+    try {
+      body(s);
+    } catch (...) {
+      bool is_first = false;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        is_first = !first;
+        if (is_first) first = std::current_exception();
       }
-    });
-  }
-  try {
-    body(0);
-  } catch (...) {
-    errors[0] = std::current_exception();
-  }
+      if (is_first) cancel_calls();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t s = 1; s < conns_.size(); ++s) threads.emplace_back(run, s);
+  run(0);
   for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  abandon_ = false;
+  if (first) std::rethrow_exception(first);
 }
 
 void PsClient::connect(bool wait_for_init) {
@@ -152,8 +177,9 @@ void PsClient::connect(bool wait_for_init) {
     auto next_note = start + std::chrono::seconds(3);
     rpc::HelloReply rep;
     while (true) {
-      grpc::ClientContext ctx;
-      prepare(ctx, milliseconds(1000));
+      if (abandon_) DPAR_FAIL("ps: connecting to ", c.endpoint, " abandoned");
+      Call call(*this, milliseconds(1000));
+      grpc::ClientContext& ctx = call.ctx;
       ctx.set_wait_for_ready(true);  // wait for the listener instead of failing at once
       const grpc::Status st = c.stub->Hello(&ctx, req, &rep);
       if (st.ok()) break;
@@ -184,8 +210,9 @@ void PsClient::connect(bool wait_for_init) {
         DPAR_FAIL("ps: trainer 0 did not initialise ", c.endpoint, " within ",
                   seconds_text(options_.timeout), " (is trainer 0 running?)");
       }
-      grpc::ClientContext ctx;
-      prepare(ctx, milliseconds(15000));
+      if (abandon_) DPAR_FAIL("ps: waiting for ", c.endpoint, " abandoned");
+      Call call(*this, milliseconds(15000));
+      grpc::ClientContext& ctx = call.ctx;
       const grpc::Status st = c.stub->Hello(&ctx, req, &rep);
       if (!st.ok()) DPAR_FAIL(describe(s, st));
       if (!rep.initialized()) {
@@ -199,8 +226,8 @@ void PsClient::connect(bool wait_for_init) {
 void PsClient::init(const rpc::InitHeader& header, const FlatView& params) {
   for_each_server([&](size_t s) {
     Conn& c = *conns_[s];
-    grpc::ClientContext ctx;
-    prepare(ctx, options_.timeout);
+    Call call(*this, options_.timeout);
+    grpc::ClientContext& ctx = call.ctx;
     rpc::InitReply rep;
     auto writer = c.stub->Init(&ctx, &rep);
     rpc::InitMessage msg;
@@ -228,8 +255,8 @@ int64_t PsClient::push(const rpc::PushHeader& header, const FlatView& source) {
   std::vector<int64_t> versions(conns_.size(), 0);
   for_each_server([&](size_t s) {
     Conn& c = *conns_[s];
-    grpc::ClientContext ctx;
-    prepare(ctx, options_.timeout);
+    Call call(*this, options_.timeout);
+    grpc::ClientContext& ctx = call.ctx;
     rpc::PushReply rep;
     auto writer = c.stub->Push(&ctx, &rep);
     rpc::PushMessage msg;
@@ -261,10 +288,10 @@ int64_t PsClient::pull(int64_t min_version, int64_t step, const FlatView& sink) 
   std::vector<int64_t> versions(conns_.size(), 0);
   for_each_server([&](size_t s) {
     Conn& c = *conns_[s];
-    grpc::ClientContext ctx;
     // A little longer than the server's own wait, so its message (naming the trainers it is
     // waiting for) arrives instead of a bare deadline.
-    prepare(ctx, options_.timeout + milliseconds(10000));
+    Call call(*this, options_.timeout + milliseconds(10000));
+    grpc::ClientContext& ctx = call.ctx;
     rpc::PullRequest req;
     req.set_min_version(min_version);
     req.set_step(step);
@@ -297,8 +324,8 @@ int64_t PsClient::pull(int64_t min_version, int64_t step, const FlatView& sink) 
 std::vector<std::string> PsClient::save(const std::string& dir, int64_t step, int keep) {
   std::vector<std::string> paths(conns_.size());
   for_each_server([&](size_t s) {
-    grpc::ClientContext ctx;
-    prepare(ctx, options_.timeout);
+    Call call(*this, options_.timeout);
+    grpc::ClientContext& ctx = call.ctx;
     rpc::SaveRequest req;
     req.set_dir(dir);
     req.set_step(step);
@@ -311,14 +338,23 @@ std::vector<std::string> PsClient::save(const std::string& dir, int64_t step, in
   return paths;
 }
 
-void PsClient::finish() {
+void PsClient::finish(bool aborted) {
   for_each_server([&](size_t s) {
-    grpc::ClientContext ctx;
-    prepare(ctx, milliseconds(30000));
+    Call call(*this, milliseconds(aborted ? 5000 : 30000));
+    rpc::FinishRequest req;
+    req.set_aborted(aborted);
     rpc::FinishReply rep;
-    const grpc::Status st = conns_[s]->stub->Finish(&ctx, rpc::FinishRequest(), &rep);
+    const grpc::Status st = conns_[s]->stub->Finish(&call.ctx, req, &rep);
     if (!st.ok()) DPAR_FAIL(describe(s, st));
   });
+}
+
+void PsClient::ping() {
+  for (const auto& conn : conns_) {
+    Call call(*this, milliseconds(5000));
+    rpc::PingReply rep;
+    conn->stub->Ping(&call.ctx, rpc::PingRequest(), &rep);
+  }
 }
 
 }  // namespace dpar::ps::detail

@@ -2,9 +2,12 @@
 // The trainer's connections to all parameter servers. Every operation is issued to all servers
 // at once (one thread per server, the calling thread taking server 0) and awaited together;
 // the first failure, in server order, is rethrown as a dpar::Error naming that server.
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,14 +59,22 @@ class PsClient {
   // lowest version among the servers.
   int64_t pull(int64_t min_version, int64_t step, const FlatView& sink);
   std::vector<std::string> save(const std::string& dir, int64_t step, int keep);
-  void finish();
+  // aborted: this trainer is failing; the servers fail the job instead of counting it done.
+  void finish(bool aborted = false);
+  // A sign of life to every server (errors ignored: the next real call reports them).
+  void ping();
 
   int64_t bytes_pushed() const { return bytes_pushed_; }
   int64_t bytes_pulled() const { return bytes_pulled_; }
 
  private:
   struct Conn;
+  struct Call;
+  // Runs body(s) for every server at once. The first failure cancels the calls still in
+  // flight (a dead server must not leave the trainer waiting out its siblings' timeouts) and
+  // is rethrown.
   void for_each_server(const std::function<void(size_t)>& body);
+  void cancel_calls();
   void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds deadline) const;
   std::string describe(size_t server, const grpc::Status& status) const;
   void say(const std::string& line) const;
@@ -72,6 +83,9 @@ class PsClient {
   ShardLayout layout_;
   rpc::ModeConfig mode_;
   std::vector<std::unique_ptr<Conn>> conns_;
+  std::mutex calls_mu_;
+  std::set<grpc::ClientContext*> calls_;  // contexts of the calls in flight
+  std::atomic<bool> abandon_{false};      // a sibling call failed: stop retrying
   int64_t bytes_pushed_ = 0;
   int64_t bytes_pulled_ = 0;
 };

@@ -41,9 +41,15 @@ void run_server() {
     DPAR_CHECK(g_server, "ps::run_server: call init_server() first");
     server = g_server.get();
   }
+  // The server goes away on every way out, so a failure is reported from here rather than
+  // from gRPC's shutdown during static destruction.
+  struct Release {
+    ~Release() {
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_server.reset();
+    }
+  } release;
   server->run();
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_server.reset();
 }
 
 void init_worker(nn::Module& model, optim::Optimizer& optimizer, TrainerOptions options) {

@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <cstring>
+#include <thread>
 
 #include "distributed/store_common.h"
 #include "dpar/core/error.h"
@@ -119,9 +120,13 @@ class PsService final : public rpc::ParameterServer::Service {
         [&] { rep->set_path(state_.save(admit(ctx), req->dir(), req->step(), req->keep())); });
   }
 
-  grpc::Status Finish(grpc::ServerContext* ctx, const rpc::FinishRequest*,
+  grpc::Status Ping(grpc::ServerContext* ctx, const rpc::PingRequest*, rpc::PingReply*) override {
+    return guarded([&] { state_.ping(admit(ctx)); });
+  }
+
+  grpc::Status Finish(grpc::ServerContext* ctx, const rpc::FinishRequest* req,
                       rpc::FinishReply* rep) override {
-    return guarded([&] { rep->set_trainers_left(state_.finish(admit(ctx))); });
+    return guarded([&] { rep->set_trainers_left(state_.finish(admit(ctx), req->aborted())); });
   }
 
  private:
@@ -224,8 +229,10 @@ void Server::run() {
   try {
     impl_->state->run();
   } catch (...) {
-    // Waiting handlers have been woken with the failure; give their replies a moment to
-    // reach the trainers, so each one prints the reason rather than "connection reset".
+    // Waiting handlers have been woken with the failure. Keep answering a little longer (every
+    // call now gets the reason), so trainers that call in the next moments print why the job
+    // stopped rather than "connection refused"; then close.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     throw;

@@ -124,7 +124,7 @@ int64_t ShardState::begin_init(int trainer, const rpc::InitHeader& header) {
            "only trainer 0 initialises the servers, trainer " + std::to_string(trainer) + " tried");
   }
   std::unique_lock<std::mutex> lock(mu_);
-  if (phase_ != Phase::kWaitingForInit) {
+  if (phase_ != Phase::kWaitingForInit || initialising_) {
     refuse(grpc::StatusCode::FAILED_PRECONDITION,
            config_.name +
                " was initialised already (a restarted trainer 0? restart the whole "
@@ -139,11 +139,13 @@ int64_t ShardState::begin_init(int trainer, const rpc::InitHeader& header) {
                " trainers, trainer 0 has " + std::to_string(layout.num_servers()) + " and " +
                std::to_string(header.mode().num_trainers()));
   }
+  initialising_ = true;
   return layout.shard(config_.server_id).size();
 }
 
 int64_t ShardState::commit_init(int trainer, const rpc::InitHeader& header, Tensor values) {
   std::unique_lock<std::mutex> lock(mu_);
+  initialising_ = false;
   if (phase_ != Phase::kWaitingForInit) check_serving(lock);
   layout_ = from_proto(header.layout());
   range_ = layout_.shard(config_.server_id);
@@ -155,6 +157,8 @@ int64_t ShardState::commit_init(int trainer, const rpc::InitHeader& header, Tens
   build_optimizer(optimizer_config_);
   if (!header.resume_dir().empty()) {
     restore(header.resume_dir(), header.resume_step());
+    // Every trainer resumes at that step: their push counts (the staleness clocks) too.
+    for (TrainerSlot& t : trainers_) t.clock = header.resume_step();
   } else {
     DPAR_CHECK(values.defined() && values.numel() == range_.size(), config_.name, ": init carried ",
                values.defined() ? values.numel() : 0, " of ", range_.size(), " elements");
@@ -415,9 +419,22 @@ void ShardState::restore(const std::string& dir, int64_t step) {
   version_ = ckpt.version;
 }
 
-int ShardState::finish(int trainer) {
+int ShardState::finish(int trainer, bool aborted) {
   check_trainer(trainer);
   std::unique_lock<std::mutex> lock(mu_);
+  if (aborted) {
+    // Often the error is another trainer's absence (a timed-out sync step): say so too.
+    const std::vector<int> missing =
+        step_open_since_ ? missing_sync_trainers() : std::vector<int>{};
+    fail(lock,
+         config_.name + ": trainer " + std::to_string(trainer) +
+             " stopped with an error (see its log)" +
+             (missing.empty() ? std::string()
+                              : " while step " + std::to_string(version_) +
+                                    " lacked the gradients of trainer(s) " + id_list(missing)) +
+             "; stopping the job");
+    return 0;
+  }
   TrainerSlot& slot = trainers_[static_cast<size_t>(trainer)];
   slot.finished = true;
   slot.pushed = false;
@@ -432,6 +449,12 @@ int ShardState::finish(int trainer) {
   }
   cv_.notify_all();
   return left;
+}
+
+void ShardState::ping(int trainer) {
+  check_trainer(trainer);
+  std::lock_guard<std::mutex> lock(mu_);
+  trainers_[static_cast<size_t>(trainer)].last_call = Clock::now();
 }
 
 void ShardState::stop(const std::string& why) {

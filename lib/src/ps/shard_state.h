@@ -58,7 +58,8 @@ class ShardState {
   std::vector<rpc::PullMessage> pull(int trainer, const rpc::PullRequest& request,
                                      const grpc::ServerContext* context);
   std::string save(int trainer, const std::string& dir, int64_t step, int keep);
-  int finish(int trainer);
+  int finish(int trainer, bool aborted);
+  void ping(int trainer);  // only marks the trainer alive
 
   // The watchdog: returns once every trainer has finished; throws dpar::Error when the job
   // failed (a sync step or the whole job stalled past the timeout) or stop() gave a reason.
@@ -84,6 +85,7 @@ class ShardState {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   Phase phase_ = Phase::kWaitingForInit;
+  bool initialising_ = false;  // an Init stream is between begin_init and commit_init
   std::string failure_;
   ShardLayout layout_;
   ElementRange range_;

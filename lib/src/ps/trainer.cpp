@@ -1,7 +1,12 @@
 #include "dpar/ps/trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <iostream>
+#include <mutex>
+#include <thread>
 
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/core/error.h"
@@ -81,6 +86,32 @@ struct ParameterServerTrainer::Impl {
   TrainerStats stats;
   Tensor geo_base;   // geo: the parameters as of the last exchange, flat
   Tensor geo_delta;  // geo: current - base, flat
+  // Pings the servers while the training loop does not call them (evaluation, checkpoints),
+  // so their watchdog only fires for trainers that are really gone.
+  std::thread heartbeat;
+  std::mutex heartbeat_mu;
+  std::condition_variable heartbeat_cv;
+  bool heartbeat_stop = false;
+
+  void start_heartbeat() {
+    const auto interval = std::clamp<Millis>(options.timeout / 4, Millis(1000), Millis(30000));
+    heartbeat = std::thread([this, interval] {
+      std::unique_lock<std::mutex> lock(heartbeat_mu);
+      while (!heartbeat_cv.wait_for(lock, interval, [this] { return heartbeat_stop; })) {
+        lock.unlock();
+        client->ping();
+        lock.lock();
+      }
+    });
+  }
+  void stop_heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_mu);
+      heartbeat_stop = true;
+    }
+    heartbeat_cv.notify_all();
+    if (heartbeat.joinable()) heartbeat.join();
+  }
 
   Impl(nn::Module& m, optim::Optimizer& o, TrainerOptions opts)
       : model(m), optimizer(o), options(std::move(opts)) {}
@@ -190,13 +221,20 @@ ParameterServerTrainer::ParameterServerTrainer(nn::Module& model, optim::Optimiz
   }
   m.say("ps trainer " + std::to_string(env.trainer_id) + ": " + mode_name(m.options.mode) +
         " mode, " + m.layout.describe());
+  m.start_heartbeat();
 }
 
 ParameterServerTrainer::~ParameterServerTrainer() {
+  Impl& m = *impl_;
+  m.stop_heartbeat();
+  if (m.finished) return;
+  m.finished = true;
   try {
-    finish();
+    // Going down with an exception (a failed step, a NaN loss, a dead server): tell the
+    // servers to fail the job rather than count this trainer as done, and hand in nothing.
+    m.client->finish(/*aborted=*/std::uncaught_exceptions() > 0);
   } catch (const std::exception& e) {
-    impl_->say(std::string("ps trainer: finish failed: ") + e.what());
+    m.say(std::string("ps trainer: could not tell the servers it stopped: ") + e.what());
   }
 }
 
@@ -235,6 +273,7 @@ void ParameterServerTrainer::finish() {
   Impl& m = *impl_;
   if (m.finished) return;
   m.finished = true;
+  m.stop_heartbeat();
   // GEO: hand in the local progress since the last exchange, so no trainer's work is lost.
   if (m.options.mode == Mode::kGeo && m.steps % m.options.geo_k_steps != 0) m.exchange_geo();
   m.client->finish();
