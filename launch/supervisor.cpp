@@ -366,7 +366,17 @@ int Supervisor::run() {
     }
     const Worker& w = workers_[static_cast<size_t>(failed_)];
     const std::string what = process_name(*w.proc) + " " + describe_wait_status(w.status);
-    if (restart < plan_.max_restarts) {
+    // A server failing after this node's trainers all finished: their work is done, and a
+    // restart would only repeat it.
+    bool trainers_done = w.proc->role == Role::kServer;
+    bool any_trainer = false;
+    for (const Worker& other : workers_) {
+      if (other.proc->role != Role::kTrainer) continue;
+      any_trainer = true;
+      trainers_done = trainers_done && !other.running && WIFEXITED(other.status) &&
+                      WEXITSTATUS(other.status) == 0;
+    }
+    if (restart < plan_.max_restarts && !(any_trainer && trainers_done)) {
       say(what + "; restarting all " + std::to_string(workers_.size()) +
           " local process(es) (restart " + std::to_string(restart + 1) + " of " +
           std::to_string(plan_.max_restarts) + ")");
