@@ -501,3 +501,27 @@ TEST_CASE("ps: a trainer going down with an exception fails the job instead of f
   REQUIRE(job.errors.size() == 1);
   REQUIRE_THAT(job.errors[0], Contains("trainer 1 stopped with an error"));
 }
+
+TEST_CASE("ps: servers refuse a trainer whose model or mode differs from trainer 0's", "[ps]") {
+  Job job(2, 2);
+  TwoLayer m0(3);
+  optim::SGD o0(m0.parameters(), {.lr = 0.1});
+  ps::TrainerOptions options;
+  options.log = quiet;
+  options.timeout = milliseconds(5000);
+  ps::ParameterServerTrainer t0(m0, o0, job.trainer_env(0, 2), options);
+
+  nn::Linear other(7, 4);  // same first tensor size, other names
+  optim::SGD o_other(other.parameters(), {.lr = 0.1});
+  REQUIRE_THROWS_WITH(
+      ps::ParameterServerTrainer(other, o_other, job.trainer_env(1, 2), options),
+      Contains("trainer 1's parameter layout differs from trainer 0's: parameter 0: 'a.weight'"));
+
+  TwoLayer m1(3);
+  optim::SGD o1(m1.parameters(), {.lr = 0.1});
+  ps::TrainerOptions async = options;
+  async.mode = ps::Mode::kAsync;
+  REQUIRE_THROWS_WITH(ps::ParameterServerTrainer(m1, o1, job.trainer_env(1, 2), async),
+                      Contains("trainer 1 runs with mode async instead of sync"));
+  t0.finish();
+}
