@@ -15,6 +15,7 @@
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/nn/layers.h"
 #include "dpar/tensor/ops.h"
+#include "unit/free_port.h"
 
 using namespace dpar;
 using namespace dpar::dist;
@@ -22,19 +23,6 @@ using Env = std::map<std::string, std::string>;
 using Catch::Matchers::Contains;
 
 namespace {
-
-// A loopback port that was free a moment ago.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string error_of(const Env& env) {
   try {

@@ -20,25 +20,13 @@
 #include "dpar/optim/sgd.h"
 #include "dpar/ps/ps.h"
 #include "dpar/tensor/ops.h"
+#include "unit/free_port.h"
 
 using namespace dpar;
 using Catch::Matchers::Contains;
 using std::chrono::milliseconds;
 
 namespace {
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 void quiet(const std::string&) {}
 

@@ -13,6 +13,7 @@
 
 #include "dpar/core/error.h"
 #include "dpar/distributed/store.h"
+#include "unit/free_port.h"
 
 using namespace dpar;
 using namespace dpar::dist;
@@ -23,20 +24,6 @@ using std::chrono::steady_clock;
 namespace {
 
 constexpr char kHost[] = "127.0.0.1";
-
-// A loopback port nobody listens on (bound once by the kernel's choice, then released).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 StoreClientOptions quick_options() {
   StoreClientOptions o;

@@ -2,10 +2,16 @@
 // Internals shared by the store server and client (lib/src/distributed/store_*.cpp).
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dpar/distributed/store.h"
+
+namespace grpc {
+class Server;
+class Service;
+}  // namespace grpc
 
 namespace dpar::dist::detail {
 
@@ -46,5 +52,12 @@ inline std::string join_host_port(const std::string& host, int port) {
 // reports "no port selected", without the reason (in use, not an address of this machine).
 void probe_bind(const std::string& host, int port, const std::string& where,
                 const std::string& what);
+
+// Starts a gRPC server for `service` on exactly `where` (host:port) with the message limit on
+// both directions, SO_REUSEPORT off (a second job must fail to bind, not share the port) and
+// client keepalive pings allowed. Throws "<what>: cannot listen on <where> ..." on failure.
+std::unique_ptr<grpc::Server> start_grpc_server(const std::string& where, grpc::Service* service,
+                                                int max_message_bytes, const std::string& what,
+                                                int* port = nullptr);
 
 }  // namespace dpar::dist::detail

@@ -278,6 +278,31 @@ void probe_bind(const std::string& host, int port, const std::string& where,
   DPAR_FAIL(what, ": cannot listen on ", where, ": ", why.empty() ? "no socket" : why);
 }
 
+std::unique_ptr<grpc::Server> start_grpc_server(const std::string& where, grpc::Service* service,
+                                                int max_message_bytes, const std::string& what,
+                                                int* port) {
+  grpc::ServerBuilder builder;
+  int selected = 0;
+  // Only the address given: a server on a multi-homed host is not reachable elsewhere.
+  builder.AddListeningPort(where, grpc::InsecureServerCredentials(), &selected);
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
+  builder.SetMaxSendMessageSize(max_message_bytes);
+  // gRPC enables SO_REUSEPORT by default, which would let a second job silently share the port
+  // (and steal half the connections) instead of failing to bind.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Clients ping idle connections to notice a vanished server during long waits; allow it.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || selected == 0) {
+    if (server) server->Shutdown();
+    DPAR_FAIL(what, ": cannot listen on ", where, " (gRPC could not bind it; is the port in use?)");
+  }
+  if (port) *port = selected;
+  return server;
+}
+
 }  // namespace detail
 
 struct StoreServer::Impl {
@@ -299,24 +324,9 @@ StoreServer::StoreServer(const std::string& host, int port, std::string job_id, 
 
   impl_->host = host;
   impl_->service = std::make_unique<StoreService>(std::move(job_id), world_size);
-  grpc::ServerBuilder builder;
   int selected = 0;
-  builder.AddListeningPort(where, grpc::InsecureServerCredentials(), &selected);
-  builder.RegisterService(impl_->service.get());
-  builder.SetMaxReceiveMessageSize(detail::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(detail::kMaxMessageBytes);
-  // gRPC enables SO_REUSEPORT by default, which would let a second job silently share the port
-  // (and steal half the connections) instead of failing to bind.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Clients ping idle connections to notice a vanished server during long waits; allow it.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  impl_->server = builder.BuildAndStart();
-  if (!impl_->server || selected == 0) {
-    if (impl_->server) impl_->server->Shutdown();
-    DPAR_FAIL("rendezvous store: cannot listen on ", where,
-              " (gRPC could not bind it; is the port in use?)");
-  }
+  impl_->server = detail::start_grpc_server(where, impl_->service.get(), detail::kMaxMessageBytes,
+                                            "rendezvous store", &selected);
   impl_->port = selected;
 }
 

@@ -63,6 +63,27 @@ void FlatView::scatter(int64_t begin, int64_t count, const float* in) const {
   });
 }
 
+// Streams `count` elements of `source` from `begin` in chunks; `msg` carries the header, which
+// goes out with the first chunk only. The one copy on this side: straight from the tensors into
+// the message. At least one message is sent, so an empty shard still delivers its header.
+template <class Message, class Writer>
+void write_chunks(Writer& writer, Message& msg, const FlatView& source, int64_t begin,
+                  int64_t count) {
+  int64_t off = 0;
+  do {
+    const int64_t len = std::min(kChunkElements, count - off);
+    msg.set_offset(off);
+    msg.mutable_data()->resize(static_cast<size_t>(len) * 4);
+    if (len > 0) {
+      source.gather(begin + off, len, reinterpret_cast<float*>(msg.mutable_data()->data()));
+    }
+    if (!writer.Write(msg)) break;  // the server ended the call; Finish() says why
+    msg.clear_header();
+    off += len;
+  } while (off < count);
+  writer.WritesDone();
+}
+
 // One RPC's context, registered while the call lives so that a failing sibling can cancel it.
 struct PsClient::Call {
   Call(PsClient& client, milliseconds deadline) : owner(client) {
@@ -233,19 +254,7 @@ void PsClient::init(const rpc::InitHeader& header, const FlatView& params) {
     rpc::InitMessage msg;
     *msg.mutable_header() = header;
     const int64_t n = header.resume_dir().empty() ? c.range.size() : 0;
-    int64_t off = 0;
-    do {
-      const int64_t len = std::min(kChunkElements, n - off);
-      msg.set_offset(off);
-      msg.mutable_data()->resize(static_cast<size_t>(len) * 4);
-      if (len > 0)
-        params.gather(c.range.begin + off, len,
-                      reinterpret_cast<float*>(msg.mutable_data()->data()));
-      if (!writer->Write(msg)) break;
-      msg.clear_header();
-      off += len;
-    } while (off < n);
-    writer->WritesDone();
+    write_chunks(*writer, msg, params, c.range.begin, n);
     const grpc::Status st = writer->Finish();
     if (!st.ok()) DPAR_FAIL(describe(s, st));
   });
@@ -261,21 +270,7 @@ int64_t PsClient::push(const rpc::PushHeader& header, const FlatView& source) {
     auto writer = c.stub->Push(&ctx, &rep);
     rpc::PushMessage msg;
     *msg.mutable_header() = header;
-    const int64_t n = c.range.size();
-    int64_t off = 0;
-    do {
-      const int64_t len = std::min(kChunkElements, n - off);
-      msg.set_offset(off);
-      // The one copy on this side: straight from the gradients into the message.
-      msg.mutable_data()->resize(static_cast<size_t>(len) * 4);
-      if (len > 0)
-        source.gather(c.range.begin + off, len,
-                      reinterpret_cast<float*>(msg.mutable_data()->data()));
-      if (!writer->Write(msg)) break;
-      msg.clear_header();
-      off += len;
-    } while (off < n);
-    writer->WritesDone();
+    write_chunks(*writer, msg, source, c.range.begin, c.range.size());
     const grpc::Status st = writer->Finish();
     if (!st.ok()) DPAR_FAIL(describe(s, st));
     versions[s] = rep.version();

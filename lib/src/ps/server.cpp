@@ -198,21 +198,8 @@ Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>()) {
       detail::ShardState::Config{options.server_id, options.num_servers, options.num_trainers,
                                  options.timeout, name, options.log});
   impl_->service = std::make_unique<PsService>(*impl_->state, name, options.job_token);
-  grpc::ServerBuilder builder;
-  int selected = 0;
-  // Only the address we were given: a server on a multi-homed host is not reachable elsewhere.
-  builder.AddListeningPort(ep, grpc::InsecureServerCredentials(), &selected);
-  builder.RegisterService(impl_->service.get());
-  builder.SetMaxReceiveMessageSize(detail::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(detail::kMaxMessageBytes);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  impl_->server = builder.BuildAndStart();
-  if (!impl_->server || selected == 0) {
-    if (impl_->server) impl_->server->Shutdown();
-    DPAR_FAIL(name, ": cannot listen on ", ep, " (gRPC could not bind it; is the port in use?)");
-  }
+  impl_->server =
+      dist::detail::start_grpc_server(ep, impl_->service.get(), detail::kMaxMessageBytes, name);
 }
 
 Server::~Server() {
