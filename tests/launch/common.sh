@@ -8,61 +8,10 @@ work=$(mktemp -d)
 marker="dpar_launch_test_$$_${RANDOM}"
 # A random block per run, so concurrent test runs do not fight over ports.
 port=$((20000 + (RANDOM % 2000) * 10))
-failures=0
-
 cleanup_common() {
   pkill -KILL -f -- "$marker" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup_common EXIT
 
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
-ok() { echo "ok: $*"; }
-
-# expect_line FILE LINE: FILE has exactly that line.
-expect_line() {
-  if grep -qxF -- "$2" "$1"; then ok "$(basename "$1"): $2"; else fail "$1 lacks line '$2'"; fi
-}
-# expect_text FILE TEXT: FILE contains TEXT somewhere.
-expect_text() {
-  if grep -qF -- "$2" "$1"; then ok "$(basename "$1") mentions '$2'"; else
-    fail "$1 lacks '$2'; it has:"
-    sed 's/^/    /' "$1"
-  fi
-}
-expect_no_text() {
-  if grep -qF -- "$2" "$1"; then fail "$1 should not contain '$2'"; else ok "$(basename "$1") has no '$2'"; fi
-}
-# expect_no_job_processes: nothing with the marker in its command line is left.
-expect_no_job_processes() {
-  local left
-  left=$(pgrep -f -- "$marker" || true)
-  if [ -n "$left" ]; then
-    fail "processes of the job remain: $(ps -o pid,stat,args -p "$(echo $left | tr ' ' ,)" | tail -n +2)"
-  else
-    ok "no process of the job remains"
-  fi
-}
-# wait_for_text FILE TEXT SECONDS: waits until FILE contains TEXT.
-wait_for_text() {
-  local deadline=$((SECONDS + $3))
-  while [ "$SECONDS" -le "$deadline" ]; do
-    grep -qF -- "$2" "$1" 2>/dev/null && return 0
-    sleep 0.05
-  done
-  return 1
-}
-# now_ms: milliseconds since the epoch.
-now_ms() { date +%s%3N; }
-
-finish() {
-  if [ "$failures" -ne 0 ]; then
-    echo "$failures check(s) failed"
-    exit 1
-  fi
-  echo "all checks passed"
-  exit 0
-}
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"

@@ -5,17 +5,6 @@
 set -u
 source "$(dirname "$0")/common.sh" "$@"
 
-# run_timed OUT ERR args...: runs the launcher, sets $rc and $elapsed_ms.
-run_timed() {
-  local out=$1 err=$2
-  shift 2
-  local t0
-  t0=$(now_ms)
-  "$launcher" "$@" >"$out" 2>"$err"
-  rc=$?
-  elapsed_ms=$(($(now_ms) - t0))
-}
-
 zombies_before=$(ps -eo stat=,comm= | awk '$1 ~ /^Z/ && $2 == "env_worker"' | wc -l)
 
 echo "== rank 1 exits with code 3"

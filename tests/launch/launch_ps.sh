@@ -11,17 +11,6 @@ unset OMP_NUM_THREADS DPAR_JOB_TOKEN
 # value LOG KEY
 value() { grep -m1 "^$2=" "$1" | cut -d= -f2-; }
 
-# run_timed OUT ERR args...: runs the launcher, sets $rc and $elapsed_ms.
-run_timed() {
-  local out=$1 err=$2
-  shift 2
-  local t0
-  t0=$(now_ms)
-  "$launcher" "$@" >"$out" 2>"$err"
-  rc=$?
-  elapsed_ms=$(($(now_ms) - t0))
-}
-
 # expect_token_hidden TOKEN OUT ERR: the launcher never shows the job token: not in the table
 # on the console (OUT; the echo of trainer 0's environment dump there is the program's own
 # output) and nowhere on stderr (ERR).
