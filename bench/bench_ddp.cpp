@@ -1,7 +1,8 @@
 // Data-parallel training throughput: MobileNetV3-small 224x224, 2 ranks x 1 thread, batch 16
 // per rank, dpar DataParallel (Gloo) beside PyTorch DDP (gloo) in the same invocation. Also
 // reports scaling efficiency (2 ranks vs 2 x one process) and how much of each step's
-// communication was hidden behind backward.
+// communication was hidden behind backward, and (--ceiling, on by default) what 2 independent
+// processes without any communication reach together: the scaling this machine allows.
 //
 // Run without arguments: the driver runs one process alone, then itself under dpar-launch
 // with --worker, then the PyTorch peer (bench/peers/torch_ddp.py).
@@ -33,11 +34,14 @@ struct StepResult {
   double exposed_seconds = 0;  // per step, communication left after backward finished
 };
 
-StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, int seed) {
+StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, int seed,
+                        double bucket_mb) {
   manual_seed(0);
   auto model = models::mobilenet_v3_small(1000);
   model->train();
-  dist::DataParallel dp(model);
+  dist::DataParallelOptions dp_options;
+  if (bucket_mb > 0) dp_options.comm_buffer_size = bucket_mb;
+  dist::DataParallel dp(model, dp_options);
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
   const auto [x, y] = bench::random_batch(batch, img, 1000, static_cast<uint64_t>(seed));
   StepResult r;
@@ -56,8 +60,10 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
     r.exposed_seconds += stats.exposed_seconds;
   }
   // The job's speed is the slowest rank's.
-  Tensor elapsed = Tensor::from_vector(std::vector<float>{static_cast<float>(bench::seconds_since(t0))}, {1});
-  if (dist::get_world_size() > 1) dist::default_group().allreduce({elapsed}, dist::ReduceOp::Max)->wait();
+  Tensor elapsed =
+      Tensor::from_vector(std::vector<float>{static_cast<float>(bench::seconds_since(t0))}, {1});
+  if (dist::get_world_size() > 1)
+    dist::default_group().allreduce({elapsed}, dist::ReduceOp::Max)->wait();
   r.seconds_per_step = elapsed.item() / static_cast<double>(steps);
   r.comm_seconds /= static_cast<double>(steps);
   r.exposed_seconds /= static_cast<double>(steps);
@@ -112,9 +118,16 @@ int main(int argc, char** argv) {
     auto& steps = flags.add_int("steps", 5, "timed steps");
     auto& peer = flags.add_bool("peer", true, "also run the PyTorch DDP peer");
     auto& worker = flags.add_bool("worker", false, "internal: run as one rank under dpar-launch");
+    auto& solo = flags.add_bool("solo", false,
+                                "internal: under dpar-launch, train alone (no communication)");
+    auto& ceiling = flags.add_bool("ceiling", true,
+                                   "also time <world> independent processes at once: what this "
+                                   "machine allows for scaling without any communication");
     auto& result = flags.add_string("result", "", "internal: where rank 0 writes its figures");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCHER, "dpar-launch binary");
     auto& port = flags.add_int("start-port", 29300, "dpar-launch --start_port");
+    auto& bucket_mb = flags.add_double(
+        "bucket-mb", 0, "DataParallel comm_buffer_size in MB (0: the default, 25 MB after 1 MB)");
     auto& with_ps =
         flags.add_bool("ps", false, "also run the loop as a sync parameter-server job and compare");
     auto& ps_servers = flags.add_int("ps-servers", 2, "--ps: parameter servers");
@@ -139,26 +152,33 @@ int main(int argc, char** argv) {
       std::ofstream(path) << r.seconds_per_step << " " << r.comm_seconds << "\n";
       return 0;
     }
+    if (solo) {  // one of <world> independent processes: no init_parallel_env, no DataParallel
+      const char* rank = std::getenv("DPAR_RANK");
+      const StepResult r = run_training(batch, img, warmup, steps, 1, bucket_mb);
+      std::ofstream(result + ".solo" + (rank ? rank : "0")) << r.seconds_per_step << "\n";
+      return 0;
+    }
     if (worker) {
       dist::init_parallel_env();
-      const StepResult r = run_training(batch, img, warmup, steps, dist::get_rank() + 1);
+      const StepResult r = run_training(batch, img, warmup, steps, dist::get_rank() + 1, bucket_mb);
       if (dist::get_rank() == 0) {
-        std::ofstream(result) << r.seconds_per_step << " " << r.comm_seconds << " " << r.exposed_seconds << "\n";
+        std::ofstream(result) << r.seconds_per_step << " " << r.comm_seconds << " "
+                              << r.exposed_seconds << "\n";
       }
       dist::destroy();
       return 0;
     }
 
     // 1. One process alone (the scaling baseline).
-    const StepResult single = run_training(batch, img, warmup, steps, 1);
+    const StepResult single = run_training(batch, img, warmup, steps, 1, bucket_mb);
     const double single_ips = static_cast<double>(batch) / single.seconds_per_step;
 
     // 2. world ranks under dpar-launch.
     const std::string result_file = "/tmp/bench_ddp_" + std::to_string(getpid()) + ".txt";
-    const std::string worker_args = " --worker --result " + result_file + " --batch " +
-                                    std::to_string(batch) + " --img " + std::to_string(img) +
-                                    " --warmup " + std::to_string(warmup) + " --steps " +
-                                    std::to_string(steps) + " > /dev/null";
+    const std::string worker_args =
+        " --worker --result " + result_file + " --batch " + std::to_string(batch) + " --img " +
+        std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
+        std::to_string(steps) + " --bucket-mb " + std::to_string(bucket_mb) + " > /dev/null";
     auto run_collective = [&] {
       const std::string cmd = launcher + " --nproc_per_node=" + std::to_string(world) +
                               " --start_port=" + std::to_string(port) +
@@ -202,6 +222,31 @@ int main(int argc, char** argv) {
       return static_cast<double>(world * batch) / r.seconds_per_step;
     };
 
+    // 2b. (--ceiling) world independent single processes at once, started like the ranks: the
+    // machine's own limit for scaling (shared cores, caches and memory bandwidth), before any
+    // communication is added.
+    double independent_ips = 0;
+    if (ceiling) {
+      const std::string cmd =
+          launcher + " --nproc_per_node=" + std::to_string(world) +
+          " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_solo_log_" +
+          std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
+          " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
+          std::to_string(warmup) + " --steps " + std::to_string(steps) + " > /dev/null";
+      const int status = std::system(cmd.c_str());
+      DPAR_CHECK(status == 0, "bench_ddp: the independent-processes run failed (status ", status,
+                 "): ", cmd);
+      for (int64_t r = 0; r < world; ++r) {
+        const std::string path = result_file + ".solo" + std::to_string(r);
+        double seconds = 0;
+        std::ifstream in(path);
+        DPAR_CHECK(static_cast<bool>(in >> seconds) && seconds > 0, "bench_ddp: process ", r,
+                   " left no result in ", path);
+        std::remove(path.c_str());
+        independent_ips += static_cast<double>(batch) / seconds;
+      }
+    }
+
     const StepResult multi = run_collective();
     const double multi_ips = images_per_s(multi);
     const double hidden =
@@ -221,6 +266,14 @@ int main(int argc, char** argv) {
         "           communication per step %.1f ms, of which %.1f ms exposed after backward: "
         "%.0f%% hidden\n",
         multi.comm_seconds * 1e3, multi.exposed_seconds * 1e3, 100.0 * hidden);
+    if (ceiling) {
+      const double limit = independent_ips / (static_cast<double>(world) * single_ips);
+      std::printf(
+          "  machine  %8.2f img/s from %lld independent processes (no communication): ceiling "
+          "%.3f; dpar reaches %.0f%% of it\n",
+          independent_ips, static_cast<long long>(world), limit,
+          100.0 * multi_ips / (static_cast<double>(world) * single_ips) / limit);
+    }
     std::fflush(stdout);
     nlohmann::json json = {{"bench", "bench_ddp"},
                            {"img", img},
@@ -228,7 +281,8 @@ int main(int argc, char** argv) {
                            {"ranks", world},
                            {"steps", steps},
                            {"dpar_img_per_s", multi_ips},
-                           {"single_img_per_s", single_ips}};
+                           {"single_img_per_s", single_ips},
+                           {"independent_img_per_s", independent_ips}};
     if (with_ps) {
       // Pairs of (collective, ps) jobs in ABBA order, so neither mode always runs first and a
       // burst of other work on the machine lands on both; the first collective job is the one
