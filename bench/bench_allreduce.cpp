@@ -88,13 +88,6 @@ int pick_start_port() {
 
 // ---- worker ----------------------------------------------------------------------------------
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 std::string size_text(size_t bytes) {
   char buf[32];
   if (bytes >= (1u << 20)) {
@@ -203,7 +196,7 @@ int run_worker(const Options& opt) {
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   std::erase_if(sizes, [&](size_t b) { return static_cast<double>(b) > opt.max_mb * (1 << 20); });
 
-  const std::string load_before = load_average();
+  const std::string load_before = bench::load_average();
   if (rank == 0) {
     std::printf("bench_allreduce: f32 sum all-reduce, %d ranks on %s, %ld CPU(s), DETAIL %s\n",
                 world, address.c_str(), sysconf(_SC_NPROCESSORS_ONLN),
@@ -350,7 +343,7 @@ int run_worker(const Options& opt) {
         "  reference (PyTorch's gloo here, reference-facts.md): 0.67 / 0.73 / 0.70 GB/s "
         "at 10 / 16 / 64 MB\n");
     std::printf("  load average before / after: %s / %s (2 ranks on %ld CPU(s))\n",
-                load_before.c_str(), load_average().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+                load_before.c_str(), bench::load_average().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
   }
   dist::destroy();
   return 0;

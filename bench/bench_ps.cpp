@@ -340,13 +340,6 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 int run_driver(const Settings& cfg, const std::string& launcher, int64_t start_port) {
   constexpr int kServers = 2, kTrainers = 2;
   const int port =
@@ -368,7 +361,7 @@ int run_driver(const Settings& cfg, const std::string& launcher, int64_t start_p
       " --floats=" + std::to_string(cfg.floats) + " --warmup=" + std::to_string(cfg.warmup) +
       " --iters=" + std::to_string(cfg.iters) + " --reps=" + std::to_string(cfg.reps) + " > " +
       dir + "/launch.txt 2>&1";
-  const std::string load_before = load_average();
+  const std::string load_before = bench::load_average();
   const int status = std::system(cmd.c_str());
   DPAR_CHECK(status == 0, "bench_ps: the ps job failed (status ", status, "): ", cmd, "\n",
              read_text(dir + "/launch.txt"), "(process logs in ", dir, "/log)");
@@ -431,7 +424,7 @@ int run_driver(const Settings& cfg, const std::string& launcher, int64_t start_p
   std::printf(" | bare:");
   for (double v : theirs) std::printf(" %.1f", v);
   std::printf("\n  load average before / after: %s / %s\n", load_before.c_str(),
-              load_average().c_str());
+              bench::load_average().c_str());
   const nlohmann::json json = {{"bench", "bench_ps"},
                                {"model_bytes", model_bytes},
                                {"servers", kServers},

@@ -10,11 +10,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dpar/core/error.h"
 #include "dpar/core/random.h"
@@ -25,9 +25,9 @@ namespace dpar::bench {
 // Runs `/usr/bin/python3 bench/peers/<script> <args>` with OMP_NUM_THREADS=threads and
 // returns the JSON object printed on its last stdout line.
 inline nlohmann::json run_peer(const std::string& script, const std::string& args, int threads) {
-  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " MKL_NUM_THREADS=" +
-                          std::to_string(threads) + " /usr/bin/python3 " DPAR_SOURCE_DIR
-                          "/bench/peers/" + script + " " + args + " 2>/dev/null";
+  const std::string cmd =
+      "OMP_NUM_THREADS=" + std::to_string(threads) + " MKL_NUM_THREADS=" + std::to_string(threads) +
+      " /usr/bin/python3 " DPAR_SOURCE_DIR "/bench/peers/" + script + " " + args + " 2>/dev/null";
   FILE* pipe = popen(cmd.c_str(), "r");
   DPAR_CHECK(pipe != nullptr, "bench: cannot start the PyTorch peer: ", cmd);
   std::string out, last;
@@ -37,12 +37,22 @@ inline nlohmann::json run_peer(const std::string& script, const std::string& arg
   DPAR_CHECK(status == 0, "bench: PyTorch peer failed (status ", status, "): ", cmd);
   size_t end = out.find_last_not_of('\n');
   size_t start = out.rfind('\n', end);
-  last = out.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+  last = out.substr(start == std::string::npos ? 0 : start + 1,
+                    end - (start == std::string::npos ? 0 : start + 1) + 1);
   return nlohmann::json::parse(last);
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// "0.52 0.61 0.70" from /proc/loadavg: benchmarks print it before and after, so a reader can
+// tell a quiet run from a busy one.
+inline std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
 }
 
 inline double median(std::vector<double> v) {

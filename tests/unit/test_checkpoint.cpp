@@ -16,6 +16,7 @@
 #include "dpar/optim/lr_scheduler.h"
 #include "dpar/optim/sgd.h"
 #include "gradcheck.h"
+#include "unit/helpers.h"
 
 using namespace dpar;
 namespace fs = std::filesystem;
@@ -93,15 +94,6 @@ bool same_bits(const nn::NamedTensors& a, const nn::NamedTensors& b) {
     }
   }
   return true;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 void flip_byte(const std::string& path, std::streamoff from_end) {

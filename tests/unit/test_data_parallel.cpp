@@ -13,6 +13,7 @@
 #include "dpar/nn/layers.h"
 #include "dpar/optim/sgd.h"
 #include "dpar/tensor/ops.h"
+#include "unit/helpers.h"
 
 using namespace dpar;
 using namespace dpar::dist;
@@ -150,15 +151,6 @@ DataParallelOptions options_for(std::shared_ptr<Group> group) {
   DataParallelOptions o;
   o.group = std::move(group);
   return o;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/nn/layers.h"
 #include "dpar/tensor/ops.h"
-#include "unit/free_port.h"
+#include "unit/helpers.h"
 
 using namespace dpar;
 using namespace dpar::dist;

@@ -20,7 +20,7 @@
 #include "dpar/optim/sgd.h"
 #include "dpar/ps/ps.h"
 #include "dpar/tensor/ops.h"
-#include "unit/free_port.h"
+#include "unit/helpers.h"
 
 using namespace dpar;
 using Catch::Matchers::Contains;

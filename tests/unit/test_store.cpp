@@ -13,7 +13,7 @@
 
 #include "dpar/core/error.h"
 #include "dpar/distributed/store.h"
-#include "unit/free_port.h"
+#include "unit/helpers.h"
 
 using namespace dpar;
 using namespace dpar::dist;

@@ -5,8 +5,8 @@
 #include <unordered_map>
 
 #include "dpar/autograd/grad_mode.h"
-#include "dpar/core/profiler.h"
 #include "dpar/autograd/node.h"
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 
 namespace dpar::autograd {
@@ -36,6 +36,19 @@ void queue_callback(std::function<void()> fn) {
 }
 
 bool in_backward() { return pending_callbacks != nullptr; }
+
+void zero_grad(const std::vector<Tensor>& tensors, bool set_to_none) {
+  NoGradGuard no_grad;
+  for (const Tensor& t : tensors) {
+    Tensor g = t.grad();
+    if (!g.defined()) continue;
+    if (set_to_none) {
+      Tensor(t).set_grad(Tensor());
+    } else {
+      g.zero_();
+    }
+  }
+}
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
               bool retain_graph) {

@@ -41,6 +41,24 @@ inline std::string quote_keys(const std::vector<std::string>& keys) {
   return out;
 }
 
+// "host:port" or "[v6addr]:port" -> host (without brackets) and a port in 1..65535; false when
+// the text is not of that form.
+inline bool split_host_port(const std::string& text, std::string* host, int* port) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return false;
+  int value = 0;
+  for (size_t i = colon + 1; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9' || value > 65535) return false;
+    value = value * 10 + (text[i] - '0');
+  }
+  if (value < 1 || value > 65535) return false;
+  std::string h = text.substr(0, colon);
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  if (host) *host = h;
+  if (port) *port = value;
+  return true;
+}
+
 // host:port, with brackets around an IPv6 literal so the port stays unambiguous.
 inline std::string join_host_port(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos && host.front() != '[';

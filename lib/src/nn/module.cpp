@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "dpar/autograd/engine.h"
 #include "dpar/autograd/grad_mode.h"
 
 namespace dpar::nn {
@@ -260,17 +261,7 @@ void Module::train(bool on) {
   for (auto& entry : children_) entry.second->train(on);
 }
 
-void Module::zero_grad(bool set_to_none) {
-  for (auto& [name, p] : named_parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      g.zero_();
-    }
-  }
-}
+void Module::zero_grad(bool set_to_none) { autograd::zero_grad(parameters(), set_to_none); }
 
 // ---- printing ----------------------------------------------------------------------------
 void Module::repr_into(std::string& out, int indent) const {

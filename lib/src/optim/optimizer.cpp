@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dpar/autograd/engine.h"
 #include "dpar/autograd/grad_mode.h"
 
 namespace dpar::optim {
@@ -35,18 +36,7 @@ void Optimizer::set_lr(double lr) {
   lr_ = lr;
 }
 
-void Optimizer::zero_grad(bool set_to_none) {
-  NoGradGuard no_grad;
-  for (Tensor& p : params_) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      g.zero_();
-    }
-  }
-}
+void Optimizer::zero_grad(bool set_to_none) { autograd::zero_grad(params_, set_to_none); }
 
 bool Optimizer::prepare(size_t i, Operands& ops, bool zero_init) {
   const Tensor& p = params_[i];

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <set>
 
+#include "distributed/store_common.h"
 #include "dpar/core/error.h"
 #include "dpar/distributed/parallel_env.h"
 
@@ -37,13 +38,7 @@ std::vector<std::string> split_endpoints(const std::string& name, const std::str
     const size_t comma = value.find(',', start);
     const std::string entry =
         value.substr(start, comma == std::string::npos ? comma : comma - start);
-    const size_t colon = entry.rfind(':');
-    int port = 0;
-    bool ok = colon != std::string::npos && colon > 0;
-    if (ok) {
-      auto [ptr, ec] = std::from_chars(entry.data() + colon + 1, entry.data() + entry.size(), port);
-      ok = ec == std::errc() && ptr == entry.data() + entry.size() && port >= 1 && port <= 65535;
-    }
+    const bool ok = dist::detail::split_host_port(entry, nullptr, nullptr);
     DPAR_CHECK(ok, "ps environment: ", name, "=", value, ": entry '", entry,
                "' is not ip:port (port 1..65535)");
     DPAR_CHECK(seen.insert(entry).second, "ps environment: ", name, "=", value,

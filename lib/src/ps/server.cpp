@@ -178,20 +178,16 @@ struct Server::Impl {
 
 Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>()) {
   const std::string& ep = options.endpoint;
-  const size_t colon = ep.rfind(':');
-  int port = -1;
-  if (colon != std::string::npos && colon > 0) {
-    auto [ptr, ec] = std::from_chars(ep.data() + colon + 1, ep.data() + ep.size(), port);
-    if (ec != std::errc() || ptr != ep.data() + ep.size()) port = -1;
-  }
-  DPAR_CHECK(port >= 1 && port <= 65535, "ps server ", options.server_id, ": endpoint '", ep,
-             "' is not ip:port");
+  std::string host;
+  int port = 0;
+  DPAR_CHECK(dist::detail::split_host_port(ep, &host, &port), "ps server ", options.server_id,
+             ": endpoint '", ep, "' is not ip:port");
   DPAR_CHECK(options.server_id >= 0 && options.server_id < options.num_servers, "ps server: id ",
              options.server_id, " out of range 0..", options.num_servers - 1);
   DPAR_CHECK(options.num_trainers >= 1, "ps server: needs at least one trainer, got ",
              options.num_trainers);
   const std::string name = "ps server " + std::to_string(options.server_id) + " (" + ep + ")";
-  dist::detail::probe_bind(ep.substr(0, colon), port, ep, name);
+  dist::detail::probe_bind(host, port, ep, name);
 
   impl_->endpoint = ep;
   impl_->state = std::make_unique<detail::ShardState>(

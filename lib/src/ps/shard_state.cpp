@@ -151,7 +151,6 @@ int64_t ShardState::commit_init(int trainer, const rpc::InitHeader& header, Tens
   range_ = layout_.shard(config_.server_id);
   mode_ = header.mode();
   optimizer_config_ = header.optimizer();
-  mode_name_ = mode_.mode();
   values_ = Tensor::zeros({range_.size()});
   values_.set_requires_grad(true);
   build_optimizer(optimizer_config_);
@@ -166,7 +165,7 @@ int64_t ShardState::commit_init(int trainer, const rpc::InitHeader& header, Tens
   }
   phase_ = Phase::kServing;
   trainers_[static_cast<size_t>(trainer)].last_call = Clock::now();
-  say(config_.name + ": initialised by trainer 0: " + mode_name_ + " mode, " +
+  say(config_.name + ": initialised by trainer 0: " + mode_.mode() + " mode, " +
       std::to_string(config_.num_trainers) + " trainers, optimizer " + optimizer_config_.kind() +
       (header.resume_dir().empty() ? "" : ", resumed at step " + std::to_string(version_)) +
       ", shard [" + std::to_string(range_.begin) + ", " + std::to_string(range_.end) + ") of " +
@@ -177,7 +176,7 @@ int64_t ShardState::commit_init(int trainer, const rpc::InitHeader& header, Tens
 
 void ShardState::build_optimizer(const rpc::OptimizerConfig& c) {
   optimizer_.reset();
-  if (mode_name_ == "geo" || range_.size() == 0) return;  // geo: trainers optimise locally
+  if (mode_.mode() == "geo" || range_.size() == 0) return;  // geo: trainers optimise locally
   if (c.kind() == "sgd") {
     optimizer_ = std::make_unique<optim::SGD>(std::vector<Tensor>{values_},
                                               optim::SGDOptions{.lr = 0,
@@ -207,7 +206,7 @@ float* ShardState::begin_push(int trainer, const rpc::PushHeader& header) {
   const std::string who = "trainer " + std::to_string(trainer);
   if (slot.finished) refuse(grpc::StatusCode::FAILED_PRECONDITION, who + " pushed after finishing");
   if (slot.pushing) refuse(grpc::StatusCode::FAILED_PRECONDITION, who + " has a push in flight");
-  if (mode_name_ == "sync" && (header.step() != version_ || slot.pushed)) {
+  if (mode_.mode() == "sync" && (header.step() != version_ || slot.pushed)) {
     refuse(grpc::StatusCode::FAILED_PRECONDITION,
            config_.name + ": " + who + " pushed its gradient for step " +
                std::to_string(header.step()) + ", but the server is at step " +
@@ -241,12 +240,12 @@ int64_t ShardState::end_push(int trainer, int64_t received) {
            config_.name + ": the push of trainer " + std::to_string(trainer) + " carried " +
                std::to_string(received) + " of " + std::to_string(range_.size()) + " elements");
   }
-  if (mode_name_ == "sync") {
+  if (mode_.mode() == "sync") {
     slot.pushed = true;
     if (!step_open_since_) step_open_since_ = Clock::now();
     if (sync_step_complete()) apply_sync_step(lock);
   } else {
-    if (mode_name_ == "geo") {
+    if (mode_.mode() == "geo") {
       // Model averaging: each trainer's change counts 1/trainers.
       const float scale = 1.0f / static_cast<float>(config_.num_trainers);
       float* v = range_.size() ? values_.data<float>() : nullptr;
@@ -327,7 +326,7 @@ void ShardState::apply_gradient(const Tensor& gradient, double lr) {
 
 std::vector<int> ShardState::lagging_trainers(int trainer, int64_t step) const {
   std::vector<int> out;
-  if (mode_name_ != "async" || mode_.max_staleness() < 0) return out;
+  if (mode_.mode() != "async" || mode_.max_staleness() < 0) return out;
   for (size_t i = 0; i < trainers_.size(); ++i) {
     const TrainerSlot& t = trainers_[i];
     if (static_cast<int>(i) == trainer || t.finished) continue;
@@ -345,13 +344,13 @@ std::vector<rpc::PullMessage> ShardState::pull(int trainer, const rpc::PullReque
   const auto deadline = start + milliseconds(std::max<int64_t>(0, request.timeout_ms()));
   while (true) {
     check_serving(lock);
-    const bool ready = mode_name_ == "sync" ? version_ >= request.min_version()
-                                            : lagging_trainers(trainer, request.step()).empty();
+    const bool ready = mode_.mode() == "sync" ? version_ >= request.min_version()
+                                              : lagging_trainers(trainer, request.step()).empty();
     if (ready) break;
     const auto now = Clock::now();
     if (now >= deadline) {
       const auto waited = std::chrono::duration_cast<milliseconds>(now - start);
-      if (mode_name_ == "sync") {
+      if (mode_.mode() == "sync") {
         refuse(grpc::StatusCode::DEADLINE_EXCEEDED,
                config_.name + ": step " + std::to_string(version_) +
                    " still lacks the gradients of trainer(s) " + id_list(missing_sync_trainers()) +
@@ -388,7 +387,7 @@ std::string ShardState::save(int trainer, const std::string& dir, int64_t step, 
                        step,
                        version_,
                        layout_,
-                       mode_name_,
+                       mode_.mode(),
                        optimizer_config_.kind(),
                        values_.detach(),
                        optimizer_ ? optimizer_->state_dict() : optim::StateDict{}};
@@ -410,9 +409,9 @@ void ShardState::restore(const std::string& dir, int64_t step) {
   if (std::string diff = layout_.first_difference(ckpt.layout); !diff.empty()) {
     mismatch("its parameter layout differs: " + diff);
   }
-  if (ckpt.mode != mode_name_ || ckpt.optimizer != optimizer_config_.kind()) {
+  if (ckpt.mode != mode_.mode() || ckpt.optimizer != optimizer_config_.kind()) {
     mismatch("it was written in " + ckpt.mode + " mode with optimizer " + ckpt.optimizer +
-             ", this job runs " + mode_name_ + " with " + optimizer_config_.kind());
+             ", this job runs " + mode_.mode() + " with " + optimizer_config_.kind());
   }
   values_.detach().copy_(ckpt.values);
   if (optimizer_) optimizer_->load_state_dict(ckpt.optimizer_state);
@@ -444,7 +443,7 @@ int ShardState::finish(int trainer, bool aborted) {
     phase_ = Phase::kDone;
     say(config_.name + ": all " + std::to_string(config_.num_trainers) +
         " trainers finished at version " + std::to_string(version_) + "; stopping");
-  } else if (phase_ == Phase::kServing && mode_name_ == "sync" && sync_step_complete()) {
+  } else if (phase_ == Phase::kServing && mode_.mode() == "sync" && sync_step_complete()) {
     apply_sync_step(lock);  // the others were waiting only for this trainer
   }
   cv_.notify_all();

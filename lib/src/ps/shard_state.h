@@ -91,7 +91,6 @@ class ShardState {
   ElementRange range_;
   rpc::ModeConfig mode_;
   rpc::OptimizerConfig optimizer_config_;
-  std::string mode_name_;
   Tensor values_;  // the shard, 1-D f32; the optimizer's only parameter
   std::unique_ptr<optim::Optimizer> optimizer_;
   int64_t version_ = 0;  // optimizer steps (sync, async) or delta merges (geo) applied

@@ -20,5 +20,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
 void queue_callback(std::function<void()> fn);
 // True while a backward pass runs on this thread.
 bool in_backward();
+// Zeroes the defined gradients of `tensors` in place (they keep their storage, which matters
+// when they are views into shared buckets), or with set_to_none drops them so the next
+// backward allocates fresh ones. Module::zero_grad and Optimizer::zero_grad use it.
+void zero_grad(const std::vector<Tensor>& tensors, bool set_to_none = false);
 
 }  // namespace dpar::autograd

@@ -1,13 +1,18 @@
 #pragma once
-// A loopback port nobody listens on: bound once with the kernel's choice, then released (for
-// tests that start real servers on 127.0.0.1).
+// Small helpers shared by the unit tests.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <functional>
+#include <string>
 
+#include "dpar/core/error.h"
+
+// A loopback port nobody listens on: bound once with the kernel's choice, then released (for
+// tests that start real servers on 127.0.0.1).
 inline int free_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
@@ -19,4 +24,14 @@ inline int free_port() {
   REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+// The message of the dpar::Error that fn throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const dpar::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
