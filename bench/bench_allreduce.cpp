@@ -1,11 +1,13 @@
 // All-reduce throughput of dpar's Gloo process group beside raw Gloo, 2 ranks, in the same
 // invocation. Started on its own it re-launches itself through dpar-launch (2 processes on
 // loopback); under a launcher (DPAR_RANK set, or --worker) it is one of the ranks. For every
-// size both ranks time dpar's `default_group().allreduce({t})->wait()` and a plain
-// gloo::allreduce on a second Gloo context rendezvoused through the same store and bound to
-// the same address, alternating the two so they share the machine's noise. Rank 0 prints
-// ours, the peer (raw Gloo) and the ratio per size. --diag adds voluntary context switches and
-// CPU time per call: dpar's extra cost over raw Gloo is thread hand-offs, each a context switch.
+// size both ranks time dpar's synchronous `default_group().allreduce({t}, Sum, false)` (what
+// raw Gloo's call is: blocking) and a plain gloo::allreduce on a second Gloo context
+// rendezvoused through the same store and bound to the same address, alternating the two so
+// they share the machine's noise. Rank 0 prints ours, the peer (raw Gloo) and the ratio per
+// size. --async times `allreduce({t})->wait()` instead, which hands the call to the group's
+// communication thread and back. --diag adds voluntary context switches and CPU time per call:
+// each thread hand-off is a context switch.
 // On a busy machine every wake-up may wait for a time slice, which swamps the comparison;
 // `chrt -f 10 bench_allreduce` (as root; the ranks inherit it) keeps other work from delaying
 // both sides.
@@ -48,6 +50,7 @@ struct Options {
   int64_t reps = 5;
   bool check = true;
   bool diag = false;
+  bool async = false;
 };
 
 // ---- driver: re-launch through dpar-launch -------------------------------------------------
@@ -198,9 +201,12 @@ int run_worker(const Options& opt) {
 
   const std::string load_before = bench::load_average();
   if (rank == 0) {
-    std::printf("bench_allreduce: f32 sum all-reduce, %d ranks on %s, %ld CPU(s), DETAIL %s\n",
-                world, address.c_str(), sysconf(_SC_NPROCESSORS_ONLN),
-                detail ? "ON (slows every call)" : "off");
+    std::printf(
+        "bench_allreduce: f32 sum all-reduce, %d ranks on %s, %ld CPU(s), DETAIL %s, dpar call: "
+        "%s\n",
+        world, address.c_str(), sysconf(_SC_NPROCESSORS_ONLN),
+        detail ? "ON (slows every call)" : "off",
+        opt.async ? "allreduce({t})->wait() (async)" : "allreduce({t}, Sum, false) (sync)");
     std::printf(
         "  peer: raw gloo::allreduce (default algorithm, gloo::sum<float>) on a second "
         "context, same store and address\n");
@@ -222,7 +228,13 @@ int run_worker(const Options& opt) {
     const size_t n = bytes / sizeof(float);
     Tensor t = Tensor::empty({static_cast<int64_t>(n)});
     std::vector<float> buf(n);
-    auto ours = [&] { group.allreduce({t})->wait(); };
+    auto ours = [&] {
+      if (opt.async) {
+        group.allreduce({t})->wait();
+      } else {
+        group.allreduce({t}, dist::ReduceOp::Sum, /*async_op=*/false);
+      }
+    };
     auto theirs = [&] { raw.allreduce(buf.data(), n); };
 
     if (opt.check) {
@@ -362,6 +374,8 @@ int main(int argc, char** argv) {
     auto& check = flags.add_bool("check", true, "verify each size's sums before timing");
     auto& diag = flags.add_bool("diag", false,
                                 "also print context switches and CPU time per call (this process)");
+    auto& async = flags.add_bool(
+        "async", false, "time the asynchronous call and wait() instead of the synchronous call");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCH_PATH, "dpar-launch to start ranks");
     auto& start_port = flags.add_int("start-port", 0, "dpar-launch --start_port (0: a free one)");
     auto& worker = flags.add_bool("worker", false, "run as a rank (set by the driver)");
@@ -374,6 +388,6 @@ int main(int argc, char** argv) {
       const int port = start_port > 0 ? static_cast<int>(start_port) : pick_start_port();
       exec_launcher(launcher, port, argc, argv);
     }
-    return run_worker({max_mb, min_seconds, reps, check, diag});
+    return run_worker({max_mb, min_seconds, reps, check, diag, async});
   });
 }

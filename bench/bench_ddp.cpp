@@ -63,7 +63,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
   Tensor elapsed =
       Tensor::from_vector(std::vector<float>{static_cast<float>(bench::seconds_since(t0))}, {1});
   if (dist::get_world_size() > 1)
-    dist::default_group().allreduce({elapsed}, dist::ReduceOp::Max)->wait();
+    dist::default_group().allreduce({elapsed}, dist::ReduceOp::Max, /*async_op=*/false);
   r.seconds_per_step = elapsed.item() / static_cast<double>(steps);
   r.comm_seconds /= static_cast<double>(steps);
   r.exposed_seconds /= static_cast<double>(steps);

@@ -81,7 +81,7 @@ Metrics evaluate(nn::Module& model, data::DataLoader& loader) {
     Tensor sums = Tensor::from_vector(std::vector<float>{static_cast<float>(m.loss), static_cast<float>(m.top1),
                                                          static_cast<float>(m.top5), static_cast<float>(m.samples)},
                                       {4});
-    dist::default_group().allreduce({sums})->wait();
+    dist::default_group().allreduce({sums}, dist::ReduceOp::Sum, /*async_op=*/false);
     const std::vector<float> v = sums.to_float_vector();
     m.loss = v[0];
     m.top1 = v[1];

@@ -346,6 +346,61 @@ TEST_CASE("async: collectives run in issue order, wait and is_completed", "[proc
   });
 }
 
+TEST_CASE("sync: async_op=false returns completed work, in issue order after queued ones",
+          "[process_group]") {
+  run_group(2, [](int rank, ProcessGroup& pg) {
+    // Every collective in its synchronous form is done when the call returns.
+    Tensor t = Tensor::full({1000}, rank + 1.0);
+    auto w = pg.allreduce({t}, ReduceOp::Sum, /*async_op=*/false);
+    expect(w->is_completed(), "sync allreduce returned before completing");
+    expect_values(t, std::vector<double>(1000, 3.0), "sync allreduce");
+    Tensor b = Tensor::full({5}, rank + 7.0);
+    expect(pg.broadcast({b}, 1, false)->is_completed(), "sync broadcast not completed");
+    expect_values(b, std::vector<double>(5, 8.0), "sync broadcast from rank 1");
+    std::vector<Tensor> outs{Tensor::zeros({2}), Tensor::zeros({2})};
+    expect(pg.allgather(outs, Tensor::full({2}, rank * 10.0), false)->is_completed(),
+           "sync allgather not completed");
+    expect_values(outs[1], std::vector<double>(2, 10.0), "sync allgather");
+    Tensor rs = Tensor::zeros({1});
+    pg.reduce_scatter(rs, {Tensor::full({1}, 1.0), Tensor::full({1}, 2.0)}, ReduceOp::Sum, false);
+    expect_values(rs, std::vector<double>(1, rank == 0 ? 2.0 : 4.0), "sync reduce_scatter");
+    expect(pg.barrier(false)->is_completed(), "sync barrier not completed");
+
+    // Mixed with asynchronous calls: the synchronous one runs after everything queued before
+    // it, whichever thread runs it.
+    Tensor a = Tensor::full({3000}, rank + 1.0);
+    std::vector<std::shared_ptr<Work>> queued;
+    for (int i = 0; i < 3; ++i) queued.push_back(pg.allreduce({a}, ReduceOp::Sum));
+    pg.allreduce({a}, ReduceOp::Max, false);
+    for (auto& q : queued) expect(q->is_completed(), "async work issued earlier not completed");
+    expect_values(a, std::vector<double>(3000, 12.0), "three sums then a max");  // 3 * 2^2
+    // An asynchronous call after a synchronous one still runs on its own.
+    auto later = pg.allreduce({a}, ReduceOp::Sum);
+    later->wait(std::chrono::seconds(20));
+    expect_values(a, std::vector<double>(3000, 24.0), "async after sync");
+  });
+}
+
+TEST_CASE("sync: a failing synchronous collective throws from the call", "[process_group]") {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  std::string error0;
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto pg = make_gloo_group(store, rank, 2, test_options(std::chrono::seconds(1)));
+    if (rank == 0) {
+      try {
+        pg->allreduce({Tensor::ones({7})}, ReduceOp::Sum, /*async_op=*/false);
+      } catch (const Error& e) {
+        error0 = e.what();
+      }
+      rank0_done.set_value();
+    } else {
+      done.wait();
+    }
+  });
+  CHECK_THAT(error0, Catch::Contains("allreduce(f32[7]) #1 timed out after 1 s"));
+}
+
 TEST_CASE("a world of one needs no store and copies locally", "[process_group]") {
   auto pg = make_gloo_group(nullptr, 0, 1, test_options());
   Tensor t = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});

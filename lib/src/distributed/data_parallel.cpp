@@ -75,7 +75,7 @@ void verify_same_model(Group& group, const nn::Module& module) {
   auto gather = [&](const Tensor& input) {
     std::vector<Tensor> out;
     for (int r = 0; r < world; ++r) out.push_back(Tensor::empty(input.shape()));
-    group.allgather(out, input)->wait();
+    group.allgather(out, input, /*async_op=*/false);
     return out;
   };
   const auto digests = gather(Tensor::from_vector(digest, {static_cast<int64_t>(digest.size())}));

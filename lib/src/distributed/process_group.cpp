@@ -95,33 +95,33 @@ Device common_device(const std::vector<Tensor>& tensors, const char* op) {
 
 }  // namespace
 
-std::shared_ptr<Work> Group::allreduce(std::vector<Tensor> tensors, ReduceOp op) {
+std::shared_ptr<Work> Group::allreduce(std::vector<Tensor> tensors, ReduceOp op, bool async_op) {
   const Device device = common_device(tensors, "allreduce");
-  return backend_for(device).allreduce(std::move(tensors), op);
+  return backend_for(device).allreduce(std::move(tensors), op, async_op);
 }
 
-std::shared_ptr<Work> Group::broadcast(std::vector<Tensor> tensors, int root) {
+std::shared_ptr<Work> Group::broadcast(std::vector<Tensor> tensors, int root, bool async_op) {
   const Device device = common_device(tensors, "broadcast");
-  return backend_for(device).broadcast(std::move(tensors), root);
+  return backend_for(device).broadcast(std::move(tensors), root, async_op);
 }
 
-std::shared_ptr<Work> Group::allgather(std::vector<Tensor> outputs, Tensor input) {
+std::shared_ptr<Work> Group::allgather(std::vector<Tensor> outputs, Tensor input, bool async_op) {
   DPAR_CHECK(input.defined(), "allgather: the input is undefined");
   outputs.push_back(input);
   const Device device = common_device(outputs, "allgather");
   outputs.pop_back();
-  return backend_for(device).allgather(std::move(outputs), std::move(input));
+  return backend_for(device).allgather(std::move(outputs), std::move(input), async_op);
 }
 
-std::shared_ptr<Work> Group::reduce_scatter(Tensor output, std::vector<Tensor> inputs,
-                                            ReduceOp op) {
+std::shared_ptr<Work> Group::reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op,
+                                            bool async_op) {
   DPAR_CHECK(output.defined(), "reduce_scatter: the output is undefined");
   inputs.push_back(output);
   const Device device = common_device(inputs, "reduce_scatter");
   inputs.pop_back();
-  return backend_for(device).reduce_scatter(std::move(output), std::move(inputs), op);
+  return backend_for(device).reduce_scatter(std::move(output), std::move(inputs), op, async_op);
 }
 
-void Group::barrier() { backend_for(Device::cpu()).barrier()->wait(); }
+void Group::barrier() { backend_for(Device::cpu()).barrier(/*async_op=*/false); }
 
 }  // namespace dpar::dist

@@ -57,7 +57,7 @@ void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int r
         view_at(packed, offsets[k], tensors[members[k]]).copy_(tensors[members[k]]);
       }
     }
-    group.broadcast({packed}, root)->wait();
+    group.broadcast({packed}, root, /*async_op=*/false);
     if (group.rank() != root) {
       for (size_t k = 0; k < members.size(); ++k) {
         Tensor dst = tensors[members[k]];
@@ -429,7 +429,7 @@ void Reducer::rebuild_in_ready_order() {
   Tensor shared = Tensor::empty({static_cast<int64_t>(n)});
   float* data = shared.data<float>();
   for (size_t i = 0; i < n; ++i) data[i] = i < order.size() ? static_cast<float>(order[i]) : -1.f;
-  group_->broadcast({shared}, 0)->wait();
+  group_->broadcast({shared}, 0, /*async_op=*/false);
   std::vector<bool> seen(n, false);
   order.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {

@@ -239,11 +239,11 @@ std::optional<Checkpoint> load_on_rank0_and_broadcast(
   // Size, then the manifest text, then every tensor in one fused broadcast.
   Tensor size =
       Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(manifest.size())}, {1});
-  group.broadcast({size}, 0)->wait();
+  group.broadcast({size}, 0, /*async_op=*/false);
   const int64_t n = size.to_int_vector()[0];
   Tensor text = Tensor::empty({n}, DType::u8);
   if (root) std::memcpy(text.raw_data(), manifest.data(), manifest.size());
-  group.broadcast({text}, 0)->wait();
+  group.broadcast({text}, 0, /*async_op=*/false);
   if (!root) manifest.assign(static_cast<const char*>(text.raw_data()), static_cast<size_t>(n));
 
   const Json m = Json::parse(manifest);
@@ -268,7 +268,7 @@ std::optional<Checkpoint> load_on_rank0_and_broadcast(
       payload.push_back(t);
     }
   }
-  if (!payload.empty()) group.broadcast(payload, 0)->wait();
+  if (!payload.empty()) group.broadcast(payload, 0, /*async_op=*/false);
   return result;
 }
 

@@ -3,7 +3,11 @@
 // CUDA builds) over a fixed set of ranks. Group routes each call to the backend for the
 // tensors' device, so CPU and GPU collectives coexist in one build and one job.
 //
-// Every collective is asynchronous: it returns a Work whose wait() rethrows any failure. Every
+// Every collective returns a Work whose wait() rethrows any failure. By default a collective is
+// asynchronous: it runs on the group's communication thread while the caller goes on. With
+// async_op = false (torch's async_op=False, paddle's sync_op=True) the call itself blocks until
+// the collective is done, throws its failure, and returns a completed Work; when the group is
+// idle it runs on the calling thread, so no thread hand-off is paid. Every
 // collective has a timeout (default 30 min; DPAR_TIMEOUT=<seconds> or the options); a timeout
 // error names the op, this rank, the tensor shape, and the ranks that have not arrived when
 // known. With DPAR_DEBUG=DETAIL each collective first checks that all ranks issue the same op
@@ -54,17 +58,20 @@ class ProcessGroup {
 
   // In place on each tensor (all ranks pass tensors of equal shapes and dtypes). Several
   // tensors are reduced as one fused operation.
-  virtual std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors,
-                                          ReduceOp op = ReduceOp::Sum) = 0;
+  virtual std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op = ReduceOp::Sum,
+                                          bool async_op = true) = 0;
   // In place: root's values are copied to every rank.
-  virtual std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0) = 0;
+  virtual std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0,
+                                          bool async_op = true) = 0;
   // outputs[r] receives rank r's input; outputs has size() tensors shaped like input.
-  virtual std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input) = 0;
+  virtual std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input,
+                                          bool async_op = true) = 0;
   // output = reduction over ranks of inputs[rank()] (inputs has size() tensors; their sizes
   // may differ between positions, so uneven splits of a buffer are fine).
   virtual std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
-                                               ReduceOp op = ReduceOp::Sum) = 0;
-  virtual std::shared_ptr<Work> barrier() = 0;
+                                               ReduceOp op = ReduceOp::Sum,
+                                               bool async_op = true) = 0;
+  virtual std::shared_ptr<Work> barrier(bool async_op = true) = 0;
 
  protected:
   int rank_;
@@ -90,11 +97,12 @@ class Group {
   ProcessGroup& backend_for(Device device);
   std::shared_ptr<ProcessGroup> backend_ptr_for(Device device);
 
-  std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op = ReduceOp::Sum);
-  std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0);
-  std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input);
+  std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op = ReduceOp::Sum,
+                                  bool async_op = true);
+  std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0, bool async_op = true);
+  std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input, bool async_op = true);
   std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
-                                       ReduceOp op = ReduceOp::Sum);
+                                       ReduceOp op = ReduceOp::Sum, bool async_op = true);
   void barrier();  // on the CPU backend
   const std::shared_ptr<Store>& store() const { return store_; }
 

@@ -108,7 +108,7 @@ ProcessGroupGloo::~ProcessGroupGloo() {
 // ---- issuing ---------------------------------------------------------------------------------
 
 std::shared_ptr<Work> ProcessGroupGloo::enqueue(CollectiveInfo info, std::vector<Tensor> tensors,
-                                                Tensor single) {
+                                                Tensor single, bool async_op) {
   std::shared_ptr<WorkImpl> work;
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
@@ -118,11 +118,19 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(CollectiveInfo info, std::vector
     work = std::make_shared<WorkImpl>(std::move(info), rank_, size_, weak_from_this());
     queue_.push_back(PendingOp{work, std::move(tensors), std::move(single)});
   }
-  queue_cv_.notify_one();
+  // A group not owned by a shared_ptr cannot be run by waiters: its thread must always run it.
+  if (async_op || weak_from_this().expired()) {
+    queue_cv_.notify_one();
+    if (async_op) return work;
+  }
+  // If another thread is running a collective, the communication thread (or that caller)
+  // finds this one in the queue when it finishes: both re-check the queue before sleeping.
+  work->wait();
   return work;
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, ReduceOp op) {
+std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, ReduceOp op,
+                                                  bool async_op) {
   DPAR_CHECK(!tensors.empty(), "allreduce: no tensors given");
   for (const Tensor& t : tensors) {
     check_cpu(t, "allreduce");
@@ -133,19 +141,21 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(std::vector<Tensor> tensors, R
   }
   reduce_function(tensors[0].dtype(), op, "allreduce");  // validates dtype and op
   auto info = describe_call(CollectiveKind::Allreduce, tensors, op, 0);
-  return enqueue(std::move(info), std::move(tensors), {});
+  return enqueue(std::move(info), std::move(tensors), {}, async_op);
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, int root) {
+std::shared_ptr<Work> ProcessGroupGloo::broadcast(std::vector<Tensor> tensors, int root,
+                                                  bool async_op) {
   DPAR_CHECK(!tensors.empty(), "broadcast: no tensors given");
   DPAR_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is outside a world of size ",
              size_);
   for (const Tensor& t : tensors) check_cpu(t, "broadcast");
   auto info = describe_call(CollectiveKind::Broadcast, tensors, ReduceOp::Sum, root);
-  return enqueue(std::move(info), std::move(tensors), {});
+  return enqueue(std::move(info), std::move(tensors), {}, async_op);
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor> outputs, Tensor input) {
+std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor> outputs, Tensor input,
+                                                  bool async_op) {
   check_cpu(input, "allgather");
   DPAR_CHECK(static_cast<int>(outputs.size()) == size_, "allgather: expected ", size_,
              " output tensors (one per rank), got ", outputs.size());
@@ -156,11 +166,11 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor> outputs, T
                input.shape(), ", got ", dtype_name(t.dtype()), t.shape());
   }
   auto info = describe_call(CollectiveKind::Allgather, {input}, ReduceOp::Sum, 0);
-  return enqueue(std::move(info), std::move(outputs), std::move(input));
+  return enqueue(std::move(info), std::move(outputs), std::move(input), async_op);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(Tensor output, std::vector<Tensor> inputs,
-                                                       ReduceOp op) {
+                                                       ReduceOp op, bool async_op) {
   check_cpu(output, "reduce_scatter");
   DPAR_CHECK(static_cast<int>(inputs.size()) == size_, "reduce_scatter: expected ", size_,
              " input tensors (one per rank), got ", inputs.size());
@@ -173,11 +183,11 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(Tensor output, std::vecto
              " must have as many elements as inputs[", rank_, "] ", inputs[rank_].shape());
   reduce_function(output.dtype(), op, "reduce_scatter");
   auto info = describe_call(CollectiveKind::ReduceScatter, inputs, op, 0);
-  return enqueue(std::move(info), std::move(inputs), std::move(output));
+  return enqueue(std::move(info), std::move(inputs), std::move(output), async_op);
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::barrier() {
-  return enqueue(describe_call(CollectiveKind::Barrier, {}, ReduceOp::Sum, 0), {}, {});
+std::shared_ptr<Work> ProcessGroupGloo::barrier(bool async_op) {
+  return enqueue(describe_call(CollectiveKind::Barrier, {}, ReduceOp::Sum, 0), {}, {}, async_op);
 }
 
 // ---- running -------------------------------------------------------------------------------

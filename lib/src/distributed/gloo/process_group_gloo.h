@@ -6,7 +6,8 @@
 // the queue in issue order, so every rank runs the same collective at the same time, and
 // completes the Work. A caller that waits (without a timeout) on a collective that has not
 // started while the group is idle runs the queue up to it itself instead (one collective runs
-// at a time either way, in issue order). Every Gloo operation gets the group timeout; a timeout or
+// at a time either way, in issue order); a synchronous call (async_op = false) does not wake
+// the communication thread at all. Every Gloo operation gets the group timeout; a timeout or
 // transport failure marks the group failed (Gloo closes the connections of a context after a
 // timeout), and later collectives fail at once with the first error. With debug_detail, each
 // collective first exchanges fingerprints (collective_check.h) and fails on every rank on a
@@ -45,12 +46,14 @@ class ProcessGroupGloo final : public ProcessGroup,
   ~ProcessGroupGloo() override;
 
   std::string backend_name() const override { return "gloo"; }
-  std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op) override;
-  std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root) override;
-  std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input) override;
-  std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
-                                       ReduceOp op) override;
-  std::shared_ptr<Work> barrier() override;
+  // Overrides repeat no default arguments: calls go through ProcessGroup's.
+  std::shared_ptr<Work> allreduce(std::vector<Tensor> tensors, ReduceOp op, bool async_op) override;
+  std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root, bool async_op) override;
+  std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input,
+                                  bool async_op) override;
+  std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op,
+                                       bool async_op) override;
+  std::shared_ptr<Work> barrier(bool async_op) override;
 
   void run_inline_until(const WorkImpl* work) override;
 
@@ -64,7 +67,12 @@ class ProcessGroupGloo final : public ProcessGroup,
     Tensor single;                // allgather input, reduce_scatter output
   };
 
-  std::shared_ptr<Work> enqueue(CollectiveInfo info, std::vector<Tensor> tensors, Tensor single);
+  // Queues the collective. async_op: wakes the communication thread and returns at once;
+  // otherwise leaves the thread asleep and waits, so that an idle group runs the collective on
+  // the caller's thread (a wake-up costs a context switch, hundreds of microseconds on a
+  // loaded or virtualised machine), and returns the completed Work.
+  std::shared_ptr<Work> enqueue(CollectiveInfo info, std::vector<Tensor> tensors, Tensor single,
+                                bool async_op);
   void comm_loop();
   void execute(PendingOp& op);
   void check_fingerprints(const CollectiveInfo& info);
