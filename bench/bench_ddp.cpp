@@ -3,6 +3,11 @@
 // reports scaling efficiency (2 ranks vs 2 x one process) and how much of each step's
 // communication was hidden behind backward, and (--ceiling, on by default) what 2 independent
 // processes without any communication reach together: the scaling this machine allows.
+// Single process, independent processes and the collective job run in --rounds rounds, in
+// alternating order, and the figures are medians over rounds of each round's ratios: on a
+// shared machine the speed drifts by tens of percent within a minute, and a ratio of two runs
+// made far apart measures the drift. Each run also reports CPU time per step (every thread of
+// the process), so the CPU that communication costs on the shared cores is visible.
 //
 // Run without arguments: the driver runs one process alone, then itself under dpar-launch
 // with --worker, then the PyTorch peer (bench/peers/torch_ddp.py).
@@ -12,6 +17,7 @@
 // calling ps::ParameterServerTrainer::step(batch) instead of optimizer.step() (the servers run
 // the same SGD), and prints its img/s beside the collective (DataParallel) figure and the ratio
 // ps/collective.
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -32,7 +38,15 @@ struct StepResult {
   double seconds_per_step = 0;
   double comm_seconds = 0;     // per step, all-reduce time summed over buckets
   double exposed_seconds = 0;  // per step, communication left after backward finished
+  double cpu_seconds = 0;      // per step, CPU time of every thread of this process
 };
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
 
 StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, int seed,
                         double bucket_mb) {
@@ -52,6 +66,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   dist::barrier();
+  const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
     step();
@@ -59,6 +74,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
     r.comm_seconds += stats.comm_seconds;
     r.exposed_seconds += stats.exposed_seconds;
   }
+  r.cpu_seconds = (process_cpu_seconds() - cpu0) / static_cast<double>(steps);
   // The job's speed is the slowest rank's.
   Tensor elapsed =
       Tensor::from_vector(std::vector<float>{static_cast<float>(bench::seconds_since(t0))}, {1});
@@ -120,6 +136,8 @@ int main(int argc, char** argv) {
     auto& worker = flags.add_bool("worker", false, "internal: run as one rank under dpar-launch");
     auto& solo = flags.add_bool("solo", false,
                                 "internal: under dpar-launch, train alone (no communication)");
+    auto& rounds = flags.add_int(
+        "rounds", 3, "rounds of (one process, independent processes, collective job); medians");
     auto& ceiling = flags.add_bool("ceiling", true,
                                    "also time <world> independent processes at once: what this "
                                    "machine allows for scaling without any communication");
@@ -136,8 +154,8 @@ int main(int argc, char** argv) {
     auto& ps_pairs =
         flags.add_int("ps-pairs", 3, "--ps: (collective, ps) job pairs, alternating; medians");
     flags.parse(argc, argv);
-    DPAR_CHECK(ps_pairs >= 1 && ps_servers >= 1,
-               "bench_ddp: --ps-pairs and --ps-servers must be >= 1");
+    DPAR_CHECK(ps_pairs >= 1 && ps_servers >= 1 && rounds >= 1,
+               "bench_ddp: --ps-pairs, --ps-servers and --rounds must be >= 1");
     set_num_threads(1);
 
     if (worker && ps::is_server()) {
@@ -155,7 +173,8 @@ int main(int argc, char** argv) {
     if (solo) {  // one of <world> independent processes: no init_parallel_env, no DataParallel
       const char* rank = std::getenv("DPAR_RANK");
       const StepResult r = run_training(batch, img, warmup, steps, 1, bucket_mb);
-      std::ofstream(result + ".solo" + (rank ? rank : "0")) << r.seconds_per_step << "\n";
+      std::ofstream(result + ".solo" + (rank ? rank : "0"))
+          << r.seconds_per_step << " " << r.cpu_seconds << "\n";
       return 0;
     }
     if (worker) {
@@ -163,17 +182,15 @@ int main(int argc, char** argv) {
       const StepResult r = run_training(batch, img, warmup, steps, dist::get_rank() + 1, bucket_mb);
       if (dist::get_rank() == 0) {
         std::ofstream(result) << r.seconds_per_step << " " << r.comm_seconds << " "
-                              << r.exposed_seconds << "\n";
+                              << r.exposed_seconds << " " << r.cpu_seconds << "\n";
       }
       dist::destroy();
       return 0;
     }
 
-    // 1. One process alone (the scaling baseline).
-    const StepResult single = run_training(batch, img, warmup, steps, 1, bucket_mb);
-    const double single_ips = static_cast<double>(batch) / single.seconds_per_step;
-
-    // 2. world ranks under dpar-launch.
+    // The three runs: one process alone (the scaling baseline), world ranks under dpar-launch,
+    // and (--ceiling) world independent single processes at once, started like the ranks.
+    auto run_single = [&] { return run_training(batch, img, warmup, steps, 1, bucket_mb); };
     const std::string result_file = "/tmp/bench_ddp_" + std::to_string(getpid()) + ".txt";
     const std::string worker_args =
         " --worker --result " + result_file + " --batch " + std::to_string(batch) + " --img " +
@@ -188,9 +205,39 @@ int main(int argc, char** argv) {
       DPAR_CHECK(status == 0, "bench_ddp: the ", world, "-rank run failed (status ", status,
                  "): ", cmd);
       StepResult r;
-      std::ifstream(result_file) >> r.seconds_per_step >> r.comm_seconds >> r.exposed_seconds;
+      std::ifstream(result_file) >> r.seconds_per_step >> r.comm_seconds >> r.exposed_seconds >>
+          r.cpu_seconds;
       std::remove(result_file.c_str());
       return r;
+    };
+    // The machine's own limit for scaling (shared cores, caches and memory bandwidth) before
+    // any communication is added: summed img/s and the mean CPU per step of the processes.
+    struct Independent {
+      double images_per_s = 0;
+      double cpu_seconds = 0;
+    };
+    auto run_independent = [&] {
+      const std::string cmd =
+          launcher + " --nproc_per_node=" + std::to_string(world) +
+          " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_solo_log_" +
+          std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
+          " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
+          std::to_string(warmup) + " --steps " + std::to_string(steps) + " > /dev/null";
+      const int status = std::system(cmd.c_str());
+      DPAR_CHECK(status == 0, "bench_ddp: the independent-processes run failed (status ", status,
+                 "): ", cmd);
+      Independent out;
+      for (int64_t r = 0; r < world; ++r) {
+        const std::string path = result_file + ".solo" + std::to_string(r);
+        double seconds = 0, cpu = 0;
+        std::ifstream in(path);
+        DPAR_CHECK(static_cast<bool>(in >> seconds >> cpu) && seconds > 0, "bench_ddp: process ", r,
+                   " left no result in ", path);
+        std::remove(path.c_str());
+        out.images_per_s += static_cast<double>(batch) / seconds;
+        out.cpu_seconds += cpu / static_cast<double>(world);
+      }
+      return out;
     };
     // 3. (--ps) The same loop as a sync parameter-server job: world trainers + ps_servers
     // servers. The job's speed is the slowest trainer's.
@@ -222,57 +269,81 @@ int main(int argc, char** argv) {
       return static_cast<double>(world * batch) / r.seconds_per_step;
     };
 
-    // 2b. (--ceiling) world independent single processes at once, started like the ranks: the
-    // machine's own limit for scaling (shared cores, caches and memory bandwidth), before any
-    // communication is added.
-    double independent_ips = 0;
-    if (ceiling) {
-      const std::string cmd =
-          launcher + " --nproc_per_node=" + std::to_string(world) +
-          " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_solo_log_" +
-          std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
-          " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
-          std::to_string(warmup) + " --steps " + std::to_string(steps) + " > /dev/null";
-      const int status = std::system(cmd.c_str());
-      DPAR_CHECK(status == 0, "bench_ddp: the independent-processes run failed (status ", status,
-                 "): ", cmd);
-      for (int64_t r = 0; r < world; ++r) {
-        const std::string path = result_file + ".solo" + std::to_string(r);
-        double seconds = 0;
-        std::ifstream in(path);
-        DPAR_CHECK(static_cast<bool>(in >> seconds) && seconds > 0, "bench_ddp: process ", r,
-                   " left no result in ", path);
-        std::remove(path.c_str());
-        independent_ips += static_cast<double>(batch) / seconds;
+    // Rounds in alternating order (single, independent, collective; then the reverse), so that
+    // no run always comes first and drift lands on every kind of run.
+    std::vector<double> single_ips, multi_ips, independent_ips, scaling, limit, reach;
+    std::vector<double> comm_ms, exposed_ms, single_cpu_ms, multi_cpu_ms, independent_cpu_ms;
+    StepResult last_multi;
+    for (int64_t round = 0; round < rounds; ++round) {
+      StepResult single, multi;
+      Independent independent;
+      auto run_multi = [&] { multi = run_collective(); };
+      auto run_alone = [&] { single = run_single(); };
+      auto run_ceiling = [&] {
+        if (ceiling) independent = run_independent();
+      };
+      if (round % 2 == 0) {
+        run_alone();
+        run_ceiling();
+        run_multi();
+      } else {
+        run_multi();
+        run_ceiling();
+        run_alone();
+      }
+      last_multi = multi;
+      const double one = static_cast<double>(batch) / single.seconds_per_step;
+      single_ips.push_back(one);
+      multi_ips.push_back(images_per_s(multi));
+      scaling.push_back(multi_ips.back() / (static_cast<double>(world) * one));
+      comm_ms.push_back(multi.comm_seconds * 1e3);
+      exposed_ms.push_back(multi.exposed_seconds * 1e3);
+      single_cpu_ms.push_back(single.cpu_seconds * 1e3);
+      multi_cpu_ms.push_back(multi.cpu_seconds * 1e3);
+      if (ceiling) {
+        independent_ips.push_back(independent.images_per_s);
+        independent_cpu_ms.push_back(independent.cpu_seconds * 1e3);
+        limit.push_back(independent.images_per_s / (static_cast<double>(world) * one));
+        reach.push_back(multi_ips.back() / independent.images_per_s);
       }
     }
-
-    const StepResult multi = run_collective();
-    const double multi_ips = images_per_s(multi);
-    const double hidden =
-        multi.comm_seconds > 0 ? 1.0 - multi.exposed_seconds / multi.comm_seconds : 0.0;
+    auto list = [](const std::vector<double>& v, const char* format) {
+      std::string text;
+      char buf[32];
+      for (double x : v) {
+        std::snprintf(buf, sizeof buf, format, x);
+        if (!text.empty()) text += ' ';
+        text += buf;
+      }
+      return text;
+    };
+    const double comm = bench::median(comm_ms), exposed = bench::median(exposed_ms);
+    const double dpar_ips = bench::median(multi_ips);
 
     std::printf(
         "bench_ddp: mobilenet_v3_small %lldpx, %lld ranks x 1 thread, batch %lld per rank, %lld "
-        "timed steps\n",
+        "timed steps, %lld rounds (medians; per round in brackets)\n",
         static_cast<long long>(img), static_cast<long long>(world), static_cast<long long>(batch),
-        static_cast<long long>(steps));
+        static_cast<long long>(steps), static_cast<long long>(rounds));
     std::printf(
         "  dpar     %8.2f img/s with %lld ranks | one process %7.2f img/s | scaling efficiency "
-        "%.3f\n",
-        multi_ips, static_cast<long long>(world), single_ips,
-        multi_ips / (static_cast<double>(world) * single_ips));
+        "%.3f [%s]\n",
+        dpar_ips, static_cast<long long>(world), bench::median(single_ips), bench::median(scaling),
+        list(scaling, "%.3f").c_str());
     std::printf(
         "           communication per step %.1f ms, of which %.1f ms exposed after backward: "
         "%.0f%% hidden\n",
-        multi.comm_seconds * 1e3, multi.exposed_seconds * 1e3, 100.0 * hidden);
+        comm, exposed, comm > 0 ? 100.0 * (1.0 - exposed / comm) : 0.0);
+    std::printf("           CPU per step and process: one process %.1f ms, dpar rank 0 %.1f ms",
+                bench::median(single_cpu_ms), bench::median(multi_cpu_ms));
+    if (ceiling) std::printf(", independent %.1f ms", bench::median(independent_cpu_ms));
+    std::printf("\n");
     if (ceiling) {
-      const double limit = independent_ips / (static_cast<double>(world) * single_ips);
       std::printf(
           "  machine  %8.2f img/s from %lld independent processes (no communication): ceiling "
-          "%.3f; dpar reaches %.0f%% of it\n",
-          independent_ips, static_cast<long long>(world), limit,
-          100.0 * multi_ips / (static_cast<double>(world) * single_ips) / limit);
+          "%.3f [%s]; dpar reaches %.0f%% of it [%s]\n",
+          bench::median(independent_ips), static_cast<long long>(world), bench::median(limit),
+          list(limit, "%.3f").c_str(), 100.0 * bench::median(reach), list(reach, "%.2f").c_str());
     }
     std::fflush(stdout);
     nlohmann::json json = {{"bench", "bench_ddp"},
@@ -280,14 +351,19 @@ int main(int argc, char** argv) {
                            {"batch", batch},
                            {"ranks", world},
                            {"steps", steps},
-                           {"dpar_img_per_s", multi_ips},
-                           {"single_img_per_s", single_ips},
-                           {"independent_img_per_s", independent_ips}};
+                           {"rounds", rounds},
+                           {"dpar_img_per_s", dpar_ips},
+                           {"single_img_per_s", bench::median(single_ips)},
+                           {"scaling", bench::median(scaling)}};
+    if (ceiling) {
+      json["independent_img_per_s"] = bench::median(independent_ips);
+      json["ceiling"] = bench::median(limit);
+    }
     if (with_ps) {
       // Pairs of (collective, ps) jobs in ABBA order, so neither mode always runs first and a
       // burst of other work on the machine lands on both; the first collective job is the one
       // above.
-      std::vector<double> coll_ips{multi_ips}, ps_ips, ratio;
+      std::vector<double> coll_ips{images_per_s(last_multi)}, ps_ips, ratio;
       std::vector<StepResult> ps_runs;
       for (int64_t pair = 0; pair < ps_pairs; ++pair) {
         if (pair > 0 && pair % 2 == 0) coll_ips.push_back(images_per_s(run_collective()));
@@ -335,9 +411,9 @@ int main(int argc, char** argv) {
           theirs, static_cast<long long>(world), p.at("single_img_per_s").get<double>(),
           p.at("scaling").get<double>());
       std::printf("  ratio dpar/pytorch (%lld ranks): %.2fx\n", static_cast<long long>(world),
-                  multi_ips / theirs);
+                  dpar_ips / theirs);
       json["pytorch_img_per_s"] = theirs;
-      json["ratio_dpar_pytorch"] = multi_ips / theirs;
+      json["ratio_dpar_pytorch"] = dpar_ips / theirs;
     }
     std::printf("%s\n", json.dump().c_str());
     return 0;
