@@ -49,12 +49,13 @@ double process_cpu_seconds() {
 }
 
 StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, int seed,
-                        double bucket_mb) {
+                        double bucket_mb, DType comm_dtype) {
   manual_seed(0);
   auto model = models::mobilenet_v3_small(1000);
   model->train();
   dist::DataParallelOptions dp_options;
   if (bucket_mb > 0) dp_options.comm_buffer_size = bucket_mb;
+  dp_options.comm_dtype = comm_dtype;
   dist::DataParallel dp(model, dp_options);
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
   const auto [x, y] = bench::random_batch(batch, img, 1000, static_cast<uint64_t>(seed));
@@ -146,6 +147,8 @@ int main(int argc, char** argv) {
     auto& port = flags.add_int("start-port", 29300, "dpar-launch --start_port");
     auto& bucket_mb = flags.add_double(
         "bucket-mb", 0, "DataParallel comm_buffer_size in MB (0: the default, 25 MB after 1 MB)");
+    auto& comm_dtype_name = flags.add_string(
+        "comm-dtype", "f32", "DataParallel comm_dtype: f32, bf16 or f16 (compressed gradients)");
     auto& with_ps =
         flags.add_bool("ps", false, "also run the loop as a sync parameter-server job and compare");
     auto& ps_servers = flags.add_int("ps-servers", 2, "--ps: parameter servers");
@@ -157,6 +160,14 @@ int main(int argc, char** argv) {
     DPAR_CHECK(ps_pairs >= 1 && ps_servers >= 1 && rounds >= 1,
                "bench_ddp: --ps-pairs, --ps-servers and --rounds must be >= 1");
     set_num_threads(1);
+    DType comm_dtype = DType::f32;
+    if (comm_dtype_name == "bf16") {
+      comm_dtype = DType::bf16;
+    } else if (comm_dtype_name == "f16") {
+      comm_dtype = DType::f16;
+    } else if (comm_dtype_name != "f32") {
+      throw FlagError("bench_ddp: --comm-dtype=" + comm_dtype_name + ": expected f32, bf16 or f16");
+    }
 
     if (worker && ps::is_server()) {
       ps::init_server();
@@ -172,14 +183,15 @@ int main(int argc, char** argv) {
     }
     if (solo) {  // one of <world> independent processes: no init_parallel_env, no DataParallel
       const char* rank = std::getenv("DPAR_RANK");
-      const StepResult r = run_training(batch, img, warmup, steps, 1, bucket_mb);
+      const StepResult r = run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype);
       std::ofstream(result + ".solo" + (rank ? rank : "0"))
           << r.seconds_per_step << " " << r.cpu_seconds << "\n";
       return 0;
     }
     if (worker) {
       dist::init_parallel_env();
-      const StepResult r = run_training(batch, img, warmup, steps, dist::get_rank() + 1, bucket_mb);
+      const StepResult r =
+          run_training(batch, img, warmup, steps, dist::get_rank() + 1, bucket_mb, comm_dtype);
       if (dist::get_rank() == 0) {
         std::ofstream(result) << r.seconds_per_step << " " << r.comm_seconds << " "
                               << r.exposed_seconds << " " << r.cpu_seconds << "\n";
@@ -190,12 +202,15 @@ int main(int argc, char** argv) {
 
     // The three runs: one process alone (the scaling baseline), world ranks under dpar-launch,
     // and (--ceiling) world independent single processes at once, started like the ranks.
-    auto run_single = [&] { return run_training(batch, img, warmup, steps, 1, bucket_mb); };
+    auto run_single = [&] {
+      return run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype);
+    };
     const std::string result_file = "/tmp/bench_ddp_" + std::to_string(getpid()) + ".txt";
     const std::string worker_args =
         " --worker --result " + result_file + " --batch " + std::to_string(batch) + " --img " +
         std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
-        std::to_string(steps) + " --bucket-mb " + std::to_string(bucket_mb) + " > /dev/null";
+        std::to_string(steps) + " --bucket-mb " + std::to_string(bucket_mb) + " --comm-dtype " +
+        comm_dtype_name + " > /dev/null";
     auto run_collective = [&] {
       const std::string cmd = launcher + " --nproc_per_node=" + std::to_string(world) +
                               " --start_port=" + std::to_string(port) +
@@ -322,9 +337,9 @@ int main(int argc, char** argv) {
 
     std::printf(
         "bench_ddp: mobilenet_v3_small %lldpx, %lld ranks x 1 thread, batch %lld per rank, %lld "
-        "timed steps, %lld rounds (medians; per round in brackets)\n",
+        "timed steps, %lld rounds (medians; per round in brackets), gradients as %s\n",
         static_cast<long long>(img), static_cast<long long>(world), static_cast<long long>(batch),
-        static_cast<long long>(steps), static_cast<long long>(rounds));
+        static_cast<long long>(steps), static_cast<long long>(rounds), comm_dtype_name.c_str());
     std::printf(
         "  dpar     %8.2f img/s with %lld ranks | one process %7.2f img/s | scaling efficiency "
         "%.3f [%s]\n",

@@ -127,6 +127,9 @@ int main(int argc, char** argv) {
     auto& step_epochs = flags.add_int("lr-step-epochs", 1, "epochs per decay (step scheduler)");
     auto& lr_gamma = flags.add_double("lr-gamma", 0.1, "decay factor (step scheduler)");
     auto& label_smoothing = flags.add_double("label-smoothing", 0.0, "cross-entropy label smoothing");
+    auto& grad_comm_dtype = flags.add_string(
+        "grad-comm-dtype", "f32",
+        "dtype gradients travel in between ranks: f32 (exact), bf16 or f16 (half the bytes)");
     auto& img_size = flags.add_int("img-size", 32, "input image side");
     auto& num_classes = flags.add_int("num-classes", 0, "classes (0: from the data)");
     auto& seed = flags.add_int("seed", 0, "seed for initialisation, shuffling and augmentation");
@@ -200,6 +203,14 @@ int main(int argc, char** argv) {
     if (scheduler != "cosine" && scheduler != "step") {
       throw FlagError("train: --lr-scheduler=" + scheduler + ": expected cosine or step");
     }
+    dist::DataParallelOptions dp_options;
+    if (grad_comm_dtype == "bf16") {
+      dp_options.comm_dtype = DType::bf16;
+    } else if (grad_comm_dtype == "f16") {
+      dp_options.comm_dtype = DType::f16;
+    } else if (grad_comm_dtype != "f32") {
+      throw FlagError("train: --grad-comm-dtype=" + grad_comm_dtype + ": expected f32, bf16 or f16");
+    }
     if (threads > 0) set_num_threads(static_cast<int>(threads));
     manual_seed(static_cast<uint64_t>(seed));
     // Parameter-server job (dpar-launch --run_mode=ps): a PSERVER process only serves; a
@@ -232,7 +243,7 @@ int main(int argc, char** argv) {
     model->train();
     // Broadcasts rank 0's weights, checks every rank has the same model, and all-reduces
     // gradients in fused buckets during backward. In a world of one it is a plain wrapper.
-    dist::DataParallel dp(model);
+    dist::DataParallel dp(model, dp_options);
 
     auto train_sampler =
         std::make_shared<data::DistributedSampler>(splits.train->size(), rank, world,

@@ -199,6 +199,58 @@ TEST_CASE("2 ranks train like one process on the union of their samples", "[data
   }
 }
 
+TEST_CASE("comm_dtype bf16/f16: compressed gradients are the average to the format's precision",
+          "[data_parallel]") {
+  constexpr int64_t kLocal = 4;
+  const Batch all = make_batch(300, 2 * kLocal);
+  // Reference: one process, the mean of the two shards' losses (eval-mode BN, so exact).
+  Net ref(1);
+  ref.train(false);
+  add(loss_of(ref, all.slice(0, kLocal)), loss_of(ref, all.slice(kLocal, 2 * kLocal))).backward();
+  Values expected = grads(ref);
+  for (auto& g : expected) {
+    for (float& v : g) v *= 0.5f;
+  }
+  for (const auto& [dtype, precision] :
+       {std::pair{DType::bf16, 1.0 / 128}, std::pair{DType::f16, 1.0 / 1024}}) {
+    DYNAMIC_SECTION(dtype_name(dtype)) {
+      auto results = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+        auto net = std::make_shared<Net>(rank == 0 ? 1 : 2);
+        net->train(false);
+        DataParallelOptions o = options_for(group);
+        o.last_comm_buffer_size = 0.001;
+        o.comm_buffer_size = 0.002;
+        o.comm_dtype = dtype;
+        DataParallel dp(net, o);
+        Values out;
+        for (int iteration = 0; iteration < 2; ++iteration) {  // before and after the rebuild
+          dp.zero_grad();
+          loss_of(dp, all.slice(rank * kLocal, (rank + 1) * kLocal)).backward();
+          out = grads(dp);
+          for (const auto& p : dp.parameters()) {
+            if (p.grad().dtype() != DType::f32) DPAR_FAIL("a gradient is not f32");
+          }
+        }
+        return out;
+      });
+      CHECK(results[0] == results[1]);  // every rank converts the same sum back
+      // Each rank's share is rounded, then each partial sum: a few units of the format's
+      // last place, relative to the tensor's largest gradient.
+      const double diff = max_rel_diff(results[0], expected);
+      INFO("max relative difference " << diff);
+      CHECK(diff <= 4 * precision);
+      CHECK(diff > 0);  // the gradients did travel compressed
+    }
+  }
+  // Only floating 16-bit formats (or f32) are accepted.
+  auto errors = run_two_ranks([&](int, std::shared_ptr<Group> group) {
+    DataParallelOptions o = options_for(group);
+    o.comm_dtype = DType::i64;
+    return error_of([&] { DataParallel dp(std::make_shared<Net>(1), o); });
+  });
+  CHECK_THAT(errors[0], Contains("comm_dtype must be f32, bf16 or f16, got i64"));
+}
+
 TEST_CASE("no_sync accumulates locally; the next synchronised backward reduces the sum",
           "[data_parallel]") {
   struct Out {

@@ -38,13 +38,4 @@ float half_to_float(uint16_t h) {
   return std::bit_cast<float>(sign | ((exp - 15 + 127) << 23) | (mant << 13));
 }
 
-uint16_t float_to_bf16(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
-  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(x >> 16);
-}
-
-float bf16_to_float(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
-
 }  // namespace dpar

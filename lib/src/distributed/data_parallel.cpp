@@ -130,6 +130,10 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
              "DataParallel: comm_buffer_size (", options_.comm_buffer_size,
              " MB) and last_comm_buffer_size (", options_.last_comm_buffer_size,
              " MB) must be positive");
+  DPAR_CHECK(options_.comm_dtype == DType::f32 || options_.comm_dtype == DType::bf16 ||
+                 options_.comm_dtype == DType::f16,
+             "DataParallel: comm_dtype must be f32, bf16 or f16, got ",
+             dtype_name(options_.comm_dtype));
   // A child, so apply(), repr() and train() reach it; the overrides below drop the prefix.
   register_module("module", module_);
   Module::train(module_->is_training());
@@ -152,6 +156,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
   ro.first_bucket_mb = options_.last_comm_buffer_size;
   ro.bucket_mb = options_.comm_buffer_size;
   ro.find_unused_parameters = options_.find_unused_parameters;
+  ro.comm_dtype = options_.comm_dtype;
   reducer_ = std::make_unique<Reducer>(std::move(trainable), options_.group, ro);
   if (group.rank() == 0) {
     std::printf("DataParallel: %s\n", bucket_summary().c_str());

@@ -169,6 +169,9 @@ void Reducer::install_buckets(const std::vector<std::vector<size_t>>& partition)
     }
     const Tensor& first = params_[b.params.front()].tensor;
     b.buffer = Tensor::zeros({total}, first.dtype(), first.device());
+    if (first.dtype() == DType::f32 && options_.comm_dtype != DType::f32) {
+      b.wire = Tensor::empty({total}, options_.comm_dtype, first.device());
+    }
     for (size_t k = 0; k < b.params.size(); ++k) {
       Param& p = params_[b.params[k]];
       // Contiguous strides whatever the parameter's layout: the bucket is flat memory.
@@ -326,16 +329,34 @@ void Reducer::launch(Bucket& bucket) {
     mul_(bucket.buffer, factor_);
   }
   bucket.launched = Clock::now();
-  bucket.work = group_->allreduce({bucket.buffer}, ReduceOp::Sum);
+  if (bucket.wire.defined()) {
+    NoGradGuard no_grad;
+    bucket.wire.copy_(bucket.buffer);
+  }
+  bucket.work =
+      group_->allreduce({bucket.wire.defined() ? bucket.wire : bucket.buffer}, ReduceOp::Sum);
 }
 
 void Reducer::poll_completions() {
   for (size_t k = 0; k < next_launch_; ++k) {
     Bucket& b = buckets_[k];
-    if (b.work && !b.done && b.work->is_completed()) {
-      b.done = true;
-      b.completed = Clock::now();
-    }
+    if (b.work && !b.done && b.work->is_completed()) complete(k);
+  }
+}
+
+void Reducer::complete(size_t k) {
+  Bucket& bucket = buckets_[k];
+  try {
+    bucket.work->wait();
+  } catch (const std::exception& e) {
+    DPAR_FAIL("DataParallel: gradient all-reduce of bucket ", k, " (", bucket.params.size(),
+              " parameters, ", bucket.buffer.numel(), " elements) failed: ", e.what());
+  }
+  bucket.done = true;
+  bucket.completed = Clock::now();
+  if (bucket.wire.defined()) {
+    NoGradGuard no_grad;
+    bucket.buffer.copy_(bucket.wire);
   }
 }
 
@@ -367,15 +388,7 @@ void Reducer::finalize() {
     poll_completions();
     for (size_t k = 0; k < buckets_.size(); ++k) {
       Bucket& b = buckets_[k];
-      if (b.done) continue;
-      try {
-        b.work->wait();
-      } catch (const std::exception& e) {
-        DPAR_FAIL("DataParallel: gradient all-reduce of bucket ", k, " (", b.params.size(),
-                  " parameters, ", b.buffer.numel(), " elements) failed: ", e.what());
-      }
-      b.done = true;
-      b.completed = Clock::now();
+      if (!b.done) complete(k);
     }
   } catch (...) {
     abandon_iteration();

@@ -37,6 +37,7 @@ class Reducer {
     double first_bucket_mb = 1;
     double bucket_mb = 25;
     bool find_unused_parameters = false;
+    DType comm_dtype = DType::f32;  // what f32 buckets travel as (DataParallelOptions)
   };
 
   // params: (name, tensor) of every parameter that requires grad, in registration order.
@@ -64,7 +65,8 @@ class Reducer {
     std::vector<size_t> params;    // indices into params_, in bucket order
     std::vector<int64_t> offsets;  // element offset of each parameter in buffer
     Tensor buffer;                 // flat, contiguous, one dtype/device
-    size_t pending = 0;            // gradients not yet ready in the running backward
+    Tensor wire;         // the buffer converted to comm_dtype for the all-reduce, if that differs
+    size_t pending = 0;  // gradients not yet ready in the running backward
     std::shared_ptr<Work> work;
     Clock::time_point launched, completed;
     bool done = false;
@@ -91,6 +93,9 @@ class Reducer {
   void launch(Bucket& bucket);
   double scale_factor();
   void poll_completions();
+  // Waits for bucket k (rethrowing its failure, named), marks it done and converts a
+  // compressed bucket back into its gradients.
+  void complete(size_t k);
   void finalize();
   // Waits for whatever was launched (errors ignored) and forgets the iteration: after an
   // error the next iteration must start from a clean state.

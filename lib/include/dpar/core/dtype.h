@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ostream>
 #include <string_view>
 
@@ -63,8 +64,22 @@ struct DTypeOf<uint8_t> {
 // Scalar conversions for the 16-bit float types (round-to-nearest-even).
 uint16_t float_to_half(float f);
 float half_to_float(uint16_t h);
-uint16_t float_to_bf16(float f);
-float bf16_to_float(uint16_t h);
+// bf16 is the top half of an f32, so its conversions are inline: loops over buffers (gradient
+// compression, bf16 reductions) then vectorise.
+// (memcpy, not std::bit_cast: CUDA sources that include this header compile as C++17.)
+inline uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(x >> 16);
+}
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t x = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
 
 inline std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
 

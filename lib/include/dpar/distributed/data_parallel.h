@@ -10,7 +10,9 @@
 //     ready (autograd gradient-ready hooks), overlapping with the rest of backward;
 //   * no_sync() skips communication for gradient accumulation;
 //   * unused parameters are an error naming them, unless find_unused_parameters;
-//   * unequal local batch sizes give the sample-weighted average (pass the batch size).
+//   * unequal local batch sizes give the sample-weighted average (pass the batch size);
+//   * comm_dtype = bf16 or f16 sends gradients compressed (half the bytes), as DDP's
+//     bf16_compress_hook / fp16_compress_hook and fleet's fp16_allreduce do.
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +27,12 @@ struct DataParallelOptions {
   double last_comm_buffer_size = 1;  // MB, the first bucket (the last layers' gradients)
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;  // BN running stats from rank 0 at every forward
+  // The dtype f32 gradients travel in: f32 (exact), bf16 or f16 (half the bytes). Each bucket
+  // is scaled, converted, summed over ranks (in f32, rounded to the format at each step) and
+  // converted back into the f32 gradients. bf16 keeps f32's range with 8 bits of mantissa, f16
+  // 11 bits in a range that small or large gradients can leave. Buckets of other dtypes
+  // travel as they are.
+  DType comm_dtype = DType::f32;
   // default: default_group_ptr(). Without a group (init_parallel_env() not called) or with a
   // group of one, DataParallel is a plain wrapper that communicates nothing.
   std::shared_ptr<Group> group;

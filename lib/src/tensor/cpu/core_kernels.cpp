@@ -82,6 +82,9 @@ void copy_typed(const Tensor& src, Tensor& dst) {
             return;
           }
           for (int64_t i = 0; i < n; ++i) dp[i * st[1]] = sp[i * st[0]];
+        } else if (st[0] == 1 && st[1] == 1) {
+          // Unit strides: a loop the compiler vectorises (f32 <-> bf16 for compressed gradients).
+          for (int64_t i = 0; i < n; ++i) dp[i] = store<D>(load(sp[i]));
         } else {
           for (int64_t i = 0; i < n; ++i) dp[i * st[1]] = store<D>(load(sp[i * st[0]]));
         }
