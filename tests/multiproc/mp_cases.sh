@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-process tests through the real launcher (real processes, real Gloo over loopback).
 #   mp_cases.sh <case> <dpar-launch> <collectives_worker> <ddp_worker>
-# Cases: collectives2 collectives4 ddp ddp_no_sync ddp_unequal ddp_buckets two_nodes
+# Cases: collectives2 collectives4 ddp ddp_no_sync ddp_unequal ddp_buckets ddp_bf16 two_nodes
 #        kill9 timeout detail_mismatch
 set -u
 case_name=$1
@@ -49,6 +49,10 @@ case $case_name in
     # tiny buckets: many all-reduces overlapping backward, rebuilt after the first step
     run_ok "many small buckets" launch logs 2 "$ddp" --steps 3 --bucket-mb 0.002 "$marker"
     expect_text "$work/out.txt" "after fusion" ;;
+  ddp_bf16)
+    # compressed gradients (comm_dtype bf16) on 4 ranks, several buckets
+    run_ok "bf16 gradients" launch logs 4 "$ddp" --steps 3 --bf16 --bucket-mb 0.002 "$marker"
+    expect_text "$work/out.txt" "bf16 gradients: bitwise equal across ranks" ;;
   two_nodes)
     # Two launchers = two nodes on loopback, 2 processes each (world size 4).
     "$launcher" --ips=127.0.0.1,127.0.0.2 --host=127.0.0.1 --nproc_per_node=2 --start_port="$port" \
