@@ -202,6 +202,10 @@ int main(int argc, char** argv) {
 
     // The three runs: one process alone (the scaling baseline), world ranks under dpar-launch,
     // and (--ceiling) world independent single processes at once, started like the ranks.
+    auto run_job = [](const std::string& cmd, const std::string& what) {
+      const int status = std::system(cmd.c_str());
+      DPAR_CHECK(status == 0, "bench_ddp: the ", what, " run failed (status ", status, "): ", cmd);
+    };
     auto run_single = [&] {
       return run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype);
     };
@@ -216,9 +220,7 @@ int main(int argc, char** argv) {
                               " --start_port=" + std::to_string(port) +
                               " --log_dir=/tmp/bench_ddp_log_" + std::to_string(getpid()) + " " +
                               std::string(argv[0]) + worker_args;
-      const int status = std::system(cmd.c_str());
-      DPAR_CHECK(status == 0, "bench_ddp: the ", world, "-rank run failed (status ", status,
-                 "): ", cmd);
+      run_job(cmd, std::to_string(world) + "-rank");
       StepResult r;
       std::ifstream(result_file) >> r.seconds_per_step >> r.comm_seconds >> r.exposed_seconds >>
           r.cpu_seconds;
@@ -238,9 +240,7 @@ int main(int argc, char** argv) {
           std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
           " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
           std::to_string(warmup) + " --steps " + std::to_string(steps) + " > /dev/null";
-      const int status = std::system(cmd.c_str());
-      DPAR_CHECK(status == 0, "bench_ddp: the independent-processes run failed (status ", status,
-                 "): ", cmd);
+      run_job(cmd, "independent-processes");
       Independent out;
       for (int64_t r = 0; r < world; ++r) {
         const std::string path = result_file + ".solo" + std::to_string(r);
@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
       }
       return out;
     };
-    // 3. (--ps) The same loop as a sync parameter-server job: world trainers + ps_servers
+    // (--ps) The same loop as a sync parameter-server job: world trainers + ps_servers
     // servers. The job's speed is the slowest trainer's.
     auto run_ps = [&] {
       const int first_port = ps_port > 0 ? static_cast<int>(ps_port)
@@ -265,9 +265,7 @@ int main(int argc, char** argv) {
                               " --ips=127.0.0.1 --start_port=" + std::to_string(first_port) +
                               " --log_dir=/tmp/bench_ddp_ps_log_" + std::to_string(getpid()) + " " +
                               bench::self_path() + worker_args;
-      const int status = std::system(cmd.c_str());
-      DPAR_CHECK(status == 0, "bench_ddp: the parameter-server run failed (status ", status,
-                 "): ", cmd);
+      run_job(cmd, "parameter-server");
       StepResult slowest;
       for (int64_t t = 0; t < world; ++t) {
         const std::string path = result_file + ".trainer" + std::to_string(t);
