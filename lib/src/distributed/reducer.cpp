@@ -385,10 +385,8 @@ void Reducer::finalize() {
     for (auto it = unused.rbegin(); it != unused.rend(); ++it) mark_ready(*it);
     DPAR_CHECK(next_launch_ == buckets_.size(), "DataParallel: internal error: ", next_launch_,
                " of ", buckets_.size(), " buckets launched at the end of backward");
-    poll_completions();
     for (size_t k = 0; k < buckets_.size(); ++k) {
-      Bucket& b = buckets_[k];
-      if (!b.done) complete(k);
+      if (!buckets_[k].done) complete(k);
     }
   } catch (...) {
     abandon_iteration();

@@ -4,12 +4,13 @@
 // Parameters are grouped into buckets; each bucket is one flat buffer and every parameter's
 // .grad is a view into it, so backward accumulates straight into communication memory and the
 // optimizer reads the averaged result in place. Gradient-ready hooks count down each bucket;
-// a full bucket is scaled and its all-reduce launched (asynchronously, on the group's
-// communication thread) while backward continues. Buckets launch strictly in index order so
-// every rank issues the same collectives in the same order. A callback queued at the first
-// hook of a backward (autograd::queue_callback) finishes the iteration when backward ends:
-// unused parameters, waiting for the last buckets, statistics, and - once, after the first
-// iteration - rebuilding the buckets in the order gradients actually became ready.
+// a full bucket is scaled (and, with comm_dtype bf16/f16, converted into its wire buffer) and
+// its all-reduce launched (asynchronously, on the group's communication thread) while backward
+// continues; a finished bucket is converted back when the next hook or the end notices it. Buckets
+// launch strictly in index order so every rank issues the same collectives in the same order. A
+// callback queued at the first hook of a backward (autograd::queue_callback) finishes the iteration
+// when backward ends: unused parameters, waiting for the last buckets, statistics, and - once,
+// after the first iteration - rebuilding the buckets in the order gradients actually became ready.
 #include <chrono>
 #include <cstdint>
 #include <memory>
