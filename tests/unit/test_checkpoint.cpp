@@ -24,24 +24,6 @@ using dpar::testing::random_tensor;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("dpar_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-};
-
 // A small net with every kind of state a checkpoint must carry: conv and linear weights, BN
 // running statistics, and a dropout drawing from the default generator.
 std::shared_ptr<nn::Sequential> make_net(int64_t classes = 3) {
@@ -141,6 +123,24 @@ TEST_CASE("save, load and restore continue bitwise", "[checkpoint]") {
   for (int64_t k = 3; k < 6; ++k) c.step(k);
   CHECK(same_bits(a.net->state_dict(), c.net->state_dict()));
   CHECK(same_bits(a.opt->state_dict(), c.opt->state_dict()));
+}
+
+TEST_CASE("checkpoint writes report their progress in bytes up to the file's size",
+          "[checkpoint]") {
+  TempDir dir;
+  Run a(1);
+  std::vector<std::pair<int64_t, int64_t>> heard;
+  io::CheckpointManager manager(dir.path.string(), {.progress = [&](int64_t done, int64_t total) {
+                                  heard.emplace_back(done, total);
+                                }});
+  const std::string path = manager.save_step(a.capture(1));
+  REQUIRE(heard.size() > 2);
+  const int64_t size = static_cast<int64_t>(fs::file_size(path));
+  for (size_t i = 0; i < heard.size(); ++i) {
+    CHECK(heard[i].second == size);
+    if (i > 0) CHECK(heard[i].first >= heard[i - 1].first);
+  }
+  CHECK(heard.back().first == size);
 }
 
 TEST_CASE("torn, corrupt and foreign files are clear errors", "[checkpoint]") {

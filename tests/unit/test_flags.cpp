@@ -27,9 +27,29 @@ TEST_CASE("flags parse both spellings and value forms", "[flags]") {
 TEST_CASE("flags: launcher style stops at the program", "[flags]") {
   Flags f("launch", "");
   auto& n = f.add_int("nproc_per_node", 1, "");
-  auto rest = f.parse({"--nproc_per_node=2", "./train", "--epochs", "3"}, /*allow_positional=*/true);
+  auto rest =
+      f.parse({"--nproc_per_node=2", "./train", "--epochs", "3"}, /*allow_positional=*/true);
   CHECK(n == 2);
   CHECK(rest == std::vector<std::string>{"./train", "--epochs", "3"});
+}
+
+TEST_CASE("flags: a string flag with an implicit value may be given bare", "[flags]") {
+  auto parse = [](const std::vector<std::string>& args) {
+    Flags f("train", "");
+    auto& tb = f.add_string("tensorboard", "", "");
+    auto& epochs = f.add_int("epochs", 1, "");
+    f.set_implicit_value("tensorboard", "output/tb");
+    f.parse(args);
+    return tb + "|" + std::to_string(epochs);
+  };
+  CHECK(parse({}) == "|1");
+  CHECK(parse({"--tensorboard"}) == "output/tb|1");
+  CHECK(parse({"--tensorboard", "--epochs", "2"}) == "output/tb|2");
+  CHECK(parse({"--tensorboard", "runs/a", "--epochs=2"}) == "runs/a|2");
+  CHECK(parse({"--tensorboard=runs/b"}) == "runs/b|1");
+  Flags f("prog", "");
+  f.add_int("epochs", 1, "");
+  CHECK_THROWS_WITH(f.set_implicit_value("epochs", "2"), Catch::Contains("needs a string flag"));
 }
 
 TEST_CASE("flags: bad input is one clear FlagError", "[flags][errors]") {

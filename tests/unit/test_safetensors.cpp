@@ -14,25 +14,12 @@
 #include "dpar/io/safetensors.h"
 #include "dpar/nn/layers.h"
 #include "dpar/nn/weights.h"
+#include "unit/helpers.h"
 
 using namespace dpar;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory per test case, removed afterwards.
-struct TempDir {
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("dpar_safetensors_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  fs::path path;
-  static inline int counter = 0;
-};
 
 std::string bytes_of(const Tensor& t) {
   Tensor c = t.contiguous();

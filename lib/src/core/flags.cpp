@@ -54,8 +54,16 @@ bool& Flags::add_bool(const std::string& name, bool def, std::string help) {
 }
 
 void Flags::add_alias(const std::string& alias, const std::string& name) {
-  DPAR_CHECK(flags_.count(canonical(name)), program_, ": alias --", alias, " names unknown flag --", name);
+  DPAR_CHECK(flags_.count(canonical(name)), program_, ": alias --", alias, " names unknown flag --",
+             name);
   aliases_[canonical(alias)] = canonical(name);
+}
+
+void Flags::set_implicit_value(const std::string& name, std::string value) {
+  auto it = flags_.find(canonical(name));
+  DPAR_CHECK(it != flags_.end() && it->second.kind == Kind::String, program_,
+             ": an implicit value needs a string flag, not --", name);
+  it->second.implicit_value = std::move(value);
 }
 
 void Flags::assign(const std::string& name, Flag& flag, const std::string& value) {
@@ -63,7 +71,9 @@ void Flags::assign(const std::string& name, Flag& flag, const std::string& value
     throw FlagError(program_ + ": --" + name + "=" + value + ": expected " + expected);
   };
   switch (flag.kind) {
-    case Kind::String: *flag.s = value; break;
+    case Kind::String:
+      *flag.s = value;
+      break;
     case Kind::Int: {
       size_t used = 0;
       try {
@@ -116,7 +126,8 @@ std::vector<std::string> Flags::parse(const std::vector<std::string>& args, bool
         positional.insert(positional.end(), args.begin() + static_cast<long>(i), args.end());
         break;
       }
-      throw FlagError(program_ + ": unexpected argument '" + arg + "' (flags are --name=value; see --help)");
+      throw FlagError(program_ + ": unexpected argument '" + arg +
+                      "' (flags are --name=value; see --help)");
     }
     const size_t eq = arg.find('=');
     std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
@@ -127,7 +138,8 @@ std::vector<std::string> Flags::parse(const std::vector<std::string>& args, bool
     std::string key = canonical(name);
     if (auto a = aliases_.find(key); a != aliases_.end()) key = a->second;
     auto it = flags_.find(key);
-    if (it == flags_.end()) throw FlagError(program_ + ": unknown flag --" + name + " (see --help)");
+    if (it == flags_.end())
+      throw FlagError(program_ + ": unknown flag --" + name + " (see --help)");
     Flag& flag = it->second;
     if (eq != std::string::npos) {
       assign(name, flag, arg.substr(eq + 1));
@@ -137,6 +149,8 @@ std::vector<std::string> Flags::parse(const std::vector<std::string>& args, bool
                   args[i + 1] == "False"))) {
       *flag.b = true;
       flag.set = true;
+    } else if (flag.implicit_value && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)) {
+      assign(name, flag, *flag.implicit_value);
     } else {
       if (i + 1 >= args.size()) throw FlagError(program_ + ": --" + name + " needs a value");
       assign(name, flag, args[++i]);

@@ -285,7 +285,8 @@ void restore_checkpoint(const Checkpoint& ckpt, nn::Module& model, optim::Optimi
   if (rng != ckpt.state.rng.end()) default_generator() = rng_check;
 }
 
-void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt,
+                     const ProgressCallback& progress) {
   NoGradGuard no_grad;
   NamedTensors tensors;
   Checksum crc;
@@ -306,7 +307,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
                       {kVersionKey, kVersionValue},
                       {kStateKey, state},
                       {kChecksumKey, crc.hex()}};
-  save_safetensors(path, tensors, meta);     // tmp + fsync + rename
+  save_safetensors(path, tensors, meta, progress);  // tmp + fsync + rename
   detail::sync_directory(parent_dir(path));  // makes the rename itself durable
 }
 

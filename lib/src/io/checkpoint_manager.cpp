@@ -82,7 +82,7 @@ std::vector<std::string> CheckpointManager::list() const {
 std::string CheckpointManager::save_epoch(const Checkpoint& ckpt, int64_t epoch, bool is_best) {
   if (!writes()) return {};
   const std::string path = epoch_path(epoch);
-  save_checkpoint(path, ckpt);
+  save_checkpoint(path, ckpt, options_.progress);
   point(latest_path(), path, ckpt);
   if (is_best) point(best_path(), path, ckpt);
   rotate(path, ckpt.state.global_step);
@@ -92,7 +92,7 @@ std::string CheckpointManager::save_epoch(const Checkpoint& ckpt, int64_t epoch,
 std::string CheckpointManager::save_step(const Checkpoint& ckpt) {
   if (!writes()) return {};
   const std::string path = step_path(ckpt.state.global_step);
-  save_checkpoint(path, ckpt);
+  save_checkpoint(path, ckpt, options_.progress);
   point(latest_path(), path, ckpt);
   rotate(path, ckpt.state.global_step);
   return path;
@@ -100,7 +100,7 @@ std::string CheckpointManager::save_step(const Checkpoint& ckpt) {
 
 std::string CheckpointManager::save_best(const Checkpoint& ckpt) {
   if (!writes()) return {};
-  save_checkpoint(best_path(), ckpt);
+  save_checkpoint(best_path(), ckpt, options_.progress);
   return best_path();
 }
 
@@ -120,7 +120,7 @@ void CheckpointManager::point(const std::string& link, const std::string& target
     ::unlink(tmp.c_str());
     DPAR_FAIL("CheckpointManager: cannot rename ", tmp, " to ", link, ": ", std::strerror(err));
   }
-  save_checkpoint(link, ckpt);
+  save_checkpoint(link, ckpt, options_.progress);
 }
 
 void CheckpointManager::rotate(const std::string& path, int64_t global_step) {

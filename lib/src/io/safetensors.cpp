@@ -92,13 +92,19 @@ class OutFile {
 };
 
 void write_file(const std::string& tmp, const std::string& header,
-                const std::vector<Tensor>& blobs) {
+                const std::vector<Tensor>& blobs, const ProgressCallback& progress) {
   OutFile out(tmp);
   uint64_t n = header.size();
+  int64_t total = static_cast<int64_t>(sizeof(n) + header.size());
+  for (const Tensor& t : blobs) total += static_cast<int64_t>(t.nbytes());
   out.write(&n, sizeof(n));
   out.write(header.data(), header.size());
+  int64_t written = static_cast<int64_t>(sizeof(n) + header.size());
+  if (progress) progress(written, total);
   for (const Tensor& t : blobs) {
     if (t.numel() > 0) out.write(t.raw_data(), t.nbytes());
+    written += static_cast<int64_t>(t.nbytes());
+    if (progress) progress(written, total);
   }
   out.sync_and_close();
 }
@@ -199,7 +205,7 @@ void check_layout(const std::string& path, std::vector<const Entry*> order, uint
 }  // namespace
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const Metadata& metadata) {
+                      const Metadata& metadata, const ProgressCallback& progress) {
   Json header = Json::object();
   if (!metadata.empty()) {
     Json meta = Json::object();
@@ -231,7 +237,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 
   const std::string tmp = path + ".tmp";
   try {
-    write_file(tmp, text, blobs);
+    write_file(tmp, text, blobs, progress);
   } catch (...) {
     std::remove(tmp.c_str());
     throw;

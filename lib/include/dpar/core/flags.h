@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,11 +36,15 @@ class Flags {
   bool& add_bool(const std::string& name, bool def, std::string help);
   // Another spelling for an existing flag (e.g. --devices for --gpus).
   void add_alias(const std::string& alias, const std::string& name);
+  // The value a string flag takes when given bare (`--tensorboard` alone, or followed by another
+  // flag), like argparse's nargs='?' const: `--tensorboard` -> output/tb, `--tensorboard DIR`.
+  void set_implicit_value(const std::string& name, std::string value);
 
   // Parses argv[1..]; returns the positional arguments (and everything after them when
   // allow_positional). --help prints usage() and exits 0.
   std::vector<std::string> parse(int argc, const char* const* argv, bool allow_positional = false);
-  std::vector<std::string> parse(const std::vector<std::string>& args, bool allow_positional = false);
+  std::vector<std::string> parse(const std::vector<std::string>& args,
+                                 bool allow_positional = false);
 
   bool was_set(const std::string& name) const;  // given on the command line
   std::string usage() const;
@@ -50,6 +55,7 @@ class Flags {
     Kind kind;
     std::string help;
     std::string default_text;
+    std::optional<std::string> implicit_value;
     bool set = false;
     std::unique_ptr<std::string> s;
     std::unique_ptr<int64_t> i;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "dpar/core/progress.h"
 #include "dpar/nn/module.h"
 #include "dpar/optim/lr_scheduler.h"
 #include "dpar/optim/optimizer.h"
@@ -80,8 +81,10 @@ void restore_checkpoint(const Checkpoint& checkpoint, nn::Module& model,
 // at most `listed` names per kind.
 std::string describe_mismatch(const nn::LoadReport& report, size_t listed = 6);
 
-// Atomic, durable write (tmp file, fsync, rename, fsync of the directory).
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+// Atomic, durable write (tmp file, fsync, rename, fsync of the directory). progress hears
+// (bytes written, bytes in all) as the file is written.
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
+                     const ProgressCallback& progress = {});
 
 // Reads and verifies a checkpoint; any problem (missing file, truncation, bad checksum, not a
 // checkpoint, unknown format version) throws a dpar::Error naming path.
@@ -111,6 +114,9 @@ struct CheckpointManagerOptions {
   int rank = 0;                     // only rank 0 writes; other ranks' saves do nothing
   // Where notes about skipped or removed files go (default: "dpar: warning: ..." on stderr).
   std::function<void(const std::string&)> warn = nullptr;
+  // Hears (bytes written, bytes in all) while a checkpoint file is written, e.g. to show a
+  // Progress line for large models.
+  ProgressCallback progress = nullptr;
 };
 
 class CheckpointManager {

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "dpar/core/progress.h"
 #include "dpar/tensor/tensor.h"
 
 namespace dpar::io {
@@ -23,9 +24,10 @@ struct SafetensorsContents {
 // Writes F32/F16/BF16/I64/U8 tensors of any layout or device as contiguous little-endian
 // copies, in the given order. The file is written to "<path>.tmp", synced and renamed over
 // path, so a crash never leaves a half-written file under the final name. Names must be
-// unique, non-empty and not "__metadata__".
+// unique, non-empty and not "__metadata__". progress, when given, hears (bytes written, bytes
+// in all) after each tensor.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const Metadata& metadata = {});
+                      const Metadata& metadata = {}, const ProgressCallback& progress = {});
 
 // Reads and validates a file: any malformed input (truncation, a header length beyond the
 // file, invalid JSON, an unknown dtype, offsets out of range, overlapping or leaving gaps, a
