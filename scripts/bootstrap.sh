@@ -8,6 +8,7 @@ packages=(
   libdnnl-dev opencl-headers ocl-icd-opencl-dev libeigen3-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libgloo-dev
+  libisal-dev
   catch2
   libonnx-dev
   libjpeg-dev libpng-dev libstb-dev zlib1g-dev
@@ -15,6 +16,7 @@ packages=(
   dataset-fashion-mnist
   iproute2 procps
   python3 python3-numpy python3-torch python3-torchvision python3-onnx
+  python3-protobuf python3-crc32c python3-matplotlib
 )
 
 missing=()
