@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 
+#include "dpar/core/progress.h"
 #include "dpar/core/sysinfo.h"
 #include "dpar/data/dataloader.h"
 #include "dpar/distributed/data_parallel.h"
@@ -30,38 +31,15 @@
 #include "model/mobilenet_v3.h"
 #include "model/mobilenet_v3_onnx.h"
 #include "train_checkpoint.h"
-#include "train_ps.h"
 #include "train_data.h"
+#include "train_log.h"
+#include "train_ps.h"
 
 using namespace dpar;
+using mobilenetv3::Metrics;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-struct Metrics {
-  double loss = 0, top1 = 0, top5 = 0;
-  int64_t samples = 0;
-  void add(double batch_loss, const Tensor& logits, const Tensor& labels) {
-    const int64_t n = labels.numel();
-    const int64_t k = std::min<int64_t>(5, logits.size(1));
-    const std::vector<int64_t> top = topk_indices(logits, k).to_int_vector();
-    const std::vector<int64_t> y = labels.to_int_vector();
-    for (int64_t i = 0; i < n; ++i) {
-      top1 += top[static_cast<size_t>(i * k)] == y[static_cast<size_t>(i)];
-      for (int64_t j = 0; j < k; ++j) {
-        if (top[static_cast<size_t>(i * k + j)] == y[static_cast<size_t>(i)]) {
-          top5 += 1;
-          break;
-        }
-      }
-    }
-    loss += batch_loss * static_cast<double>(n);
-    samples += n;
-  }
-  double avg_loss() const { return samples ? loss / static_cast<double>(samples) : 0; }
-  double acc1() const { return samples ? top1 / static_cast<double>(samples) : 0; }
-  double acc5() const { return samples ? top5 / static_cast<double>(samples) : 0; }
-};
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -69,14 +47,22 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 
 // Each rank evaluates its shard of the validation set; the sums are all-reduced so every rank
 // reports the same figures (padding of the last shard counts a few images twice, as in DDP).
-Metrics evaluate(nn::Module& model, data::DataLoader& loader) {
+// Rank 0 shows the progress over its shard (a line rewritten on a terminal; in a log, plain
+// lines only when the evaluation lasts).
+Metrics evaluate(nn::Module& model, data::DataLoader& loader, bool show_progress) {
   model.eval();
   NoGradGuard no_grad;
   Metrics m;
+  std::optional<Progress> progress;
+  if (show_progress) {
+    progress.emplace("eval", static_cast<double>(loader.num_samples()), "images");
+  }
   for (data::Batch& batch : loader.epoch(0)) {
     Tensor logits = model.forward(batch.images);
     m.add(cross_entropy(logits, batch.labels).item(), logits, batch.labels);
+    if (progress) progress->advance(static_cast<double>(batch.labels.numel()));
   }
+  if (progress) progress->finish();
   if (dist::get_world_size() > 1) {
     Tensor sums = Tensor::from_vector(std::vector<float>{static_cast<float>(m.loss), static_cast<float>(m.top1),
                                                          static_cast<float>(m.top5), static_cast<float>(m.samples)},
@@ -145,6 +131,11 @@ int main(int argc, char** argv) {
     auto& limit_train = flags.add_int("limit-train", 0, "use only the first N training images (0: all)");
     auto& limit_val = flags.add_int("limit-val", 0, "use only the first N validation images (0: all)");
     auto& loss_log = flags.add_string("loss-log", "", "write every step's loss (exact hex) to this file");
+    auto& tensorboard = flags.add_string(
+        "tensorboard", "",
+        "rank 0 writes TensorBoard event files (scalars per logged step and epoch) into this "
+        "folder; --tensorboard alone: output/tb");
+    flags.set_implicit_value("tensorboard", "output/tb");
     auto& checkpoint_dir = flags.add_string("checkpoint-dir", "",
                                             "write checkpoints here (rank 0): model_{epoch}.ckpt, "
                                             "step_{global step}.ckpt, latest.ckpt, best.ckpt");
@@ -338,7 +329,7 @@ int main(int argc, char** argv) {
       resumed.reset();  // the tensors were copied into the model and optimizer
     }
     if (test_only) {
-      const Metrics m = evaluate(dp, val_loader);
+      const Metrics m = evaluate(dp, val_loader, rank == 0);
       std::printf(
           "[Eval][Epoch %lld][Avg] loss: %.5f, top1: %.5f, top5: %.5f | peak memory: %.1f MB\n",
           static_cast<long long>(std::max<int64_t>(0, start_epoch - 1)), m.avg_loss(), m.acc1(),
@@ -354,11 +345,21 @@ int main(int argc, char** argv) {
                                                 was_resumed ? checkpoint_dir : "", global_step);
     }
 
+    // One Progress per checkpoint file: it starts with the first report and ends with the last.
+    std::optional<Progress> checkpoint_progress;
+    auto show_checkpoint_progress = [&checkpoint_progress](int64_t done, int64_t total) {
+      if (!checkpoint_progress) {
+        checkpoint_progress.emplace("checkpoint", static_cast<double>(total) / 1e6, "MB");
+      }
+      checkpoint_progress->update(static_cast<double>(done) / 1e6);
+      if (done == total) checkpoint_progress.reset();
+    };
     std::unique_ptr<io::CheckpointManager> checkpoints;
     if (!checkpoint_dir.empty()) {
       checkpoints = std::make_unique<io::CheckpointManager>(
-          checkpoint_dir,
-          io::CheckpointManagerOptions{.max_num_checkpoints = max_checkpoints, .rank = rank});
+          checkpoint_dir, io::CheckpointManagerOptions{.max_num_checkpoints = max_checkpoints,
+                                                       .rank = rank,
+                                                       .progress = show_checkpoint_progress});
       checkpoints->adopt_existing(global_step);
     }
     std::string class_names;
@@ -411,6 +412,7 @@ int main(int argc, char** argv) {
       loss_file = std::fopen(path.c_str(), was_resumed ? "a" : "w");
       DPAR_CHECK(loss_file != nullptr, "train: cannot write --loss-log ", path);
     }
+    mobilenetv3::TrainLog log(tensorboard, rank, /*gather_ranks=*/!ps_mode);
     Metrics last_eval;
     bool evaluated = false;
     const auto train_start = Clock::now();
@@ -461,15 +463,14 @@ int main(int argc, char** argv) {
         ++global_step;
         die_hook.after_step(global_step);
         if (iter % print_freq == 0 || iter == steps_per_epoch) {
-          const double n = static_cast<double>(window.samples);
-          const double iters = static_cast<double>(window.samples) / static_cast<double>(batch_size);
-          std::printf("[Epoch %lld, iter: %lld] top1: %.5f, top5: %.5f, lr: %.6f, loss: %.5f, "
-                      "avg_reader_cost: %.5f sec, avg_batch_cost: %.5f sec, avg_samples: %lld, "
-                      "avg_ips: %.2f images/sec.\n",
-                      static_cast<long long>(epoch), static_cast<long long>(iter), window.acc1(),
-                      window.acc5(), current_lr, window.avg_loss(), reader_s / iters, batch_s / iters,
-                      static_cast<long long>(batch_size), n / batch_s);
-          std::fflush(stdout);
+          log.step({.epoch = epoch,
+                    .iter = iter,
+                    .global_step = global_step,
+                    .window = window,
+                    .lr = current_lr,
+                    .reader_seconds = reader_s,
+                    .batch_seconds = batch_s,
+                    .batch_size = batch_size});
           window = Metrics();
           reader_s = batch_s = 0;
         }
@@ -481,13 +482,9 @@ int main(int argc, char** argv) {
           note_saved(checkpoints->save_step(checkpoint_at(epoch, iter)), t0);
         }
       }
-      last_eval = evaluate(dp, val_loader);
+      last_eval = evaluate(dp, val_loader, rank == 0);
       evaluated = true;
-      std::printf("[Eval][Epoch %lld][Avg] loss: %.5f, top1: %.5f, top5: %.5f | peak memory: %.1f MB, "
-                  "elapsed %.1f s\n",
-                  static_cast<long long>(epoch), last_eval.avg_loss(), last_eval.acc1(), last_eval.acc5(),
-                  sysinfo::peak_rss_mb(), seconds(train_start, Clock::now()));
-      std::fflush(stdout);
+      log.eval(epoch, global_step, last_eval, seconds(train_start, Clock::now()));
       const bool is_best = last_eval.acc1() > best_top1;
       if (is_best) {
         best_top1 = last_eval.acc1();
@@ -503,10 +500,11 @@ int main(int argc, char** argv) {
       }
     }
     if (loss_file) std::fclose(loss_file);
+    log.close();
     if (!evaluated) {  // resumed from a checkpoint of a finished run: nothing left to train
       std::printf("the checkpoint is at epoch %lld of %lld: nothing left to train\n",
                   static_cast<long long>(start_epoch), static_cast<long long>(epochs));
-      last_eval = evaluate(dp, val_loader);
+      last_eval = evaluate(dp, val_loader, rank == 0);
     }
     if (ps_trainer) {
       const ps::TrainerStats& st = ps_trainer->stats();

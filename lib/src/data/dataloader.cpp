@@ -57,6 +57,11 @@ size_t DataLoader::num_batches() const {
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
+size_t DataLoader::num_samples() const {
+  const size_t n = sampler_->size();
+  return options_.drop_last ? n / options_.batch_size * options_.batch_size : n;
+}
+
 uint64_t DataLoader::sample_seed(uint64_t seed, int64_t epoch, size_t index) {
   // splitmix64 finaliser, chained over the three inputs: nearby seeds, epochs and indices
   // give unrelated generator seeds.

@@ -50,6 +50,7 @@ class DataLoader {
   DataLoader& operator=(const DataLoader&) = delete;
 
   size_t num_batches() const;  // per epoch
+  size_t num_samples() const;  // per epoch: the sampler's indices less a dropped last batch
   const DataLoaderOptions& options() const { return options_; }
   const Dataset& dataset() const { return *dataset_; }
 

@@ -1,0 +1,59 @@
+#pragma once
+// Where the MobileNetV3 trainer's figures go: PaddlePaddle-format log lines on stdout (every
+// rank prints its own; dpar-launch echoes rank 0's) and, with --tensorboard DIR, TensorBoard
+// scalars written by rank 0 (trainer 0 in ps mode), flushed at every log line so a crash loses
+// at most one logging interval. Tags:
+//   train/loss, train/top1, train/top5, train/lr, train/ips, train/reader_cost,
+//   train/batch_cost, train/peak_memory_mb     at each logged step (global step, from 1)
+//   rank<N>/ips                                 every rank's images/s, so a straggler shows
+//   eval/loss, eval/top1, eval/top5             at the global step that ended each epoch
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dpar/io/summary_writer.h"
+#include "dpar/tensor/tensor.h"
+
+namespace mobilenetv3 {
+
+// Loss and top-1/top-5 counts over a window of batches.
+struct Metrics {
+  double loss = 0, top1 = 0, top5 = 0;
+  int64_t samples = 0;
+  void add(double batch_loss, const dpar::Tensor& logits, const dpar::Tensor& labels);
+  double avg_loss() const { return samples ? loss / static_cast<double>(samples) : 0; }
+  double acc1() const { return samples ? top1 / static_cast<double>(samples) : 0; }
+  double acc5() const { return samples ? top5 / static_cast<double>(samples) : 0; }
+};
+
+// One logging interval of training, as the log line reports it.
+struct StepReport {
+  int64_t epoch = 0, iter = 0, global_step = 0;
+  Metrics window;
+  double lr = 0;
+  double reader_seconds = 0, batch_seconds = 0;  // summed over the window
+  int64_t batch_size = 0;                        // per rank
+};
+
+class TrainLog {
+ public:
+  // tensorboard_dir empty: log lines only. gather_ranks: every rank calls step() at the same
+  // iterations and rank 0 collects their images/s over the default group (collective jobs);
+  // otherwise only this process's own figure is written.
+  TrainLog(const std::string& tensorboard_dir, int rank, bool gather_ranks);
+
+  void step(const StepReport& report);
+  void eval(int64_t epoch, int64_t global_step, const Metrics& m, double elapsed_seconds);
+  // Flushes and closes the event file (fsync); a no-op without one.
+  void close();
+
+  const std::string& event_file() const;  // "" when this rank writes none
+
+ private:
+  int rank_;
+  bool gather_ranks_;
+  bool tensorboard_;  // on every rank (they all join the gather), writing on rank 0
+  std::unique_ptr<dpar::io::SummaryWriter> writer_;
+};
+
+}  // namespace mobilenetv3
