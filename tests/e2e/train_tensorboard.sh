@@ -3,7 +3,8 @@
 # checks every record's CRC with python3-crc32c, independently of the writer's ISA-L), the
 # values against the log lines, every rank's images/s, the bare flag's default folder, a run
 # killed mid-training (its file readable; a torn last record skipped), a resumed run adding a
-# file without touching the old one, and scripts/plot_run.py drawing the run.
+# file without touching the old one, scripts/plot_run.py drawing the run, and the progress
+# lines of evaluation and checkpoint writing on a terminal.
 #   train_tensorboard.sh <train> <dpar-launch> <python3> <source dir>
 set -euo pipefail
 train=$1 launch=$2 python=$3 src=$4
@@ -111,4 +112,15 @@ PY
   || { cat "$work/plot.out"; exit 1; }
 head -c 8 "$work/run.png" | od -An -c | grep -q "P   N   G" || { echo "run.png is not a PNG"; exit 1; }
 grep -q "plot_run: wrote $work/run.png" "$work/plot.out" || { cat "$work/plot.out"; exit 1; }
-echo "tensorboard event files: 2 ranks, bare flag, killed and resumed runs, plot: ok"
+# 5. Progress lines: on a terminal (script(1) gives the program one) evaluation and checkpoint
+#    writing rewrite a progress line; into a log file the short ones print nothing extra.
+script -qec "$(printf '%q ' "$train" "${common[@]}" --limit-train 256 --limit-val 2000 --epochs 1 \
+  --checkpoint-dir "$work/ckpt_tty")" /dev/null >"$work/tty.out"
+grep -q $'\reval: 100% (2000/2000 images), .* images/s, .* s\x1b\[K' "$work/tty.out" \
+  || { echo "no eval progress line on a terminal"; cat -v "$work/tty.out"; exit 1; }
+grep -q $'\rcheckpoint: 100% (.* MB), .* MB/s, .* s\x1b\[K' "$work/tty.out" \
+  || { echo "no checkpoint progress line on a terminal"; cat -v "$work/tty.out"; exit 1; }
+if grep -q "eval: \|checkpoint: " "$work/log/workerlog.0"; then
+  echo "short work printed progress lines into the log"; exit 1
+fi
+echo "tensorboard event files: 2 ranks, bare flag, killed and resumed runs, plot, progress: ok"

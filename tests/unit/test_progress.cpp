@@ -42,6 +42,9 @@ TEST_CASE("Progress line gives percent, counts, rate and ETA", "[progress]") {
   CHECK(p.line() == "eval: 25% (250/1000 images), 125.0 images/s, ETA 6.0 s");
   p.update(1000);
   CHECK(p.line() == "eval: 100% (1000/1000 images), 500.0 images/s, 2.0 s");
+  Progress whole("ckpt", 12.339441, "MB", cap.options(false));
+  whole.update(12.339441);
+  CHECK_THAT(whole.line(), Catch::StartsWith("ckpt: 100% (12.3/12.3 MB)"));
   CHECK(Progress("ckpt", 10.5, "MB", cap.options(false)).line() ==
         "ckpt: 0% (0/10.5 MB), 0.0 MB/s, ETA ?");
 }

@@ -42,7 +42,9 @@ double Progress::now() const {
 std::string Progress::line() const {
   const double elapsed = now() - start_;
   const double rate = elapsed > 0 ? done_ / elapsed : 0;
-  const int percent = total_ > 0 ? static_cast<int>(std::floor(100.0 * done_ / total_)) : 100;
+  // (100 * done) / total can round below 100 when done == total.
+  const int percent =
+      done_ >= total_ ? 100 : static_cast<int>(std::floor(100.0 * (done_ / total_)));
   char tail[96];
   if (done_ >= total_) {
     std::snprintf(tail, sizeof tail, "%.1f s", elapsed);
