@@ -1,14 +1,22 @@
 """PyTorch peer for bench_train_step: MobileNetV3-small training steps on random data.
 
-Prints one JSON line: {"img_per_s": ..., "ms_per_step": ..., "threads": ..., "batch": ...}.
+Prints one JSON line: {"img_per_s": ..., "ms_per_step": ..., "threads": ..., "batch": ...,
+"peak_rss_mb": ..., "rss_before_mb": ...} (the process's high-water mark, and its resident set
+after the imports, before the model is built).
 Run by bench_train_step in the same invocation so both figures come from the same machine state.
 """
 import argparse
 import json
+import resource
 import time
 
 import torch
 import torchvision
+
+
+def current_rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def main():
@@ -21,6 +29,7 @@ def main():
     p.add_argument("--classes", type=int, default=1000)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    rss_before_mb = current_rss_mb()
     torch.manual_seed(0)
     model = torchvision.models.mobilenet_v3_small(num_classes=a.classes)
     model.train()
@@ -41,8 +50,10 @@ def main():
     for _ in range(a.steps):
         step()
     dt = (time.perf_counter() - t0) / a.steps
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
     print(json.dumps({"img_per_s": a.batch / dt, "ms_per_step": dt * 1e3, "threads": a.threads,
-                      "batch": a.batch, "torch": torch.__version__}))
+                      "batch": a.batch, "torch": torch.__version__, "peak_rss_mb": peak_rss_mb,
+                      "rss_before_mb": rss_before_mb}))
 
 
 if __name__ == "__main__":
