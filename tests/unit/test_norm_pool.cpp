@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "gradcheck.h"
+#include "tensor/nn_kernels.h"
 
 using namespace dpar;
 using dpar::testing::gradcheck;
@@ -106,6 +107,49 @@ TEST_CASE("batch_norm training gradients", "[norm]") {
         },
         {x}, opt);
   }
+}
+
+TEST_CASE("batch_norm backward from the output equals the backward from the input", "[norm]") {
+  // The op keeps y (and derives x_hat from it) when every |weight| >= 1e-3; both kernels must
+  // give the same gradients, in both layouts, training and eval, with negative weights too.
+  Generator gen(33);
+  for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
+    for (bool batch_stats : {true, false}) {
+      Tensor x = random_tensor({4, 5, 6, 7}, gen, -3, 3, format);
+      Tensor w = Tensor::from_vector(std::vector<float>{0.5f, -1.5f, 2.f, 0.01f, 1.f}, {5});
+      Tensor b = random_tensor({5}, gen);
+      Tensor dy = random_tensor({4, 5, 6, 7}, gen, -1, 1, format);
+      Tensor mean = random_tensor({5}, gen), var = random_tensor({5}, gen, 0.5f, 2.f);
+      Tensor y = Tensor::empty_like(x);
+      kernels::batch_norm_forward.get(x.device())(x, w, b, mean, var, batch_stats, true, 1e-3, y);
+      Tensor dx_in = Tensor::empty_like(x), dx_out = Tensor::empty_like(x);
+      Tensor dw_in = Tensor::empty({5}), db_in = Tensor::empty({5});
+      Tensor dw_out = Tensor::empty({5}), db_out = Tensor::empty({5});
+      kernels::batch_norm_backward.get(x.device())(x, dy, w, b, mean, var, batch_stats, 1e-3, dx_in,
+                                                   dw_in, db_in);
+      kernels::batch_norm_backward_from_output.get(x.device())(y, dy, w, b, mean, var, batch_stats,
+                                                               1e-3, dx_out, dw_out, db_out);
+      CHECK(max_rel_error(dx_out.to_float_vector(), dx_in.to_float_vector()) < 1e-4);
+      CHECK(max_rel_error(dw_out.to_float_vector(), dw_in.to_float_vector()) < 1e-4);
+      CHECK(max_rel_error(db_out.to_float_vector(), db_in.to_float_vector()) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("batch_norm with a zero weight keeps its input for the backward", "[norm]") {
+  // x_hat cannot come from y where the weight is 0: the gradients stay exact and finite.
+  Generator gen(34);
+  dpar::testing::GradcheckOptions opt;
+  opt.eps = 1e-3;
+  opt.atol = 5e-3;
+  Tensor x = random_tensor({3, 2, 2, 3}, gen, -2, 2).set_requires_grad();
+  Tensor w = Tensor::from_vector(std::vector<float>{0.f, 1.2f}, {2}).set_requires_grad();
+  Tensor b = random_tensor({2}, gen).set_requires_grad();
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return batch_norm(in[0], in[1], in[2], {}, {}, true, 0.1, 1e-3);
+      },
+      {x, w, b}, opt);
 }
 
 TEST_CASE("batch_norm eval uses running statistics, forward and backward", "[norm]") {

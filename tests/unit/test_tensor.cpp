@@ -75,6 +75,21 @@ TEST_CASE("allocator caches blocks", "[tensor]") {
   CHECK(a.stats().system_allocations == before);
 }
 
+TEST_CASE("allocator reuses a cached block a little larger than the request", "[tensor]") {
+  Allocator& a = allocator_for(Device::cpu());
+  // Sizes no other test uses, so the cache holds no other block in between.
+  { Tensor big = Tensor::empty({1000, 1031}); }
+  const auto before = a.stats();
+  {
+    Tensor smaller = Tensor::empty({1000, 900});  // within 25% of the cached block: reused
+    CHECK(a.stats().system_allocations == before.system_allocations);
+    CHECK(a.stats().allocated_bytes - before.allocated_bytes >= 1000 * 1031 * sizeof(float));
+  }
+  { Tensor much_smaller = Tensor::empty({1000, 401}); }  // far smaller: a block of its own
+  CHECK(a.stats().system_allocations == before.system_allocations + 1);
+  CHECK(a.stats().allocated_bytes == before.allocated_bytes);
+}
+
 TEST_CASE("cuda device errors are clear", "[tensor]") {
   if (built_with_cuda()) return;  // with CUDA the allocator exists; running it needs a GPU
   CHECK_THROWS_WITH(Tensor::empty({2}, DType::f32, Device::cuda(0)),

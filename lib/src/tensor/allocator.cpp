@@ -1,7 +1,9 @@
 #include "dpar/tensor/allocator.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -12,8 +14,12 @@
 namespace dpar {
 namespace {
 
-// CPU caching allocator. Training repeats the same shapes every step, so blocks are cached
-// by their exact (64-byte rounded) size: after the first step nothing reaches malloc.
+// CPU caching allocator. Training repeats the same shapes every step, so freed blocks are kept
+// for the next request: after the first step nothing reaches malloc, and no page is faulted in
+// again. A request takes the smallest cached block that fits with at most kSlack of its size to
+// spare (best fit), not only one of its exact size: layers of different shapes then share the
+// memory one of them freed, which keeps what the cache holds near the peak actually in use
+// (with exact sizes only, MobileNetV3's training step held ~30% more).
 class CpuCachingAllocator final : public Allocator {
  public:
   ~CpuCachingAllocator() override { empty_cache(); }
@@ -21,41 +27,44 @@ class CpuCachingAllocator final : public Allocator {
   void* allocate(size_t nbytes) override {
     const size_t size = round_up(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.allocated_bytes += size;
-    if (stats_.allocated_bytes > stats_.peak_allocated_bytes) {
-      stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    void* p = nullptr;
+    size_t block = size;
+    auto it = free_blocks_.lower_bound(size);
+    if (it != free_blocks_.end() && it->first - size <= static_cast<size_t>(kSlack * size)) {
+      block = it->first;
+      p = it->second;
+      free_blocks_.erase(it);
+      stats_.cached_bytes -= block;
+    } else {
+      p = std::aligned_alloc(kAlignment, size);
+      if (!p) {
+        DPAR_FAIL("cpu allocator: out of memory allocating ", nbytes, " bytes (",
+                  stats_.allocated_bytes, " bytes in use, ", stats_.cached_bytes, " cached)");
+      }
+      ++stats_.system_allocations;
     }
-    auto it = free_blocks_.find(size);
-    if (it != free_blocks_.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      stats_.cached_bytes -= size;
-      return p;
-    }
-    void* p = std::aligned_alloc(kAlignment, size);
-    if (!p) {
-      stats_.allocated_bytes -= size;
-      DPAR_FAIL("cpu allocator: out of memory allocating ", nbytes, " bytes (",
-                stats_.allocated_bytes, " bytes in use, ", stats_.cached_bytes, " cached)");
-    }
-    ++stats_.system_allocations;
+    block_sizes_[p] = block;
+    stats_.allocated_bytes += block;
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
     return p;
   }
 
   void deallocate(void* ptr, size_t nbytes) override {
     if (!ptr) return;
-    const size_t size = round_up(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.allocated_bytes -= size;
-    stats_.cached_bytes += size;
-    free_blocks_[size].push_back(ptr);
+    auto it = block_sizes_.find(ptr);
+    DPAR_CHECK(it != block_sizes_.end(), "cpu allocator: freeing ", nbytes,
+               " bytes at an address it did not hand out");
+    const size_t block = it->second;
+    block_sizes_.erase(it);
+    stats_.allocated_bytes -= block;
+    stats_.cached_bytes += block;
+    free_blocks_.emplace(block, ptr);
   }
 
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [size, blocks] : free_blocks_) {
-      for (void* p : blocks) std::free(p);
-    }
+    for (auto& [size, p] : free_blocks_) std::free(p);
     free_blocks_.clear();
     stats_.cached_bytes = 0;
   }
@@ -67,12 +76,14 @@ class CpuCachingAllocator final : public Allocator {
 
  private:
   static constexpr size_t kAlignment = 64;  // a cache line; oneDNN prefers 64-byte alignment
+  static constexpr double kSlack = 0.25;
   static size_t round_up(size_t n) {
     return n == 0 ? kAlignment : (n + kAlignment - 1) / kAlignment * kAlignment;
   }
 
   mutable std::mutex mutex_;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks_;
+  std::multimap<size_t, void*> free_blocks_;       // cached blocks by size
+  std::unordered_map<void*, size_t> block_sizes_;  // handed-out blocks: their real size
   AllocatorStats stats_;
 };
 

@@ -28,6 +28,11 @@ class KernelSlot {
     }
     return fn;
   }
+  // Whether a backend filled the slot for this device (for ops with an optional fast path).
+  bool available(Device device) const {
+    ensure_backends_registered();
+    return table_[static_cast<int>(device.type)] != nullptr;
+  }
   const char* name() const { return name_; }
 
  private:

@@ -1,6 +1,10 @@
 // CPU batch normalisation on oneDNN (nhwc or nchw, matching the activation), plus the
 // running-statistics update.
+#include <omp.h>
+
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "tensor/cpu/onednn_context.h"
 #include "tensor/nn_kernels.h"
@@ -123,6 +127,124 @@ void batch_norm_backward_cpu(const Tensor& x, const Tensor& dy, const Tensor& we
   onednn::execute(e.prim, e.pd.scratchpad_desc(), std::move(args));
 }
 
+// Per-channel sums of dy and dy * x_hat over a contiguous (NCHW) or channels-last y, with
+// x_hat = (y - shift) * inv_scale. Each thread sums a fixed static share into its own row and
+// the rows are added in thread order, so the result is the same on every run.
+void sum_dy_and_dy_xhat(const float* y, const float* dy, bool nhwc, int64_t N, int64_t C,
+                        int64_t HW, const std::vector<float>& shift,
+                        const std::vector<float>& inv_scale, std::vector<double>& sum_dy,
+                        std::vector<double>& sum_dy_xhat) {
+  const int threads = omp_get_max_threads();
+  std::vector<double> part(static_cast<size_t>(2 * threads * C), 0.0);
+  const size_t uC = static_cast<size_t>(C);
+#pragma omp parallel num_threads(threads)
+  {
+    double* s1 = part.data() + static_cast<size_t>(2 * omp_get_thread_num()) * uC;
+    double* s2 = s1 + uC;
+    if (nhwc) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < N * HW; ++r) {
+        const float* yr = y + r * C;
+        const float* dr = dy + r * C;
+        for (int64_t c = 0; c < C; ++c) {
+          s1[c] += dr[c];
+          s2[c] += static_cast<double>(dr[c] * ((yr[c] - shift[c]) * inv_scale[c]));
+        }
+      }
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < C; ++c) {
+        double a = 0, b = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const float* yp = y + (n * C + c) * HW;
+          const float* dp = dy + (n * C + c) * HW;
+          float pa = 0, pb = 0;  // one plane in float, vectorised; planes added in double
+          for (int64_t p = 0; p < HW; ++p) {
+            pa += dp[p];
+            pb += dp[p] * ((yp[p] - shift[c]) * inv_scale[c]);
+          }
+          a += pa;
+          b += pb;
+        }
+        s1[c] = a;
+        s2[c] = b;
+      }
+    }
+  }
+  sum_dy.assign(uC, 0.0);
+  sum_dy_xhat.assign(uC, 0.0);
+  for (int t = 0; t < threads; ++t) {
+    const double* s1 = part.data() + static_cast<size_t>(2 * t) * uC;
+    for (size_t c = 0; c < uC; ++c) {
+      sum_dy[c] += s1[c];
+      sum_dy_xhat[c] += s1[uC + c];
+    }
+  }
+}
+
+void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dy, const Tensor& weight,
+                                         const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                         bool use_batch_stats, double eps, Tensor& dx,
+                                         Tensor& dweight, Tensor& dbias) {
+  (void)mean;  // x_hat comes from y; the mean only matters through it
+  const int64_t N = y.size(0), C = y.size(1), HW = y.size(2) * y.size(3);
+  const bool nhwc = y.is_contiguous(MemoryFormat::ChannelsLast) && !y.is_contiguous();
+  const size_t uC = static_cast<size_t>(C);
+  std::vector<float> shift(uC, 0.f), inv_scale(uC, 1.f), gain(uC);
+  const float* w = weight.defined() ? weight.data<float>() : nullptr;
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  const float* v = var.data<float>();
+  for (size_t c = 0; c < uC; ++c) {
+    const float scale = w ? w[c] : 1.f;
+    if (b) shift[c] = b[c];
+    inv_scale[c] = 1.f / scale;
+    gain[c] = scale / std::sqrt(v[c] + static_cast<float>(eps));  // dx = gain * (...)
+  }
+  std::vector<double> sum_dy, sum_dy_xhat;
+  sum_dy_and_dy_xhat(y.data<float>(), dy.data<float>(), nhwc, N, C, HW, shift, inv_scale, sum_dy,
+                     sum_dy_xhat);
+  if (dweight.defined()) {
+    for (size_t c = 0; c < uC; ++c) dweight.data<float>()[c] = static_cast<float>(sum_dy_xhat[c]);
+  }
+  if (dbias.defined()) {
+    for (size_t c = 0; c < uC; ++c) dbias.data<float>()[c] = static_cast<float>(sum_dy[c]);
+  }
+  // With batch statistics the mean and variance depend on x too: subtract the mean of dy and
+  // the x_hat-projection of dy (the standard batch-norm backward); with running statistics
+  // they are constants.
+  std::vector<float> mean_dy(uC, 0.f), mean_dy_xhat(uC, 0.f);
+  if (use_batch_stats) {
+    const double M = static_cast<double>(N * HW);
+    for (size_t c = 0; c < uC; ++c) {
+      mean_dy[c] = static_cast<float>(sum_dy[c] / M);
+      mean_dy_xhat[c] = static_cast<float>(sum_dy_xhat[c] / M);
+    }
+  }
+  const float* Y = y.data<float>();
+  const float* DY = dy.data<float>();
+  float* DX = dx.data<float>();
+  if (nhwc) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N * HW; ++r) {
+      const int64_t o = r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const float xh = (Y[o + c] - shift[c]) * inv_scale[c];
+        DX[o + c] = gain[c] * (DY[o + c] - mean_dy[c] - xh * mean_dy_xhat[c]);
+      }
+    }
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t plane = 0; plane < N * C; ++plane) {
+      const size_t c = static_cast<size_t>(plane % C);
+      const int64_t o = plane * HW;
+      for (int64_t p = 0; p < HW; ++p) {
+        const float xh = (Y[o + p] - shift[c]) * inv_scale[c];
+        DX[o + p] = gain[c] * (DY[o + p] - mean_dy[c] - xh * mean_dy_xhat[c]);
+      }
+    }
+  }
+}
+
 void batch_norm_update_stats_cpu(Tensor& running_mean, Tensor& running_var,
                                  const Tensor& batch_mean, const Tensor& batch_var, double momentum,
                                  int64_t count) {
@@ -144,6 +266,8 @@ void batch_norm_update_stats_cpu(Tensor& running_mean, Tensor& running_var,
 void register_norm_kernels() {
   kernels::batch_norm_forward.set(DeviceType::CPU, &batch_norm_forward_cpu);
   kernels::batch_norm_backward.set(DeviceType::CPU, &batch_norm_backward_cpu);
+  kernels::batch_norm_backward_from_output.set(DeviceType::CPU,
+                                               &batch_norm_backward_from_output_cpu);
   kernels::batch_norm_update_stats.set(DeviceType::CPU, &batch_norm_update_stats_cpu);
 }
 
