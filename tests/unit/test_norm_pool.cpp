@@ -127,8 +127,8 @@ TEST_CASE("batch_norm backward from the output equals the backward from the inpu
       Tensor dw_out = Tensor::empty({5}), db_out = Tensor::empty({5});
       kernels::batch_norm_backward.get(x.device())(x, dy, w, b, mean, var, batch_stats, 1e-3, dx_in,
                                                    dw_in, db_in);
-      kernels::batch_norm_backward_from_output.get(x.device())(y, dy, w, b, mean, var, batch_stats,
-                                                               1e-3, dx_out, dw_out, db_out);
+      kernels::batch_norm_backward_from_output.get(x.device())(
+          y, dy, w, b, mean, var, batch_stats, 1e-3, Activation::none, dx_out, dw_out, db_out);
       CHECK(max_rel_error(dx_out.to_float_vector(), dx_in.to_float_vector()) < 1e-4);
       CHECK(max_rel_error(dw_out.to_float_vector(), dw_in.to_float_vector()) < 1e-4);
       CHECK(max_rel_error(db_out.to_float_vector(), db_in.to_float_vector()) < 1e-5);
@@ -150,6 +150,66 @@ TEST_CASE("batch_norm with a zero weight keeps its input for the backward", "[no
         return batch_norm(in[0], in[1], in[2], {}, {}, true, 0.1, 1e-3);
       },
       {x, w, b}, opt);
+}
+
+TEST_CASE("batch_norm_act equals batch_norm then the activation", "[norm]") {
+  // The fused op gives the separate ops' output bitwise and their gradients (formed in one
+  // kernel from y) to rounding; also on the path that keeps the input (a zero weight).
+  Generator gen(35);
+  for (Activation act : {Activation::relu, Activation::hardswish}) {
+    for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
+      for (float w0 : {0.7f, 0.f}) {
+        for (bool training : {true, false}) {
+          Tensor x = random_tensor({3, 4, 5, 6}, gen, -4, 4, format);
+          Tensor w = Tensor::from_vector(std::vector<float>{w0, -1.2f, 2.f, 0.9f}, {4});
+          Tensor b = random_tensor({4}, gen, -2, 2);
+          Tensor dz = random_tensor({3, 4, 5, 6}, gen);
+          auto run = [&](bool fused, std::vector<Tensor>& grads) {
+            Tensor xi = x.detach().clone().set_requires_grad();
+            Tensor wi = w.detach().clone().set_requires_grad();
+            Tensor bi = b.detach().clone().set_requires_grad();
+            Tensor rm = Tensor::zeros({4}), rv = Tensor::ones({4});
+            Tensor z;
+            if (fused) {
+              z = batch_norm_act(xi, wi, bi, rm, rv, training, 0.1, 1e-3, act);
+            } else {
+              Tensor y = batch_norm(xi, wi, bi, rm, rv, training, 0.1, 1e-3);
+              z = act == Activation::relu ? relu(y) : hardswish(y);
+            }
+            sum(mul(z, dz)).backward();
+            grads = {xi.grad(), wi.grad(), bi.grad()};
+            return z;
+          };
+          std::vector<Tensor> fused_grads, separate_grads;
+          const Tensor fused = run(true, fused_grads);
+          const Tensor separate = run(false, separate_grads);
+          CHECK(fused.to_float_vector() == separate.to_float_vector());
+          for (size_t i = 0; i < 3; ++i) {
+            CHECK(max_rel_error(fused_grads[i].to_float_vector(),
+                                separate_grads[i].to_float_vector()) < 1e-4);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm_act gradients", "[norm]") {
+  Generator gen(36);
+  dpar::testing::GradcheckOptions opt;
+  opt.eps = 1e-3;
+  opt.atol = 5e-3;
+  for (Activation act : {Activation::relu, Activation::hardswish}) {
+    Tensor x =
+        random_tensor({3, 3, 2, 3}, gen, -2, 2, MemoryFormat::ChannelsLast).set_requires_grad();
+    Tensor w = random_tensor({3}, gen, 0.5f, 1.5f).set_requires_grad();
+    Tensor b = random_tensor({3}, gen).set_requires_grad();
+    gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          return batch_norm_act(in[0], in[1], in[2], {}, {}, true, 0.1, 1e-3, act);
+        },
+        {x, w, b}, opt);
+  }
 }
 
 TEST_CASE("batch_norm eval uses running statistics, forward and backward", "[norm]") {

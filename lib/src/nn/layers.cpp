@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <typeinfo>
 
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/nn/init.h"
@@ -31,9 +32,34 @@ const ModulePtr& Sequential::operator[](size_t index) const {
   return modules_[index];
 }
 
+namespace {
+
+// The activation a child module is, when it is exactly nn::ReLU or nn::Hardswish (a subclass
+// may compute something else).
+Activation fusable_activation(const Module& m) {
+  if (typeid(m) == typeid(ReLU)) return Activation::relu;
+  if (typeid(m) == typeid(Hardswish)) return Activation::hardswish;
+  return Activation::none;
+}
+
+}  // namespace
+
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& m : modules_) x = m->forward(x);
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    const Module& m = *modules_[i];
+    // BatchNorm2d then ReLU/Hardswish runs as one fused op (same results, one pass less over
+    // the activation in backward, and only the normalised output kept for it).
+    if (typeid(m) == typeid(BatchNorm2d) && i + 1 < modules_.size()) {
+      const Activation act = fusable_activation(*modules_[i + 1]);
+      if (act != Activation::none) {
+        x = static_cast<BatchNorm2d&>(*modules_[i]).forward(x, act);
+        ++i;
+        continue;
+      }
+    }
+    x = modules_[i]->forward(x);
+  }
   return x;
 }
 
@@ -116,7 +142,9 @@ void BatchNorm2d::reset_parameters() {
   if (bias.defined()) init::zeros_(bias);
 }
 
-Tensor BatchNorm2d::forward(const Tensor& input) {
+Tensor BatchNorm2d::forward(const Tensor& input) { return forward(input, Activation::none); }
+
+Tensor BatchNorm2d::forward(const Tensor& input, Activation act) {
   DPAR_CHECK(input.dim() == 4 && input.size(1) == num_features, "BatchNorm2d: expected [N,",
              num_features, ",H,W] input, got ", input.shape());
   if (is_training()) {
@@ -129,7 +157,8 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
       num_batches_tracked.fill_(num_batches_tracked.item() + 1.0);
     }
   }
-  return batch_norm(input, weight, bias, running_mean, running_var, is_training(), momentum, eps);
+  return batch_norm_act(input, weight, bias, running_mean, running_var, is_training(), momentum,
+                        eps, act);
 }
 
 std::string BatchNorm2d::extra_repr() const {

@@ -4,6 +4,7 @@
 // here; kernels only compute.
 #include <cstdint>
 
+#include "dpar/tensor/ops.h"
 #include "dpar/tensor/tensor.h"
 #include "tensor/dispatch.h"
 
@@ -50,12 +51,13 @@ DPAR_KERNEL(batch_norm_backward,
 // The same gradients computed from the forward OUTPUT y instead of x (x_hat = (y - bias) /
 // weight), so a training step need not keep the input of every BatchNorm alive: the output is
 // kept anyway by the activation or convolution after it. Needs every |weight| large enough
-// for the division (the op checks). y, dy and dx share one layout (contiguous or
-// channels-last); mean/var are the forward's (batch statistics or running ones).
+// for the division (the op checks). dz is the gradient of act(y) (of y itself for
+// Activation::none); the activation's gradient is formed on the fly. y, dz and dx share one
+// layout (contiguous or channels-last); mean/var are the forward's (batch or running).
 DPAR_KERNEL(batch_norm_backward_from_output,
-            void(const Tensor& y, const Tensor& dy, const Tensor& weight, const Tensor& bias,
+            void(const Tensor& y, const Tensor& dz, const Tensor& weight, const Tensor& bias,
                  const Tensor& mean, const Tensor& var, bool use_batch_stats, double eps,
-                 Tensor& dx, Tensor& dweight, Tensor& dbias));
+                 Activation act, Tensor& dx, Tensor& dweight, Tensor& dbias));
 // running = (1-momentum)*running + momentum*batch, with the variance made unbiased by
 // count/(count-1) (count = N*H*W). Running tensors are 1-D [C], any stride.
 DPAR_KERNEL(batch_norm_update_stats,

@@ -5,6 +5,7 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/activation_kernels.h"
 #include "tensor/nn_kernels.h"
 
 namespace dpar {
@@ -29,11 +30,25 @@ bool weights_invertible(const Tensor& weight) {
   return std::all_of(w.begin(), w.end(), [](float v) { return std::fabs(v) >= kMinWeight; });
 }
 
+// The unary kernel that computes act (forward) and its gradient from its input y.
+kernels::UnaryOp unary_op(Activation act) {
+  switch (act) {
+    case Activation::relu:
+      return kernels::UnaryOp::relu;
+    case Activation::hardswish:
+      return kernels::UnaryOp::hardswish;
+    case Activation::none:
+      break;
+  }
+  DPAR_FAIL("batch_norm_act: no unary kernel for Activation::none");
+}
+
 }  // namespace
 
-Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
-                  Tensor running_var, bool training, double momentum, double eps) {
-  DPAR_PROFILE_SCOPE("batch_norm");
+Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                      Tensor running_mean, Tensor running_var, bool training, double momentum,
+                      double eps, Activation act) {
+  DPAR_PROFILE_SCOPE(act == Activation::none ? "batch_norm" : "batch_norm_act");
   DPAR_CHECK(x.defined(), "batch_norm: input is undefined");
   DPAR_CHECK(x.dim() == 4, "batch_norm: expected a 4-D input [N,C,H,W], got ", x.shape());
   DPAR_CHECK(x.dtype() == DType::f32, "batch_norm: input has dtype ", x.dtype(), " (shape ",
@@ -89,40 +104,59 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Ten
     kernels::batch_norm_update_stats.get(device)(running_mean, running_var, mean, var, momentum,
                                                  count);
   }
-  if (!grad) return y;
+  Tensor z = y;
+  if (act != Activation::none) {
+    z = Tensor::empty_like(y);
+    kernels::unary.get(device)(unary_op(act), y, z);
+  }
+  if (!grad) return z;
 
   // Keep the output rather than the input when the backward can start from it: the activation
-  // or convolution after a BatchNorm keeps y anyway, so the input x (a whole activation per
-  // BatchNorm) is freed right after this forward. That saves about a third of a CNN's
-  // training memory (InPlace-ABN's observation). x_hat = (y - bias) / weight needs weights
-  // away from zero; otherwise the input is kept.
+  // (fused here, or the module after) or the convolution after a BatchNorm keeps y anyway, so
+  // the input x (a whole activation per BatchNorm) is freed right after this forward. That
+  // saves about a third of a CNN's training memory (InPlace-ABN's observation). x_hat =
+  // (y - bias) / weight needs weights away from zero; otherwise the input is kept as well.
+  // Both activations' backward can start from y (ReLU's y <= 0 is its output's z <= 0).
   const bool from_output =
       kernels::batch_norm_backward_from_output.available(device) && weights_invertible(wc);
   autograd::record(
-      "batch_norm", {x, weight, bias}, {y},
-      [saved = from_output ? y.detach() : xc.detach(), from_output,
+      act == Activation::none ? "batch_norm" : "batch_norm_act", {x, weight, bias}, {z},
+      [ys = y.detach(), xs = from_output ? Tensor() : xc.detach(), act,
        ws = wc.defined() ? wc.detach() : Tensor(), bs = bc.defined() ? bc.detach() : Tensor(), mean,
        var, use_batch_stats, eps,
        format](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
-        const Tensor dy = detail::nn_layout_copy(grads[0], format);
-        Tensor dx = Tensor::empty_like(saved);
-        const Shape c{saved.size(1)};
+        Tensor dz = detail::nn_layout_copy(grads[0], format);
+        Tensor dx = Tensor::empty_like(ys);
+        const Shape c{ys.size(1)};
         // The kernels produce the parameter gradients together with dx: allocate all they write.
-        Tensor dw = ws.defined() ? Tensor::empty(c, DType::f32, saved.device()) : Tensor();
-        Tensor db = bs.defined() ? Tensor::empty(c, DType::f32, saved.device()) : Tensor();
-        if (saved.numel() > 0) {
-          const auto& backward =
-              from_output ? kernels::batch_norm_backward_from_output : kernels::batch_norm_backward;
-          backward.get(saved.device())(saved, dy, ws, bs, mean, var, use_batch_stats, eps, dx, dw,
-                                       db);
-        } else {  // an empty batch contributes nothing to the parameters
+        Tensor dw = ws.defined() ? Tensor::empty(c, DType::f32, ys.device()) : Tensor();
+        Tensor db = bs.defined() ? Tensor::empty(c, DType::f32, ys.device()) : Tensor();
+        if (ys.numel() == 0) {  // an empty batch contributes nothing to the parameters
           if (dw.defined()) dw.zero_();
           if (db.defined()) db.zero_();
+        } else if (!xs.defined()) {
+          // One kernel: the activation's gradient is formed on the fly from y.
+          kernels::batch_norm_backward_from_output.get(ys.device())(
+              ys, dz, ws, bs, mean, var, use_batch_stats, eps, act, dx, dw, db);
+        } else {
+          Tensor dy = dz;
+          if (act != Activation::none) {
+            dy = Tensor::empty_like(ys);
+            kernels::unary_backward.get(ys.device())(unary_op(act), dz, ys, dy);
+          }
+          kernels::batch_norm_backward.get(ys.device())(xs, dy, ws, bs, mean, var, use_batch_stats,
+                                                        eps, dx, dw, db);
         }
         return autograd::GradList{need[0] ? dx : Tensor(), need[1] ? dw : Tensor(),
                                   need[2] ? db : Tensor()};
       });
-  return y;
+  return z;
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
+                  Tensor running_var, bool training, double momentum, double eps) {
+  return batch_norm_act(x, weight, bias, std::move(running_mean), std::move(running_var), training,
+                        momentum, eps, Activation::none);
 }
 
 }  // namespace dpar

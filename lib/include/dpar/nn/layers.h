@@ -69,6 +69,8 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
                        bool affine = true);
   Tensor forward(const Tensor& input) override;
+  // The normalisation followed by act, as one op (see batch_norm_act).
+  Tensor forward(const Tensor& input, Activation act);
   void reset_parameters();
 
   const int64_t num_features;

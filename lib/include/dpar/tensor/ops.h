@@ -73,6 +73,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
 // Eval: uses the running statistics. weight/bias may be undefined (affine=false).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
                   Tensor running_var, bool training, double momentum, double eps);
+// batch_norm followed by an activation, as one op with the same results: it keeps only the
+// normalised y for its backward (the activation's input) and forms the activation's gradient
+// inside the batch-norm backward, saving a pass over the activation. nn::Sequential uses it
+// for a BatchNorm2d followed by ReLU or Hardswish.
+enum class Activation : uint8_t { none, relu, hardswish };
+Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                      Tensor running_mean, Tensor running_var, bool training, double momentum,
+                      double eps, Activation act);
 
 Tensor global_avg_pool2d(const Tensor& x);  // [N,C,H,W] -> [N,C,1,1]
 

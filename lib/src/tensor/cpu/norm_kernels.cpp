@@ -2,6 +2,7 @@
 // running-statistics update.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -127,47 +128,95 @@ void batch_norm_backward_cpu(const Tensor& x, const Tensor& dy, const Tensor& we
   onednn::execute(e.prim, e.pd.scratchpad_desc(), std::move(args));
 }
 
-// Per-channel sums of dy and dy * x_hat over a contiguous (NCHW) or channels-last y, with
-// x_hat = (y - shift) * inv_scale. Each thread sums a fixed static share into its own row and
-// the rows are added in thread order, so the result is the same on every run.
-void sum_dy_and_dy_xhat(const float* y, const float* dy, bool nhwc, int64_t N, int64_t C,
-                        int64_t HW, const std::vector<float>& shift,
-                        const std::vector<float>& inv_scale, std::vector<double>& sum_dy,
+// The gradient at the activation's input y, from the gradient dz at its output. The formulas
+// (and their float operations) are the unary kernels' for ReLU and Hardswish, so the fused
+// backward gives the results of the separate ops.
+// The middle piece is computed unconditionally, so that with -fno-trapping-math (set for this
+// file in lib/CMakeLists.txt) GCC turns the selects into vector blends: the branchy loops ran
+// up to ten times slower on random signs.
+template <Activation Act>
+inline float act_grad(float dz, float y) {
+  if constexpr (Act == Activation::relu) return y <= 0.f ? 0.f : dz;
+  if constexpr (Act == Activation::hardswish) {
+    const float mid = dz * (y / 3.f + 0.5f);
+    return y < -3.f ? 0.f : (y <= 3.f ? mid : dz);
+  }
+  return dz;
+}
+
+struct BnBackwardArgs {
+  const float* y;
+  const float* dz;
+  float* dx;
+  bool nhwc;
+  int64_t N, C, HW;
+  std::vector<float> shift, inv_scale, gain;  // x_hat = (y - shift) * inv_scale; dx = gain * ..
+};
+
+// Per-channel sums of dy and dy * x_hat over a contiguous (NCHW) or channels-last y. Each
+// thread sums a fixed static share into its own row and the rows are added in thread order,
+// so the result is the same on every run.
+template <Activation Act>
+void sum_dy_and_dy_xhat(const BnBackwardArgs& a, std::vector<double>& sum_dy,
                         std::vector<double>& sum_dy_xhat) {
   const int threads = omp_get_max_threads();
-  std::vector<double> part(static_cast<size_t>(2 * threads * C), 0.0);
+  const int64_t C = a.C, HW = a.HW, N = a.N;
   const size_t uC = static_cast<size_t>(C);
+  std::vector<double> part(static_cast<size_t>(2 * threads) * uC, 0.0);
+  // __restrict: nothing written aliases the inputs, so the channel loops vectorise.
+  const float* __restrict shift = a.shift.data();
+  const float* __restrict inv_scale = a.inv_scale.data();
 #pragma omp parallel num_threads(threads)
   {
-    double* s1 = part.data() + static_cast<size_t>(2 * omp_get_thread_num()) * uC;
-    double* s2 = s1 + uC;
-    if (nhwc) {
+    double* __restrict s1 = part.data() + static_cast<size_t>(2 * omp_get_thread_num()) * uC;
+    double* __restrict s2 = s1 + uC;
+    if (a.nhwc) {
+      // Rows are summed in float over blocks of kBlockRows (a vectorised loop over channels),
+      // and the blocks in double: float all the way would lose digits over ~10^5 rows.
+      constexpr int64_t kBlockRows = 64;
+      std::vector<float> b1(uC), b2(uC);
+      float* __restrict f1 = b1.data();
+      float* __restrict f2 = b2.data();
+      const int64_t blocks = (N * HW + kBlockRows - 1) / kBlockRows;
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < N * HW; ++r) {
-        const float* yr = y + r * C;
-        const float* dr = dy + r * C;
-        for (int64_t c = 0; c < C; ++c) {
-          s1[c] += dr[c];
-          s2[c] += static_cast<double>(dr[c] * ((yr[c] - shift[c]) * inv_scale[c]));
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        std::fill(b1.begin(), b1.end(), 0.f);
+        std::fill(b2.begin(), b2.end(), 0.f);
+        const int64_t end = std::min(N * HW, (blk + 1) * kBlockRows);
+        for (int64_t r = blk * kBlockRows; r < end; ++r) {
+          const float* __restrict yr = a.y + r * C;
+          const float* __restrict dr = a.dz + r * C;
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            const float dy = act_grad<Act>(dr[c], yr[c]);
+            f1[c] += dy;
+            f2[c] += dy * ((yr[c] - shift[c]) * inv_scale[c]);
+          }
+        }
+        for (size_t c = 0; c < uC; ++c) {
+          s1[c] += f1[c];
+          s2[c] += f2[c];
         }
       }
     } else {
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < C; ++c) {
-        double a = 0, b = 0;
+        double sa = 0, sb = 0;
         for (int64_t n = 0; n < N; ++n) {
-          const float* yp = y + (n * C + c) * HW;
-          const float* dp = dy + (n * C + c) * HW;
+          const float* __restrict yp = a.y + (n * C + c) * HW;
+          const float* __restrict dp = a.dz + (n * C + c) * HW;
           float pa = 0, pb = 0;  // one plane in float, vectorised; planes added in double
+#pragma omp simd reduction(+ : pa, pb)
           for (int64_t p = 0; p < HW; ++p) {
-            pa += dp[p];
-            pb += dp[p] * ((yp[p] - shift[c]) * inv_scale[c]);
+            const float dy = act_grad<Act>(dp[p], yp[p]);
+            pa += dy;
+            pb += dy * ((yp[p] - shift[c]) * inv_scale[c]);
           }
-          a += pa;
-          b += pb;
+          sa += pa;
+          sb += pb;
         }
-        s1[c] = a;
-        s2[c] = b;
+        s1[c] = sa;
+        s2[c] = sb;
       }
     }
   }
@@ -182,27 +231,57 @@ void sum_dy_and_dy_xhat(const float* y, const float* dy, bool nhwc, int64_t N, i
   }
 }
 
-void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dy, const Tensor& weight,
-                                         const Tensor& bias, const Tensor& mean, const Tensor& var,
-                                         bool use_batch_stats, double eps, Tensor& dx,
-                                         Tensor& dweight, Tensor& dbias) {
-  (void)mean;  // x_hat comes from y; the mean only matters through it
-  const int64_t N = y.size(0), C = y.size(1), HW = y.size(2) * y.size(3);
-  const bool nhwc = y.is_contiguous(MemoryFormat::ChannelsLast) && !y.is_contiguous();
-  const size_t uC = static_cast<size_t>(C);
-  std::vector<float> shift(uC, 0.f), inv_scale(uC, 1.f), gain(uC);
-  const float* w = weight.defined() ? weight.data<float>() : nullptr;
-  const float* b = bias.defined() ? bias.data<float>() : nullptr;
-  const float* v = var.data<float>();
-  for (size_t c = 0; c < uC; ++c) {
-    const float scale = w ? w[c] : 1.f;
-    if (b) shift[c] = b[c];
-    inv_scale[c] = 1.f / scale;
-    gain[c] = scale / std::sqrt(v[c] + static_cast<float>(eps));  // dx = gain * (...)
+// dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat), dy formed again from dz and y.
+template <Activation Act>
+void write_dx(const BnBackwardArgs& a, const std::vector<float>& mean_dy,
+              const std::vector<float>& mean_dy_xhat) {
+  const int64_t C = a.C, HW = a.HW, N = a.N;
+  const float* __restrict shift = a.shift.data();
+  const float* __restrict inv_scale = a.inv_scale.data();
+  const float* __restrict gain = a.gain.data();
+  const float* __restrict m1 = mean_dy.data();
+  const float* __restrict m2 = mean_dy_xhat.data();
+  const float* __restrict y = a.y;
+  const float* __restrict dz = a.dz;
+  float* __restrict dx = a.dx;
+  if (a.nhwc) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N * HW; ++r) {
+      // Row pointers local to the loop body: the vectoriser cannot see through the shared
+      // variables OpenMP passes to the outlined function.
+      const float* __restrict yr = y + r * C;
+      const float* __restrict dr = dz + r * C;
+      float* __restrict xr = dx + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        const float xh = (yr[c] - shift[c]) * inv_scale[c];
+        xr[c] = gain[c] * (act_grad<Act>(dr[c], yr[c]) - m1[c] - xh * m2[c]);
+      }
+    }
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t plane = 0; plane < N * C; ++plane) {
+      const int64_t c = plane % C;
+      const int64_t o = plane * HW;
+      const float sh = shift[c], is = inv_scale[c], g = gain[c], a1 = m1[c], a2 = m2[c];
+      const float* __restrict yp = y + o;
+      const float* __restrict dp = dz + o;
+      float* __restrict xp = dx + o;
+#pragma omp simd
+      for (int64_t p = 0; p < HW; ++p) {
+        const float xh = (yp[p] - sh) * is;
+        xp[p] = g * (act_grad<Act>(dp[p], yp[p]) - a1 - xh * a2);
+      }
+    }
   }
+}
+
+template <Activation Act>
+void bn_backward_from_output(const BnBackwardArgs& a, bool use_batch_stats, Tensor& dweight,
+                             Tensor& dbias) {
+  const size_t uC = static_cast<size_t>(a.C);
   std::vector<double> sum_dy, sum_dy_xhat;
-  sum_dy_and_dy_xhat(y.data<float>(), dy.data<float>(), nhwc, N, C, HW, shift, inv_scale, sum_dy,
-                     sum_dy_xhat);
+  sum_dy_and_dy_xhat<Act>(a, sum_dy, sum_dy_xhat);
   if (dweight.defined()) {
     for (size_t c = 0; c < uC; ++c) dweight.data<float>()[c] = static_cast<float>(sum_dy_xhat[c]);
   }
@@ -214,34 +293,50 @@ void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dy, cons
   // they are constants.
   std::vector<float> mean_dy(uC, 0.f), mean_dy_xhat(uC, 0.f);
   if (use_batch_stats) {
-    const double M = static_cast<double>(N * HW);
+    const double M = static_cast<double>(a.N * a.HW);
     for (size_t c = 0; c < uC; ++c) {
       mean_dy[c] = static_cast<float>(sum_dy[c] / M);
       mean_dy_xhat[c] = static_cast<float>(sum_dy_xhat[c] / M);
     }
   }
-  const float* Y = y.data<float>();
-  const float* DY = dy.data<float>();
-  float* DX = dx.data<float>();
-  if (nhwc) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < N * HW; ++r) {
-      const int64_t o = r * C;
-      for (int64_t c = 0; c < C; ++c) {
-        const float xh = (Y[o + c] - shift[c]) * inv_scale[c];
-        DX[o + c] = gain[c] * (DY[o + c] - mean_dy[c] - xh * mean_dy_xhat[c]);
-      }
-    }
-  } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t plane = 0; plane < N * C; ++plane) {
-      const size_t c = static_cast<size_t>(plane % C);
-      const int64_t o = plane * HW;
-      for (int64_t p = 0; p < HW; ++p) {
-        const float xh = (Y[o + p] - shift[c]) * inv_scale[c];
-        DX[o + p] = gain[c] * (DY[o + p] - mean_dy[c] - xh * mean_dy_xhat[c]);
-      }
-    }
+  write_dx<Act>(a, mean_dy, mean_dy_xhat);
+}
+
+void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dz, const Tensor& weight,
+                                         const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                         bool use_batch_stats, double eps, Activation act,
+                                         Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  (void)mean;  // x_hat comes from y; the mean only matters through it
+  BnBackwardArgs a{y.data<float>(),
+                   dz.data<float>(),
+                   dx.data<float>(),
+                   y.is_contiguous(MemoryFormat::ChannelsLast) && !y.is_contiguous(),
+                   y.size(0),
+                   y.size(1),
+                   y.size(2) * y.size(3),
+                   {},
+                   {},
+                   {}};
+  const size_t uC = static_cast<size_t>(a.C);
+  a.shift.assign(uC, 0.f);
+  a.inv_scale.assign(uC, 1.f);
+  a.gain.resize(uC);
+  const float* w = weight.defined() ? weight.data<float>() : nullptr;
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  const float* v = var.data<float>();
+  for (size_t c = 0; c < uC; ++c) {
+    const float scale = w ? w[c] : 1.f;
+    if (b) a.shift[c] = b[c];
+    a.inv_scale[c] = 1.f / scale;
+    a.gain[c] = scale / std::sqrt(v[c] + static_cast<float>(eps));
+  }
+  switch (act) {
+    case Activation::none:
+      return bn_backward_from_output<Activation::none>(a, use_batch_stats, dweight, dbias);
+    case Activation::relu:
+      return bn_backward_from_output<Activation::relu>(a, use_batch_stats, dweight, dbias);
+    case Activation::hardswish:
+      return bn_backward_from_output<Activation::hardswish>(a, use_batch_stats, dweight, dbias);
   }
 }
 

@@ -36,8 +36,11 @@ inline float backward(float g, float s) {
   // Gradient 0 where the output is 0 (so at x == 0 too).
   if constexpr (Op == UnaryOp::relu) return s <= 0.f ? 0.f : g;
   // PyTorch: 0 below -3, x/3 + 1/2 on [-3, 3], 1 above.
+  // The middle piece is computed unconditionally so the loop vectorises (a division in one
+  // branch only is not speculated).
   if constexpr (Op == UnaryOp::hardswish) {
-    return s < -3.f ? 0.f : (s <= 3.f ? g * (s / 3.f + 0.5f) : g);
+    const float mid = g * (s / 3.f + 0.5f);
+    return s < -3.f ? 0.f : (s <= 3.f ? mid : g);
   }
   // PyTorch: 1/6 strictly inside (-3, 3), 0 elsewhere (including the kinks).
   if constexpr (Op == UnaryOp::hardsigmoid) return s > -3.f && s < 3.f ? g * (1.f / 6.f) : 0.f;
