@@ -47,6 +47,16 @@ struct GraphValue {
   int32_t elem_type = 0;  // ONNX TensorProto data type (1 = float)
 };
 
+// An INT8 or UINT8 initializer (quantized weights, zero points): the raw bytes in a u8 tensor.
+struct QuantizedConstant {
+  Tensor bytes;
+  bool is_signed = true;  // INT8 (two's complement bytes), else UINT8
+  float at(int64_t i) const {
+    const uint8_t b = bytes.data<uint8_t>()[i];
+    return is_signed ? static_cast<float>(static_cast<int8_t>(b)) : static_cast<float>(b);
+  }
+};
+
 struct Graph {
   std::string path;
   std::string name;
@@ -56,6 +66,7 @@ struct Graph {
   std::vector<Node> nodes;
   std::map<std::string, Tensor> initializers;          // f32 or i64 constants, incl. Constant nodes
   std::map<std::string, std::string> other_constants;  // name -> dtype, for types we do not read
+  std::map<std::string, QuantizedConstant> quantized;  // INT8/UINT8 (also in other_constants)
   std::vector<GraphValue> inputs;                      // graph inputs that are not initializers
   std::vector<std::string> outputs;
   std::map<std::string, std::string> metadata;
@@ -71,6 +82,28 @@ struct Eltwise {
   float alpha = 0;
   float beta = 0;
 };
+
+// The QuantizeLinear -> DequantizeLinear structure of a QDQ model (qdq.cpp): which values
+// Conv/Gemm nodes read quantized. Zero points are always 0 (anything else is rejected).
+struct QdqActivation {
+  std::string x;  // the f32 value that is quantized
+  float scale = 0;
+  bool is_unsigned = false;  // uint8, else int8
+};
+struct QdqWeight {
+  Tensor values;              // f32 holding the integers, the initializer's shape
+  std::vector<float> scales;  // one (per tensor) or one per slice along axis
+  int64_t axis = 1;
+  bool is_unsigned = false;
+};
+struct Qdq {
+  std::map<std::string, QdqActivation> activations;  // by DequantizeLinear output
+  std::map<std::string, QdqWeight> weights;          // by DequantizeLinear output
+};
+// Checks that every QuantizeLinear/DequantizeLinear pair feeds a Conv or Gemm (data input:
+// activation pair; weight input: DequantizeLinear of an int8 initializer), with zero points 0
+// and both inputs of the node quantized. Throws dpar::Error naming the offending node.
+Qdq resolve_qdq(const Graph& graph);
 
 enum class OpKind { Conv, Gemm, Eltwise, Binary, GlobalAvgPool, Flatten, Softmax };
 
@@ -92,6 +125,15 @@ struct Op {
   dnnl::algorithm binary_alg = dnnl::algorithm::binary_add;
   int64_t axis = 1;                // Flatten, Softmax
   bool softmax_coerce_2d = false;  // opset < 13: softmax over the flattened tail
+  // Conv/Gemm in int8: weight then is a u8 tensor of s8 bytes ([O,K] for Gemm) and bias is
+  // divided by src_scale * w_scales[o], because oneDNN 2.x adds the bias before the output
+  // scales: dst = post_ops(src_scale * w_scale[o] * (acc + bias')).
+  struct Int8 {
+    bool on = false;
+    float src_scale = 0;
+    bool src_unsigned = false;    // u8, else s8; zero point 0
+    std::vector<float> w_scales;  // per output channel, or one
+  } int8;
 };
 
 struct Program {

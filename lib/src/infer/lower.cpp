@@ -29,7 +29,9 @@ const std::set<std::string>& supported_ops() {
                                             "Flatten",
                                             "Softmax",
                                             "Identity",
-                                            "Dropout"};
+                                            "Dropout",
+                                            "QuantizeLinear",
+                                            "DequantizeLinear"};
   return ops;
 }
 
@@ -49,11 +51,16 @@ class Lowering {
     check_io();
     check_defined();
     resolve_aliases();
+    qdq_ = resolve_qdq(g_);
     prog_.path = g_.path;
     prog_.input = value(g_.inputs[0].name);
     prog_.input_dims = g_.inputs[0].dims;
     for (const Node& node : g_.nodes) {
-      if (node.op == "Identity" || node.op == "Dropout") continue;
+      // Quantize/dequantize pairs become the int8 data of the Conv/Gemm that reads them.
+      if (node.op == "Identity" || node.op == "Dropout" || node.op == "QuantizeLinear" ||
+          node.op == "DequantizeLinear") {
+        continue;
+      }
       try {
         lower(node);
       } catch (const Error& e) {
@@ -268,8 +275,12 @@ class Lowering {
   }
 
   void lower_conv(const Node& n, const std::string& out) {
-    const int x = activation(n, 0);
-    const Tensor w = constant(n, 1, "weight", 4);
+    const QdqActivation* qa = quantized_input(n);
+    const int x = qa ? quantized_source(n, *qa) : activation(n, 0);
+    const QdqWeight* qw = qa ? &qdq_.weights.at(n.inputs[1]) : nullptr;
+    DPAR_CHECK(!qw || qw->values.dim() == 4, n.label(), ": the int8 weight should be 4-D, got ",
+               qw ? qw->values.shape() : Shape{});
+    const Tensor w = qw ? qw->values : constant(n, 1, "weight", 4);
     const int64_t o = w.size(0);
     Tensor b;
     if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
@@ -304,6 +315,50 @@ class Lowering {
     op.dilation = {dilations[0], dilations[1]};
     op.pads = {pads[0], pads[1], pads[2], pads[3]};
     op.auto_pad = auto_pad;
+    if (qa) make_int8(op, n, *qa, *qw, 0);
+  }
+
+  // The QuantizeLinear -> DequantizeLinear pair on input 0 of a Conv/Gemm, or nullptr.
+  const QdqActivation* quantized_input(const Node& n) const {
+    if (n.inputs.empty()) return nullptr;
+    auto it = qdq_.activations.find(n.inputs[0]);
+    return it == qdq_.activations.end() ? nullptr : &it->second;
+  }
+
+  int quantized_source(const Node& n, const QdqActivation& qa) {
+    const std::string name = canon(qa.x);
+    DPAR_CHECK(!is_constant(name), n.label(), ": its quantized input '", name,
+               "' is a constant; constant folding is not supported");
+    return value(name);
+  }
+
+  // op.weight holds the int8 values as f32 (for the shape checks) with weight's output
+  // channels along out_axis; converts to s8 bytes [O,...] and pre-divides the bias.
+  void make_int8(Op& op, const Node& n, const QdqActivation& qa, const QdqWeight& qw,
+                 int64_t out_axis) {
+    DPAR_CHECK(!qw.is_unsigned, n.label(),
+               ": uint8 weights are not supported (oneDNN's int8 "
+               "kernels take int8 weights)");
+    DPAR_CHECK(qw.scales.size() == 1 || qw.axis == out_axis, n.label(),
+               ": weight scales along axis ", qw.axis, "; only per-output-channel (axis ", out_axis,
+               ") or per-tensor scales are supported");
+    const int64_t o = op.weight.size(0);
+    op.int8.on = true;
+    op.int8.src_scale = qa.scale;
+    op.int8.src_unsigned = qa.is_unsigned;
+    op.int8.w_scales = qw.scales;
+    const std::vector<float> wv = op.weight.to_float_vector();
+    Tensor bytes = Tensor::empty(op.weight.shape(), DType::u8);
+    for (size_t i = 0; i < wv.size(); ++i) {
+      bytes.data<uint8_t>()[i] = static_cast<uint8_t>(static_cast<int8_t>(wv[i]));
+    }
+    op.weight = bytes;
+    std::vector<float> b = op.bias.defined() ? op.bias.to_float_vector()
+                                             : std::vector<float>(static_cast<size_t>(o), 0.f);
+    for (size_t c = 0; c < b.size(); ++c) {
+      b[c] /= qa.scale * qw.scales[qw.scales.size() == 1 ? 0 : c];
+    }
+    op.bias = Tensor::from_vector(b, {o});
   }
 
   // y = (x - mean) / sqrt(var + eps) * scale + bias = x * s + (bias - mean * s). Folded into
@@ -335,6 +390,7 @@ class Lowering {
     const bool foldable = prod != producer_.end() &&
                           (prog_.ops[prod->second].kind == OpKind::Conv ||
                            prog_.ops[prod->second].kind == OpKind::Gemm) &&
+                          !prog_.ops[prod->second].int8.on &&
                           consumers_[prog_.value_names[static_cast<size_t>(x)]] == 1;
     if (foldable) {
       Op& op = prog_.ops[prod->second];
@@ -371,17 +427,23 @@ class Lowering {
   // Y = alpha * A * B' + beta * C with B' = B or B^T; as an inner product with weights [O,K].
   void lower_gemm(const Node& n, const std::string& out) {
     DPAR_CHECK(n.get_int("transA", 0) == 0, n.label(), ": transA=1 is not supported");
-    const int a = activation(n, 0);
-    const Tensor b = constant(n, 1, "B", 2);
+    const QdqActivation* qa = quantized_input(n);
+    const int a = qa ? quantized_source(n, *qa) : activation(n, 0);
+    const QdqWeight* qw = qa ? &qdq_.weights.at(n.inputs[1]) : nullptr;
+    DPAR_CHECK(!qw || qw->values.dim() == 2, n.label(), ": the int8 B should be 2-D, got ",
+               qw ? qw->values.shape() : Shape{});
+    const Tensor b = qw ? qw->values : constant(n, 1, "B", 2);
     const bool trans_b = n.get_int("transB", 0) != 0;
     const float alpha = n.get_float("alpha", 1.f), beta = n.get_float("beta", 1.f);
     const int64_t o = trans_b ? b.size(0) : b.size(1), k = trans_b ? b.size(1) : b.size(0);
+    // int8: alpha goes into the weight scales, the integers stay as they are.
+    DPAR_CHECK(!qw || alpha > 0, n.label(), ": int8 Gemm with alpha ", alpha, " <= 0");
     const std::vector<float> bv = b.to_float_vector();
     std::vector<float> w(bv.size());
     for (int64_t i = 0; i < o; ++i) {
       for (int64_t j = 0; j < k; ++j) {
         w[static_cast<size_t>(i * k + j)] =
-            alpha * bv[static_cast<size_t>(trans_b ? i * k + j : j * o + i)];
+            (qw ? 1.f : alpha) * bv[static_cast<size_t>(trans_b ? i * k + j : j * o + i)];
       }
     }
     Op& op = emit(OpKind::Gemm, n, a, out);
@@ -394,6 +456,11 @@ class Lowering {
       std::vector<float> bias(static_cast<size_t>(o));
       for (size_t i = 0; i < bias.size(); ++i) bias[i] = beta * cv[cv.size() == 1 ? 0 : i];
       op.bias = Tensor::from_vector(bias, {o});
+    }
+    if (qw) {
+      QdqWeight scaled = *qw;
+      for (float& sc : scaled.scales) sc *= alpha;
+      make_int8(op, n, *qa, scaled, trans_b ? 0 : 1);
     }
   }
 
@@ -456,6 +523,7 @@ class Lowering {
   }
 
   const Graph& g_;
+  Qdq qdq_;
   Program prog_;
   std::map<std::string, std::string> alias_;
   std::map<std::string, int> consumers_;

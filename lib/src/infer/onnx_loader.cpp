@@ -117,6 +117,35 @@ Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
   return out;
 }
 
+// INT8/UINT8 initializers: one byte each in raw or external data, else one value per
+// int32_data entry.
+QuantizedConstant read_int8(const onnx::TensorProto& t, const std::string& path) {
+  Shape dims(t.dims().begin(), t.dims().end());
+  int64_t numel = 1;
+  for (int64_t d : dims) {
+    DPAR_CHECK(d >= 0 && d <= (int64_t{1} << 40), path, ": initializer '", t.name(),
+               "' has a bad shape ", dims);
+    numel *= d;
+  }
+  QuantizedConstant q;
+  q.is_signed = t.data_type() == onnx::TensorProto::INT8;
+  q.bytes = Tensor::empty(dims, DType::u8);
+  uint8_t* out = q.bytes.data<uint8_t>();
+  const size_t n = static_cast<size_t>(numel);
+  if (t.data_location() == onnx::TensorProto::EXTERNAL || !t.raw_data().empty()) {
+    const std::string data =
+        t.data_location() == onnx::TensorProto::EXTERNAL ? read_external(t, path, n) : t.raw_data();
+    DPAR_CHECK(data.size() == n, path, ": initializer '", t.name(), "' holds ", data.size(),
+               " bytes, its shape ", dims, " needs ", n, " (truncated or corrupt file?)");
+    if (n) std::memcpy(out, data.data(), n);
+  } else {
+    DPAR_CHECK(t.int32_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
+               t.int32_data_size(), " values, its shape ", dims, " needs ", numel);
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(t.int32_data(static_cast<int>(i)));
+  }
+  return q;
+}
+
 bool readable_type(int32_t type) {
   return type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::INT64 ||
          type == onnx::TensorProto::BOOL;
@@ -215,7 +244,11 @@ Graph load_onnx(const std::string& path) {
   const onnx::GraphProto& graph = model.graph();
   g.name = graph.name();
   for (const auto& init : graph.initializer()) {
-    if (readable_type(init.data_type())) {
+    if (init.data_type() == onnx::TensorProto::INT8 ||
+        init.data_type() == onnx::TensorProto::UINT8) {
+      g.quantized[init.name()] = read_int8(init, path);
+      g.other_constants[init.name()] = data_type_name(init.data_type());
+    } else if (readable_type(init.data_type())) {
       g.initializers[init.name()] = read_tensor(init, path);
     } else {
       g.other_constants[init.name()] = data_type_name(init.data_type());

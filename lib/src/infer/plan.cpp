@@ -55,6 +55,21 @@ std::string describe_layout(const memory::desc& md) {
   return out;
 }
 
+std::string data_type_suffix(const memory::desc& md) {
+  switch (md.data_type()) {
+    case memory::data_type::f32:
+      return "";
+    case memory::data_type::u8:
+      return ":u8";
+    case memory::data_type::s8:
+      return ":s8";
+    case memory::data_type::s32:
+      return ":s32";
+    default:
+      return ":other";
+  }
+}
+
 bool is_reference(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
 
 dnnl::primitive_attr user_scratchpad_attr() {

@@ -46,6 +46,7 @@ class Plan {
     dnnl::memory::desc md;
     bool external = false;  // the caller's input (or a view of it), or a constant
     int buffer = -1;        // index into buffers_, for computed values
+    float qscale = 0;       // > 0: stored as u8/s8 (md's data type), value = qscale * integer
     dnnl::memory memory;    // over the value's storage; bound at the end of planning
   };
   struct Arg {
@@ -77,19 +78,28 @@ class Plan {
     std::vector<PostOp> post;
     int dst;
     std::vector<std::string> nodes;  // the ONNX nodes it computes, for summary()
+    // int8 Conv/Gemm whose result only int8 Conv/Gemm read: written as u8/s8 with this scale
+    // (requantisation), so the next layer needs no quantizing pass.
+    float requant = 0;
+    bool requant_unsigned = false;
   };
 
   std::vector<Fused> fuse() const;
   void build_conv(const Fused& f);
   void build_gemm(const Fused& f);
+  void build_conv_int8(const Fused& f);  // plan_int8.cpp
+  void build_gemm_int8(const Fused& f);
   void build_eltwise(const Op& op);
   void build_binary(const Op& op);
   void build_pool(const Op& op);
   void build_flatten(const Op& op);
   void build_softmax(const Op& op);
-  int to_layout(int value, const dnnl::memory::desc& md);  // reorder into a new value if needed
+  // Reorders into a new value if needed; to an s8/u8 md from f32, quantizes with qscale.
+  int to_layout(int value, const dnnl::memory::desc& md, float qscale = 0);
   int new_value(const Shape& dims, const dnnl::memory::desc& md);
-  dnnl::primitive_attr post_op_attr(const std::vector<PostOp>& post) const;
+  dnnl::primitive_attr post_op_attr(const Fused& f) const;
+  // An int8 Conv/Gemm's source: the value in data type and layout md (quantized if needed).
+  int int8_source(const Op& op, const dnnl::memory::desc& md);
   void add_sum_operand(Step& step, const Fused& f, const dnnl::memory::desc& dst_md);
   void finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::primitive prim,
                    const std::string& what, const std::vector<std::string>& nodes);

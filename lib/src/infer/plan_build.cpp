@@ -14,10 +14,12 @@ std::vector<Plan::Fused> Plan::fuse() const {
   const auto& ops = program_.ops;
   std::vector<int> uses(values_.size(), 0), consumer(values_.size(), -1);
   std::vector<int> producer(values_.size(), -1);
+  std::vector<std::vector<int>> readers(values_.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     for (int v : {ops[i].src, ops[i].src2}) {
       if (v < 0) continue;
       ++uses[static_cast<size_t>(v)];
+      readers[static_cast<size_t>(v)].push_back(static_cast<int>(i));
       consumer[static_cast<size_t>(v)] = static_cast<int>(i);
     }
     producer[static_cast<size_t>(ops[i].dst)] = static_cast<int>(i);
@@ -56,23 +58,43 @@ std::vector<Plan::Fused> Plan::fuse() const {
         f.nodes.insert(f.nodes.end(), c.nodes.begin(), c.nodes.end());
         cur = f.dst = c.dst;
       }
+      // Requantisation: when every reader of the result is an int8 Conv/Gemm quantizing it
+      // the same way, the producer writes those integers directly. (Not with a residual sum:
+      // the operand it adds in place is f32.)
+      const auto& rs = readers[static_cast<size_t>(f.dst)];
+      bool requant = ops[i].int8.on && !has_sum && f.dst != program_.output && !rs.empty();
+      for (int r : rs) {
+        const Op& c = ops[static_cast<size_t>(r)];
+        const Op& first = ops[static_cast<size_t>(rs[0])];
+        requant = requant && c.int8.on && c.src == f.dst && c.src2 != f.dst &&
+                  c.int8.src_scale == first.int8.src_scale &&
+                  c.int8.src_unsigned == first.int8.src_unsigned;
+      }
+      if (requant) {
+        f.requant = ops[static_cast<size_t>(rs[0])].int8.src_scale;
+        f.requant_unsigned = ops[static_cast<size_t>(rs[0])].int8.src_unsigned;
+      }
     }
     out.push_back(std::move(f));
   }
   return out;
 }
 
-dnnl::primitive_attr Plan::post_op_attr(const std::vector<PostOp>& post) const {
+dnnl::primitive_attr Plan::post_op_attr(const Fused& f) const {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
-  for (const PostOp& p : post) {
+  for (const PostOp& p : f.post) {
     if (p.sum) {
       ops.append_sum(1.f);
     } else {
       ops.append_eltwise(1.f, p.act.alg, p.act.alpha, p.act.beta);
     }
   }
+  // Post-ops see real values (output scales come first); the last one divides by the next
+  // layer's scale, and the u8/s8 destination rounds to nearest even and saturates, as
+  // QuantizeLinear does.
+  if (f.requant > 0) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / f.requant, 0.f);
   attr.set_post_ops(ops);
   return attr;
 }
@@ -85,21 +107,40 @@ int Plan::new_value(const Shape& dims, const memory::desc& md) {
   return static_cast<int>(values_.size()) - 1;
 }
 
-int Plan::to_layout(int value, const memory::desc& md) {
+int Plan::to_layout(int value, const memory::desc& md, float qscale) {
   const memory::desc from = values_[static_cast<size_t>(value)].md;
+  const float have_scale = values_[static_cast<size_t>(value)].qscale;
+  const bool to_int8 = md.data_type() != kF32;
+  const float out_scale = to_int8 ? (have_scale > 0 ? have_scale : qscale) : 0.f;
+  DPAR_CHECK(!to_int8 || out_scale > 0, program_.path, ": internal: quantizing without a scale");
+  DPAR_CHECK(!to_int8 || qscale == 0 || have_scale == 0 || have_scale == qscale, program_.path,
+             ": internal: a value quantized with scale ", have_scale, " is wanted at ", qscale);
   if (from == md) return value;
   // A value several consumers want in the same other layout is reordered once.
   for (const auto& [v, converted] : reordered_) {
-    if (v == value && values_[static_cast<size_t>(converted)].md == md) return converted;
+    const Value& c = values_[static_cast<size_t>(converted)];
+    if (v == value && c.md == md && c.qscale == out_scale) return converted;
   }
   const int out = new_value(values_[static_cast<size_t>(value)].dims, md);
+  values_[static_cast<size_t>(out)].qscale = out_scale;
   reordered_.emplace_back(value, out);
-  dnnl::reorder::primitive_desc pd(engine(), from, engine(), md, user_scratchpad_attr());
+  // f32 -> u8/s8 quantizes (x / scale, rounded to nearest even, saturated), u8/s8 -> f32
+  // dequantizes; between equal types it is a layout change.
+  dnnl::primitive_attr attr = user_scratchpad_attr();
+  std::string what = "reorder";
+  if (have_scale == 0 && to_int8) {
+    attr.set_output_scales(0, {1.f / out_scale});
+    what = "quantize";
+  } else if (have_scale > 0 && !to_int8) {
+    attr.set_output_scales(0, {have_scale});
+    what = "dequantize";
+  }
+  dnnl::reorder::primitive_desc pd(engine(), from, engine(), md, attr);
   Step s;
   s.value_args = {{DNNL_ARG_FROM, value, std::nullopt}, {DNNL_ARG_TO, out, std::nullopt}};
   s.reads = {value};
   s.dst = out;
-  finish_step(std::move(s), pd, dnnl::reorder(pd), "reorder",
+  finish_step(std::move(s), pd, dnnl::reorder(pd), what,
               {describe_layout(from) + " -> " + describe_layout(md)});
   return out;
 }
@@ -116,6 +157,7 @@ void Plan::add_sum_operand(Step& step, const Fused& f, const memory::desc& dst_m
 
 void Plan::build_conv(const Fused& f) {
   const Op& op = program_.ops[f.op_index];
+  if (op.int8.on) return build_conv_int8(f);
   const Shape& x = values_[static_cast<size_t>(op.src)].dims;
   const Shape& y = values_[static_cast<size_t>(f.dst)].dims;
   const Shape& w = op.weight.shape();
@@ -125,7 +167,7 @@ void Plan::build_conv(const Fused& f) {
   const memory::desc w_plain(wdims, kF32, grouped ? tag::goihw : tag::oihw);
   const memory::desc w_any(wdims, kF32, tag::any);
   const auto& pads = conv_pads_[f.op_index];
-  const dnnl::primitive_attr attr = post_op_attr(f.post);
+  const dnnl::primitive_attr attr = post_op_attr(f);
   auto make = [&](const memory::desc& src) {
     const memory::desc dst(y, kF32, tag::any);
     const memory::dims strides{op.stride[0], op.stride[1]};
@@ -169,6 +211,7 @@ void Plan::build_conv(const Fused& f) {
 
 void Plan::build_gemm(const Fused& f) {
   const Op& op = program_.ops[f.op_index];
+  if (op.int8.on) return build_gemm_int8(f);
   const int src = to_layout(op.src, plain_md(values_[static_cast<size_t>(op.src)].dims));
   const Shape& y = values_[static_cast<size_t>(f.dst)].dims;
   const memory::dims wdims = op.weight.shape();
@@ -179,7 +222,7 @@ void Plan::build_gemm(const Fused& f) {
                   ? dnnl::inner_product_forward::desc(
                         prop, src_md, w_any, memory::desc({wdims[0]}, kF32, tag::x), dst_md)
                   : dnnl::inner_product_forward::desc(prop, src_md, w_any, dst_md);
-  dnnl::inner_product_forward::primitive_desc pd(desc, post_op_attr(f.post), engine());
+  dnnl::inner_product_forward::primitive_desc pd(desc, post_op_attr(f), engine());
   Step s;
   s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, f.dst, std::nullopt}};
   s.reads = {src};
@@ -314,7 +357,8 @@ void Plan::finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::pri
   scratchpad_bytes_ = std::max(scratchpad_bytes_, step.scratchpad_md.get_size());
   std::string text = what + " " + pd.impl_info_str() + " " +
                      shape_str(values_[static_cast<size_t>(step.dst)].dims) + " " +
-                     describe_layout(values_[static_cast<size_t>(step.dst)].md) + " <-";
+                     describe_layout(values_[static_cast<size_t>(step.dst)].md) +
+                     data_type_suffix(values_[static_cast<size_t>(step.dst)].md) + " <-";
   for (size_t i = 0; i < nodes.size(); ++i) text += (i ? " + " : " ") + nodes[i];
   step.text = std::move(text);
   steps_.push_back(std::move(step));

@@ -19,6 +19,8 @@ dnnl::memory::desc plain_md(const Shape& dims);
 bool is_plain(const dnnl::memory::desc& md);
 // "nchw", "nhwc", "nChw8c", "nc", ...
 std::string describe_layout(const dnnl::memory::desc& md);
+// "" for f32, else ":u8", ":s8", ... (for plan summaries).
+std::string data_type_suffix(const dnnl::memory::desc& md);
 // oneDNN's reference kernels are its slow fallback ("ref:any").
 bool is_reference(const std::string& impl);
 // Scratchpads are supplied by the plan (one buffer for all steps), never allocated per call.

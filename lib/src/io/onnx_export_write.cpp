@@ -10,6 +10,7 @@
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -254,10 +255,29 @@ std::string serialize_onnx(const OnnxGraph& graph, const OnnxExportOptions& opti
                "' must be a contiguous f32 tensor, got ", t.str());
     onnx::TensorProto* tp = g->add_initializer();
     tp->set_name(name);
-    tp->set_data_type(onnx::TensorProto::FLOAT);
     for (int64_t d : t.shape()) tp->add_dims(d);
-    tp->set_raw_data(t.raw_data(), t.nbytes());
     num_parameters += t.numel();
+    auto q = graph.quantized_initializers.find(name);
+    if (q == graph.quantized_initializers.end()) {
+      tp->set_data_type(onnx::TensorProto::FLOAT);
+      tp->set_raw_data(t.raw_data(), t.nbytes());
+      continue;
+    }
+    // Integer values held as f32: written as one byte each (two's complement for int8).
+    const bool is_signed = q->second == "int8";
+    DPAR_CHECK(is_signed || q->second == "uint8", "export_onnx: constant '", name,
+               "' has quantized type '", q->second, "', expected int8 or uint8");
+    tp->set_data_type(is_signed ? onnx::TensorProto::INT8 : onnx::TensorProto::UINT8);
+    std::string bytes(static_cast<size_t>(t.numel()), '\0');
+    const float* v = t.data<float>();
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      const float lo = is_signed ? -128.f : 0.f, hi = is_signed ? 127.f : 255.f;
+      DPAR_CHECK(v[i] == std::nearbyint(v[i]) && v[i] >= lo && v[i] <= hi,
+                 "export_onnx: constant '", name, "' holds ", v[i], ", not a ", q->second,
+                 " value");
+      bytes[i] = static_cast<char>(static_cast<int>(v[i]));
+    }
+    tp->set_raw_data(bytes);
   }
 
   // The value the model returns gets the public output name: through a Softmax over the
@@ -358,6 +378,7 @@ OnnxExportResult export_onnx(const nn::Module& module, const std::string& dir,
   OnnxGraph graph = lower_to_onnx(module, options, lowerings);
   OnnxExportResult result;
   if (options.fold_batch_norm) result.folded_batch_norms = fold_batch_norms(graph);
+  if (options.graph_pass) options.graph_pass(graph);
   const std::string bytes = serialize_onnx(graph, options, &result);
   const std::string json =
       options.write_json

@@ -14,6 +14,14 @@
 // Supported ONNX ops (default domain): Conv, BatchNormalization, Gemm, Relu, LeakyRelu,
 // HardSwish, HardSigmoid, Sigmoid, Tanh, Clip, Add, Mul, GlobalAveragePool, Flatten, Softmax,
 // Identity, Dropout (inference: a no-op) and Constant.
+//
+// QDQ (int8) models, as export_model --precision int8 writes them: a Conv or Gemm whose data
+// input comes through QuantizeLinear -> DequantizeLinear and whose weight is an int8
+// initializer through DequantizeLinear runs as a oneDNN int8 primitive (u8/s8 source, s8
+// weights, per-tensor or per-output-channel scales, zero points 0), with its activations and
+// residual addition fused and, when the next layers read its result in int8, writing u8/s8
+// directly (requantisation). Other ops run in f32 between quantize reorders. A Q/DQ pair on
+// the input of any other op is an error naming that node: dpar has no int8 kernel for it.
 #include <array>
 #include <map>
 #include <memory>
@@ -48,6 +56,7 @@ struct ModelInfo {
   std::array<float, 3> std{0.229f, 0.224f, 0.225f};
   std::vector<std::string> class_names;         // empty when the file has none
   bool outputs_probabilities = false;           // the graph ends in Softmax
+  std::string precision = "fp32";               // "int8": a QDQ model, its Conv/Gemm run in int8
   std::map<std::string, std::string> metadata;  // every metadata_props entry
   int64_t num_nodes = 0;                        // ONNX nodes in the file
 };

@@ -55,6 +55,9 @@ struct OnnxGraph {
   std::string output;  // the value the graph returns
   std::vector<OnnxNode> nodes;
   NamedTensors initializers;  // contiguous f32 CPU tensors, in creation order
+  // Initializers written as 8-bit integers (int8 quantization): name -> "int8" or "uint8". The
+  // f32 tensors in `initializers` hold the integer values.
+  std::map<std::string, std::string> quantized_initializers;
 
   const Tensor* initializer(const std::string& name) const;  // nullptr if not a constant
   std::vector<const OnnxNode*> consumers(const std::string& value) const;
@@ -151,6 +154,8 @@ struct OnnxExportOptions {
   std::vector<std::string> class_names;
   std::map<std::string, std::string> metadata;  // extra metadata_props (override the above)
   bool write_json = true;  // also write inference.json with the preprocessing facts
+  // Runs on the graph after BatchNorm folding, before serialization (e.g. io::quantize_qdq).
+  std::function<void(OnnxGraph&)> graph_pass;
 };
 
 struct OnnxExportResult {

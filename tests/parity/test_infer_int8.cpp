@@ -1,0 +1,172 @@
+// dpar::infer on int8 (QDQ) models against a numpy evaluation of the same graph (qdq_eval.py:
+// ONNX QuantizeLinear/DequantizeLinear semantics, torch conv2d on the dequantized values):
+// a hand-made small model (fixtures_infer_int8.py), and MobileNetV3-small quantized by dpar's
+// own exporter (io::quantize_qdq) and checked by qdq_eval.py. Then the errors for QDQ pairs
+// dpar cannot run in int8.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dpar/infer/runtime.h"
+#include "dpar/io/onnx_quantize.h"
+#include "mobilenetv3/model/mobilenet_v3.h"
+#include "mobilenetv3/model/mobilenet_v3_onnx.h"
+#include "parity/parity_util.h"
+
+namespace {
+
+using namespace dpar;
+namespace fs = std::filesystem;
+
+std::string model_path(const std::string& name) {
+  return parity::fixture_dir() + "/infer_int8/" + name;
+}
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int count_steps(const std::vector<std::string>& plan, const std::string& prefix) {
+  int n = 0;
+  for (const std::string& line : plan) n += line.rfind(prefix, 0) == 0;
+  return n;
+}
+
+std::string joined(const std::vector<std::string>& plan) {
+  std::string s;
+  for (const auto& line : plan) s += line + "\n";
+  return s;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_float_vector(), y = b.to_float_vector();
+  REQUIRE(x.size() == y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(double(x[i]) - double(y[i])));
+  return m;
+}
+
+// oneDNN's int8 kernels are exact (s32 accumulation) with VNNI. Without it, kernels for s8
+// sources halve the weights (rounding them) so that 16-bit intermediate sums cannot overflow:
+// the results then only approximate the QDQ graph, and the tests check a looser bound.
+bool exact_int8(const std::vector<std::string>& plan) {
+  for (const std::string& line : plan) {
+    if (line.rfind("conv int8 s8", 0) == 0 && line.find("vnni") == std::string::npos) {
+      return false;
+    }
+  }
+  return true;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (float v : t.to_float_vector()) m = std::max(m, double(std::abs(v)));
+  return m;
+}
+
+TEST_CASE("a hand-made QDQ model runs in int8 within one output quantisation step") {
+  const parity::Fixture ref("infer_int8/small.safetensors");
+  infer::Model model = infer::Model::load(model_path("small.onnx"));
+  CHECK(model.info().precision == "int8");
+  const bool exact = exact_int8(model.plan_summary({4, 3, 12, 12}));
+  const double step = ref.float_at("step");
+  const double bound = exact ? step : 0.1 * max_abs(ref["y"]);
+  if (!exact) std::printf("no VNNI: checking within 10 %% of max|reference| = %.3g\n", bound);
+  for (int threads : {1, 2}) {
+    model.set_num_threads(threads);
+    const double err = max_abs_diff(model.run(ref["x"]), ref["y"]);
+    std::printf("small QDQ model, %d thread(s): max |dpar - reference| = %.3g, step %.3g\n",
+                threads, err, step);
+    CHECK(err <= bound);
+  }
+  // Every Conv/Gemm is an int8 primitive. c1 and pw write u8/s8 for the next layer directly;
+  // dw's result is also read by the residual Add and pw2's meets it, so they stay f32.
+  const std::vector<std::string> plan = model.plan_summary({4, 3, 12, 12});
+  INFO(joined(plan));
+  CHECK(count_steps(plan, "conv int8 s8->u8") == 1);
+  CHECK(count_steps(plan, "conv int8 u8->f32") == 1);
+  CHECK(count_steps(plan, "conv int8 s8->s8") == 1);
+  CHECK(count_steps(plan, "conv int8 s8->f32") == 1);
+  CHECK(count_steps(plan, "inner_product int8 u8->f32") == 1);
+  CHECK(count_steps(plan, "quantize ") == 3);  // the input, dw's result, the pooled features
+  for (const std::string& line : plan) CHECK(line.find("ref:") == std::string::npos);
+}
+
+TEST_CASE("MobileNetV3-small quantized by dpar's exporter agrees with the numpy QDQ reference") {
+  // The torchvision weights (BN statistics perturbed) of the export fixtures, at 32 px.
+  const parity::Fixture weights("export_small_state.safetensors");
+  manual_seed(0);
+  auto net = models::mobilenet_v3_small(10);
+  net->load_state_dict(weights.entries(), /*strict=*/true);
+  net->eval();
+  io::OnnxExportOptions options;
+  options.model_name = "mobilenet_v3_small";
+  options.height = options.width = 32;
+  options.softmax = false;
+  options.write_json = false;
+  Generator gen(5);
+  auto batch = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n * 3 * 32 * 32));
+    for (float& x : v) x = gen.normal();
+    return Tensor::from_vector(v, {n, 3, 32, 32});
+  };
+  io::QuantizeResult q;
+  options.graph_pass = [&](io::OnnxGraph& g) {
+    io::OnnxCalibrator calib(g);
+    for (int i = 0; i < 4; ++i) calib.observe(batch(8));
+    q = io::quantize_qdq(g, calib);
+  };
+  options.metadata["precision"] = "int8";
+  const fs::path dir = fs::temp_directory_path() / ("dpar_test_int8_" + std::to_string(getpid()));
+  const auto r = models::export_mobilenet_v3(*net, dir.string(), options);
+  CHECK(q.quantized_nodes == 54);
+  CHECK(r.op_counts.at("QuantizeLinear") == 54);
+  CHECK(r.op_counts.at("DequantizeLinear") == 108);
+
+  infer::Model model = infer::Model::load(r.model_path);
+  CHECK(model.info().precision == "int8");
+  CHECK(model.info().metadata.at("precision") == "int8");
+  const Tensor x = batch(6);
+  const Tensor y = model.run(x);
+  const std::string io_path = (dir / "io.safetensors").string();
+  io::save_safetensors(io_path, {{"x", x}, {"y", y}});
+  const bool exact = exact_int8(model.plan_summary({6, 3, 32, 32}));
+  const std::string cmd = std::string(DPAR_PYTHON) + " " + DPAR_PARITY_SCRIPTS +
+                          "/qdq_eval.py --model '" + r.model_path + "' --io '" + io_path + "'" +
+                          (exact ? "" : " --approximate");
+  std::printf("$ %s\n", cmd.c_str());
+  std::fflush(stdout);
+  CHECK(std::system(cmd.c_str()) == 0);
+
+  const std::vector<std::string> plan = model.plan_summary({1, 3, 32, 32});
+  INFO(joined(plan));
+  CHECK(count_steps(plan, "conv int8 ") == 52);
+  CHECK(count_steps(plan, "inner_product int8 ") == 2);
+  CHECK(count_steps(plan, "conv ") == 52);  // no f32 convolution left
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a QDQ pair dpar cannot run in int8 is an error naming the node") {
+  const std::string bad = model_path("unsupported.onnx");
+  const std::string e = error_of([&] { infer::Model::load(bad); });
+  INFO(e);
+  CHECK(e.rfind(bad + ": Sigmoid 'sig' has a QuantizeLinear/DequantizeLinear pair", 0) == 0);
+  CHECK(e.find("no int8 kernel") != std::string::npos);
+
+  const std::string zp = model_path("zero_point.onnx");
+  const std::string e2 = error_of([&] { infer::Model::load(zp); });
+  INFO(e2);
+  CHECK(e2.rfind(zp + ": QuantizeLinear 'x/Q': zero point 3", 0) == 0);
+}
+
+}  // namespace
