@@ -5,16 +5,25 @@
 //   PyTorch eager / TorchScript frozen + optimize_for_inference (bench/peers/torch_infer.py)
 // Figures are medians of per-run times; ratios are dpar::infer over TorchScript frozen (the
 // issue's target: <= 1.0x at batch 1; the project's: <= 0.7x).
+//
+// --precision int8 adds the same model quantized by io::quantize_qdq (calibrated on a few
+// random batches: the speed does not depend on the ranges) and run by dpar::infer's int8
+// path, and PyTorch's torch.ao.quantization FX int8 (fbgemm) in the peer, and prints
+// dpar int8 / dpar fp32 (target <= 0.6 at batch 32) and whether the CPU has VNNI (oneDNN
+// uses it when present and its AVX2 / AVX-512 int8 kernels otherwise).
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "bench_util.h"
 #include "dpar/dpar.h"
 #include "dpar/infer/runtime.h"
+#include "dpar/io/onnx_quantize.h"
 #include "model/mobilenet_v3.h"
 #include "model/mobilenet_v3_onnx.h"
 
@@ -37,6 +46,28 @@ double time_ms(Fn&& fn, int64_t warmup, int64_t iters) {
   return ms[ms.size() / 2];
 }
 
+// "avx512_vnni", "avx_vnni", both, or "none", from the kernel's CPU flags.
+std::string vnni_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, found;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    for (const char* f : {"avx512_vnni", "avx_vnni"}) {
+      if ((" " + line + " ").find(std::string(" ") + f + " ") != std::string::npos) {
+        found += (found.empty() ? "" : ", ") + std::string(f);
+      }
+    }
+    break;
+  }
+  return found.empty() ? "none" : found;
+}
+
+Tensor random_batch(Generator& gen, int64_t b, int64_t img) {
+  std::vector<float> xv(static_cast<size_t>(b * 3 * img * img));
+  for (float& v : xv) v = gen.normal();
+  return Tensor::from_vector(xv, {b, 3, img, img});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,14 +83,21 @@ int main(int argc, char** argv) {
     auto& peer = flags.add_bool("peer", true, "also run the PyTorch peer");
     auto& profile = flags.add_bool("profile", false, "print dpar eager's per-op profile");
     auto& plan = flags.add_bool("plan", false, "print dpar::infer's execution plan");
+    auto& precision =
+        flags.add_string("precision", "fp32", "fp32, or int8: also time the int8 (QDQ) model");
     flags.parse(argc, argv);
+    if (precision != "fp32" && precision != "int8") {
+      throw FlagError("bench_infer: --precision=" + precision + ": expected fp32 or int8");
+    }
+    const bool int8 = precision == "int8";
+    if (int8 && !onnx) throw FlagError("bench_infer: --precision int8 needs --onnx");
 
     set_num_threads(static_cast<int>(threads));
     manual_seed(0);
     auto model = models::mobilenet_v3_small(1000);
     model->eval();
     NoGradGuard no_grad;
-    std::optional<infer::Model> runtime;
+    std::optional<infer::Model> runtime, runtime_int8;
     const std::filesystem::path dir =
         std::filesystem::temp_directory_path() / ("dpar_bench_infer_" + std::to_string(getpid()));
     if (onnx) {
@@ -71,20 +109,35 @@ int main(int argc, char** argv) {
       const auto exported = models::export_mobilenet_v3(*model, dir.string(), options);
       runtime = infer::Model::load(exported.model_path);
       runtime->set_num_threads(static_cast<int>(threads));
+      if (int8) {
+        options.graph_pass = [&](io::OnnxGraph& g) {
+          io::OnnxCalibrator calib(g);
+          Generator gen(2);
+          for (int i = 0; i < 2; ++i) calib.observe(random_batch(gen, 4, img));
+          io::quantize_qdq(g, calib);
+        };
+        const auto q = models::export_mobilenet_v3(*model, (dir / "int8").string(), options);
+        runtime_int8 = infer::Model::load(q.model_path);
+        runtime_int8->set_num_threads(static_cast<int>(threads));
+      }
       std::filesystem::remove_all(dir);
     }
     std::printf("bench_infer: mobilenet_v3_small %lldpx eval forward, %lld thread(s), oneDNN %s\n",
                 static_cast<long long>(img), static_cast<long long>(threads),
                 infer::onednn_version().c_str());
+    if (int8) {
+      const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+      const std::string capped =
+          cap ? std::string(" (oneDNN capped: ONEDNN_MAX_CPU_ISA=") + cap + ")" : "";
+      std::printf("  CPU VNNI: %s%s\n", vnni_flags().c_str(), capped.c_str());
+    }
     size_t pos = 0;
     while (pos <= batches.size()) {
       const size_t comma = batches.find(',', pos);
       const int64_t b = std::stoll(batches.substr(pos, comma - pos));
       pos = comma == std::string::npos ? batches.size() + 1 : comma + 1;
       Generator gen(1);
-      std::vector<float> xv(static_cast<size_t>(b * 3 * img * img));
-      for (float& v : xv) v = gen.normal();
-      const Tensor x = Tensor::from_vector(xv, {b, 3, img, img});
+      const Tensor x = random_batch(gen, b, img);
       std::printf("  batch %3lld:", static_cast<long long>(b));
       if (eager) {
         const double ms = time_ms([&] { model->forward(x); }, warmup, iters);
@@ -96,22 +149,45 @@ int main(int argc, char** argv) {
         infer_ms = time_ms([&] { runtime->run(x); }, warmup, iters);
         std::printf(" dpar::infer %8.2f ms |", infer_ms);
       }
+      double int8_ms = 0;
+      if (runtime_int8) {
+        runtime_int8->prepare(x.shape());
+        int8_ms = time_ms([&] { runtime_int8->run(x); }, warmup, iters);
+        std::printf(" dpar::infer int8 %8.2f ms (int8 / fp32 %.2fx) |", int8_ms,
+                    int8_ms / infer_ms);
+      }
       if (peer) {
         const auto p = bench::run_peer(
             "torch_infer.py",
             "--batch " + std::to_string(b) + " --threads " + std::to_string(threads) + " --img " +
                 std::to_string(img) + " --warmup " + std::to_string(warmup) + " --iters " +
-                std::to_string(iters),
+                std::to_string(iters) + (int8 ? " --int8" : ""),
             static_cast<int>(threads));
         const double peer_eager = p.at("eager_ms").get<double>();
         const double frozen = p.at("frozen_ms").get<double>();
         std::printf(" pytorch eager %8.2f ms | torchscript frozen %8.2f ms", peer_eager, frozen);
         if (runtime) std::printf(" | dpar::infer / frozen %.2fx", infer_ms / frozen);
+        if (int8 && p.contains("int8_ms")) {
+          const double torch_int8 = p.at("int8_ms").get<double>();
+          std::printf(" | pytorch fx int8 (%s) %8.2f ms | dpar int8 / pytorch int8 %.2fx",
+                      p.at("int8_engine").get<std::string>().c_str(), torch_int8,
+                      int8_ms / torch_int8);
+        }
+        if (int8 && p.contains("int8_error")) {
+          std::printf(" | pytorch fx int8 failed: %s",
+                      p.at("int8_error").get<std::string>().c_str());
+        }
       }
       std::printf("\n");
       std::fflush(stdout);
       if (plan && runtime) {
         for (const std::string& line : runtime->plan_summary(x.shape())) {
+          std::printf("    %s\n", line.c_str());
+        }
+      }
+      if (plan && runtime_int8) {
+        std::printf("  int8 plan:\n");
+        for (const std::string& line : runtime_int8->plan_summary(x.shape())) {
           std::printf("    %s\n", line.c_str());
         }
       }

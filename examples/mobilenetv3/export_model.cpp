@@ -7,13 +7,21 @@
 // writes out/inference/inference.onnx and out/inference/inference.json. --pretrained takes a
 // training checkpoint (its model part) or a .safetensors state dict (train --output-dir, or
 // torchvision's state_dict saved as safetensors).
+//
+// --precision int8 adds post-training quantization (io::quantize_qdq): the exported graph is
+// calibrated on --calib-batches batches of --calib-data (an ImageNet-style folder, or
+// "fashion-mnist" for Debian's copy) preprocessed as the model's metadata says, and written as
+// an ONNX QDQ model with metadata "precision: int8".
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "dpar/data/dataset.h"
+#include "dpar/data/transforms.h"
 #include "dpar/dpar.h"
 #include "dpar/io/checkpoint.h"
+#include "dpar/io/onnx_quantize.h"
 #include "dpar/io/safetensors.h"
 #include "model/mobilenet_v3.h"
 #include "model/mobilenet_v3_onnx.h"
@@ -101,6 +109,68 @@ int64_t classes_in(const nn::NamedTensors& tensors) {
   return 0;
 }
 
+std::string percent_text(double p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", p);
+  return buf;
+}
+
+struct Calibration {
+  std::string data;  // a folder, or "fashion-mnist"
+  int64_t batches = 0;
+  int64_t batch_size = 0;
+  io::CalibrationOptions options;
+};
+
+// The calibration images with the model's eval preprocessing: resize (shorter side), centre
+// crop, normalise. Fashion-MNIST's training split ("fashion-mnist": Debian's copy, or a folder
+// of its idx files), or an image folder (with train/: the ImageNet layout train reads).
+std::shared_ptr<const data::Dataset> calibration_data(const std::string& source,
+                                                      const io::OnnxExportOptions& o) {
+  const int64_t resize = o.resize_size > 0 ? o.resize_size : o.height * 256 / 224;
+  const data::Compose tf(
+      {std::make_shared<data::Resize>(resize), std::make_shared<data::CenterCrop>(o.height)},
+      data::ToTensorNormalize({o.mean[0], o.mean[1], o.mean[2]}, {o.std[0], o.std[1], o.std[2]}));
+  const std::filesystem::path root(source);
+  if (source == "fashion-mnist" || std::filesystem::exists(root / "train-images-idx3-ubyte") ||
+      std::filesystem::exists(root / "train-images-idx3-ubyte.gz")) {
+    return std::make_shared<data::FashionMnist>(
+        source == "fashion-mnist" ? data::FashionMnist::kDebianDir : source, data::Split::Train,
+        tf);
+  }
+  const bool split = std::filesystem::is_directory(root / "train");
+  return std::make_shared<data::ImageFolder>((split ? root / "train" : root).string(), tf);
+}
+
+// Calibrates the folded graph on evenly spaced examples (all classes of a sorted dataset) and
+// inserts the QDQ nodes.
+void quantize(io::OnnxGraph& graph, const Calibration& c, const io::OnnxExportOptions& o) {
+  const auto dataset = calibration_data(c.data, o);
+  const int64_t wanted = c.batches * c.batch_size;
+  const int64_t n = std::min<int64_t>(wanted, static_cast<int64_t>(dataset->size()));
+  DPAR_CHECK(n > 0, "--calib-data ", c.data, ": no images");
+  io::OnnxCalibrator calibrator(graph, c.options);
+  Generator rng(0);
+  const double stride = static_cast<double>(dataset->size()) / static_cast<double>(n);
+  for (int64_t first = 0; first < n; first += c.batch_size) {
+    const int64_t count = std::min(c.batch_size, n - first);
+    Tensor batch = Tensor::empty({count, o.channels, o.height, o.width});
+    const int64_t per = o.channels * o.height * o.width;
+    for (int64_t i = 0; i < count; ++i) {
+      const auto index = static_cast<size_t>(static_cast<double>(first + i) * stride);
+      const Tensor x = dataset->get(index, rng).image;
+      std::copy_n(x.data<float>(), per, batch.data<float>() + i * per);
+    }
+    calibrator.observe(batch);
+  }
+  const io::QuantizeResult r = io::quantize_qdq(graph, calibrator);
+  std::printf(
+      "  int8: %lld Conv/Gemm nodes quantized (%lld uint8 and %lld int8 activations), "
+      "calibrated on %lld images of %s\n",
+      static_cast<long long>(r.quantized_nodes), static_cast<long long>(r.uint8_activations),
+      static_cast<long long>(r.int8_activations), static_cast<long long>(n), c.data.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,6 +193,15 @@ int main(int argc, char** argv) {
         "class-names", "", "comma-separated class names, or a file with one per line");
     auto& mean = flags.add_string("mean", "0.485,0.456,0.406", "per-channel mean (of x/255)");
     auto& std_dev = flags.add_string("std", "0.229,0.224,0.225", "per-channel std (of x/255)");
+    auto& precision = flags.add_string("precision", "fp32", "fp32, or int8 (QDQ, calibrated)");
+    auto& calib_data = flags.add_string(
+        "calib-data", "",
+        "int8: calibration images (an image folder, Fashion-MNIST idx folder, or fashion-mnist)");
+    auto& calib_batches = flags.add_int("calib-batches", 8, "int8: calibration batches");
+    auto& calib_batch_size = flags.add_int("calib-batch-size", 32, "int8: images per batch");
+    auto& calib_method = flags.add_string("calib-method", "minmax", "int8: minmax or percentile");
+    auto& calib_percentile = flags.add_double("calib-percentile", 99.99,
+                                              "int8: percentile for --calib-method percentile");
     flags.parse(argc, argv);
 
     if (pretrained.empty()) throw FlagError("export_model: --pretrained is required");
@@ -134,6 +213,42 @@ int main(int argc, char** argv) {
     if (img_size < 16) throw FlagError("export_model: --img-size must be >= 16");
     if (num_classes < 0) throw FlagError("export_model: --num-classes must be >= 0");
     if (resize_size < 0) throw FlagError("export_model: --resize-size must be >= 0");
+    if (precision != "fp32" && precision != "int8") {
+      throw FlagError("export_model: --precision=" + precision + ": expected fp32 or int8");
+    }
+    Calibration calib;
+    if (precision == "int8") {
+      if (calib_data.empty()) {
+        throw FlagError(
+            "export_model: --precision int8 needs --calib-data (a folder or fashion-mnist)");
+      }
+      if (calib_data != "fashion-mnist" && !std::filesystem::is_directory(calib_data)) {
+        throw FlagError("export_model: --calib-data " + calib_data +
+                        ": not a directory (or fashion-mnist)");
+      }
+      if (calib_batches < 1) throw FlagError("export_model: --calib-batches must be >= 1");
+      if (calib_batch_size < 1) throw FlagError("export_model: --calib-batch-size must be >= 1");
+      if (calib_method != "minmax" && calib_method != "percentile") {
+        throw FlagError("export_model: --calib-method=" + calib_method +
+                        ": expected minmax or percentile");
+      }
+      if (!(calib_percentile > 50 && calib_percentile <= 100)) {
+        throw FlagError("export_model: --calib-percentile must be in (50, 100]");
+      }
+      calib = {calib_data,
+               calib_batches,
+               calib_batch_size,
+               {calib_method == "minmax" ? io::CalibrationMethod::MinMax
+                                         : io::CalibrationMethod::Percentile,
+                calib_percentile}};
+    } else {
+      for (const char* f : {"calib-data", "calib-batches", "calib-batch-size", "calib-method",
+                            "calib-percentile"}) {
+        if (flags.was_set(f)) {
+          throw FlagError(std::string("export_model: --") + f + " needs --precision int8");
+        }
+      }
+    }
     io::OnnxExportOptions options;
     options.model_name = model_name;
     options.height = options.width = img_size;
@@ -159,6 +274,17 @@ int main(int argc, char** argv) {
     model->load_state_dict(weights.tensors, /*strict=*/true);
     model->eval();
 
+    if (precision == "int8") {
+      options.metadata["precision"] = "int8";
+      options.metadata["quantization"] =
+          "QDQ; weights int8 per output channel (symmetric); activations uint8 when "
+          "non-negative else int8, zero point 0; " +
+          calib_method +
+          (calib_method == "percentile" ? " " + percent_text(calib_percentile) : "") +
+          " calibration on " + std::to_string(calib_batches) + " batches of " +
+          std::to_string(calib_batch_size) + " from " + calib_data;
+      options.graph_pass = [&](io::OnnxGraph& g) { quantize(g, calib, options); };
+    }
     const io::OnnxExportResult r = models::export_mobilenet_v3(*model, save_dir, options);
     std::string ops;
     for (const auto& [op, n] : r.op_counts) {
@@ -167,10 +293,11 @@ int main(int argc, char** argv) {
       ops += " x";
       ops += std::to_string(n);
     }
-    std::printf("exported %s (%lld classes, input [batch,3,%lld,%lld], output %s) from %s %s\n",
-                model_name.c_str(), static_cast<long long>(r.num_classes),
-                static_cast<long long>(img_size), static_cast<long long>(img_size),
-                r.metadata.at("output_name").c_str(), weights.kind.c_str(), pretrained.c_str());
+    std::printf("exported %s%s (%lld classes, input [batch,3,%lld,%lld], output %s) from %s %s\n",
+                model_name.c_str(), precision == "int8" ? " int8" : "",
+                static_cast<long long>(r.num_classes), static_cast<long long>(img_size),
+                static_cast<long long>(img_size), r.metadata.at("output_name").c_str(),
+                weights.kind.c_str(), pretrained.c_str());
     std::printf("  %lld nodes (%s), %lld BatchNorms folded, %lld parameters\n",
                 static_cast<long long>(r.num_nodes), ops.c_str(),
                 static_cast<long long>(r.folded_batch_norms),

@@ -118,7 +118,9 @@ int main(int argc, char** argv) {
     auto& crop_size = flags.add_int("crop-size", 224,
                                     "centre crop side (default: the model's input size, else 224)");
     auto& use_gpu = flags.add_bool("use-gpu", false, "run on the GPU (needs a CUDA build)");
-    auto& precision = flags.add_string("precision", "fp32", "fp32 (the only precision on the CPU)");
+    auto& precision = flags.add_string(
+        "precision", "fp32",
+        "fp32, or int8 for an int8 (QDQ) model from export_model --precision int8");
     auto& cpu_threads =
         flags.add_int("cpu-threads", 0, "intra-op threads (0: OMP_NUM_THREADS, else all cores)");
     auto& benchmark =
@@ -138,8 +140,8 @@ int main(int argc, char** argv) {
     at_least("cpu-threads", cpu_threads, 0);
     at_least("warmup", warmup, 0);
     at_least("topk", topk, 1);
-    if (precision != "fp32") {
-      throw FlagError("--precision=" + precision + ": only fp32 is supported on the CPU");
+    if (precision != "fp32" && precision != "int8") {
+      throw FlagError("--precision=" + precision + ": only fp32 and int8 are supported on the CPU");
     }
     if (use_gpu) {
       DPAR_CHECK(!built_with_cuda(),
@@ -155,6 +157,14 @@ int main(int argc, char** argv) {
     infer::Model model = infer::Model::load(model_path);
     const infer::ModelInfo& info = model.info();
     model.set_num_threads(static_cast<int>(cpu_threads));
+    // The precision is the model's: an int8 model runs its Conv/Gemm in int8 whatever the
+    // flag says, so the flag must agree with the file (and the report tells the truth).
+    if (precision != info.precision) {
+      throw FlagError("--precision=" + precision + ": " + model_path + " is an " + info.precision +
+                      " model" +
+                      (precision == "int8" ? " (export one with export_model --precision int8)"
+                                           : " (pass --precision int8)"));
+    }
 
     // The model's own preprocessing facts win over the defaults, flags given explicitly over both.
     if (!flags.was_set("resize-size") && info.resize_size > 0) resize_size = info.resize_size;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # export_model end to end: torchvision weights (random, BatchNorm statistics perturbed) saved
 # as .safetensors are exported; the ONNX file must pass the checker and match PyTorch within
-# 1e-4 (tests/parity/onnx_check.py). With the train program given, a training checkpoint is
+# 1e-4 (tests/parity/onnx_check.py), and an int8 (QDQ) export calibrated on an image folder
+# passes the checker. With the train program given, a training checkpoint is
 # exported too (the same file as from the run's .safetensors). Then bad input: one clear line
 # on stderr, exit 1 (or 2 for usage errors), no crash, and an earlier export in the target
 # directory left untouched.
@@ -33,6 +34,41 @@ grep -q '"num_classes": 10' "$work/out/inference.json" || { echo "FAIL: inferenc
 "$python" "$root/tests/parity/onnx_check.py" --model "$work/logits/inference.onnx" \
   --ref "$work/fx/export_small_ref.safetensors" --output logits --meta softmax=false \
   | tail -2 || fail=1
+
+# ---- int8 (QDQ) with an image-folder calibration set and the percentile method ---------------
+"$python" - "$work/calib" <<'PY' || { echo "FAIL: could not write the calibration images"; fail=1; }
+import os, sys
+import numpy as np
+from PIL import Image
+rng = np.random.default_rng(0)
+for c in ("cat", "dog"):
+    os.makedirs(f"{sys.argv[1]}/train/{c}")
+    for i in range(3):
+        Image.fromarray((rng.random((80, 70, 3)) * 255).astype(np.uint8)).save(
+            f"{sys.argv[1]}/train/{c}/{i}.png")
+PY
+if "$tool" --pretrained "$weights" --img-size 64 --save-inference-dir "$work/int8" \
+     --class-names "$names" --precision int8 --calib-data "$work/calib" --calib-batches 2 \
+     --calib-batch-size 2 --calib-method percentile --calib-percentile 99.9 >"$work/log" 2>&1 &&
+   grep -q "calibrated on 4 images of $work/calib" "$work/log"; then
+  cat "$work/log"
+  "$python" - "$work/int8/inference.onnx" <<'PY' || fail=1
+import sys, onnx
+m = onnx.load(sys.argv[1])
+onnx.checker.check_model(m, full_check=True)
+onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True)
+meta = {p.key: p.value for p in m.metadata_props}
+ops = [n.op_type for n in m.graph.node]
+ok = (meta.get("precision") == "int8" and "percentile 99.9" in meta.get("quantization", "")
+      and ops.count("QuantizeLinear") == 54 and ops.count("DequantizeLinear") == 108
+      and meta.get("class_names", "").startswith("zero,one"))
+print(("ok" if ok else "FAIL") + ": int8 export passes the ONNX checker, precision "
+      f"{meta.get('precision')}, {ops.count('QuantizeLinear')} QuantizeLinear")
+sys.exit(0 if ok else 1)
+PY
+else
+  echo "FAIL: int8 export:"; cat "$work/log"; fail=1
+fi
 
 # ---- a training checkpoint (model part) exports like the run's weights file -----------------
 ckpt=
@@ -82,6 +118,20 @@ expect 2 "--model=resnet50: expected mobilenet_v3_small or mobilenet_v3_large" -
   --model resnet50 --pretrained "$weights" --save-inference-dir "$work/out"
 expect 2 "--mean=1,2: expected 3 values" -- --pretrained "$weights" --mean 1,2 \
   --save-inference-dir "$work/out"
+expect 2 "--precision=fp16: expected fp32 or int8" -- --pretrained "$weights" --precision fp16 \
+  --save-inference-dir "$work/out"
+expect 2 "--precision int8 needs --calib-data" -- --pretrained "$weights" --precision int8 \
+  --save-inference-dir "$work/out"
+expect 2 "--calib-data $work/nowhere: not a directory (or fashion-mnist)" -- --pretrained \
+  "$weights" --precision int8 --calib-data "$work/nowhere" --save-inference-dir "$work/out"
+expect 2 "--calib-method=kl: expected minmax or percentile" -- --pretrained "$weights" \
+  --precision int8 --calib-data fashion-mnist --calib-method kl --save-inference-dir "$work/out"
+expect 2 "--calib-percentile must be in (50, 100]" -- --pretrained "$weights" --precision int8 \
+  --calib-data fashion-mnist --calib-percentile 30 --save-inference-dir "$work/out"
+expect 2 "--calib-batches must be >= 1" -- --pretrained "$weights" --precision int8 \
+  --calib-data fashion-mnist --calib-batches 0 --save-inference-dir "$work/out"
+expect 2 "--calib-data needs --precision int8" -- --pretrained "$weights" \
+  --calib-data fashion-mnist --save-inference-dir "$work/out"
 expect 1 "--pretrained $work/missing.safetensors does not exist" -- \
   --pretrained "$work/missing.safetensors" --save-inference-dir "$work/out"
 expect 1 "truncated.safetensors" -- --pretrained "$work/truncated.safetensors" \

@@ -151,6 +151,7 @@ mkdir "$work/truncated"
 head -c 100000 "$work/model/inference.onnx" >"$work/truncated/inference.onnx"
 expect_error 1 "$work/truncated/inference.onnx: " -- --model-dir "$work/truncated" --img-path "$work/imgs"
 expect_error 2 "--precision=fp16: only fp32" -- --model-dir "$work/model" --img-path "$work/imgs" --precision fp16
+expect_error 2 "--precision=int8: $work/model/inference.onnx is an fp32 model" -- --model-dir "$work/model" --img-path "$work/imgs" --precision int8
 expect_error 2 "--batch-size=0: expected >= 1" -- --model-dir "$work/model" --img-path "$work/imgs" --batch-size 0
 mkdir "$work/empty"
 expect_error 1 "has no images" -- --model-dir "$work/model" --img-path "$work/empty"
