@@ -199,7 +199,8 @@ int main(int argc, char** argv) {
         "int8: calibration images (an image folder, Fashion-MNIST idx folder, or fashion-mnist)");
     auto& calib_batches = flags.add_int("calib-batches", 8, "int8: calibration batches");
     auto& calib_batch_size = flags.add_int("calib-batch-size", 32, "int8: images per batch");
-    auto& calib_method = flags.add_string("calib-method", "minmax", "int8: minmax or percentile");
+    auto& calib_method = flags.add_string("calib-method", "percentile",
+                                          "int8: percentile (of each batch, averaged) or minmax");
     auto& calib_percentile = flags.add_double("calib-percentile", 99.99,
                                               "int8: percentile for --calib-method percentile");
     flags.parse(argc, argv);

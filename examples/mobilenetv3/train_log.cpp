@@ -33,8 +33,12 @@ void Metrics::add(double batch_loss, const Tensor& logits, const Tensor& labels)
 
 TrainLog::TrainLog(const std::string& tensorboard_dir, int rank, bool gather_ranks)
     : rank_(rank), gather_ranks_(gather_ranks), tensorboard_(!tensorboard_dir.empty()) {
-  if (tensorboard_ && rank_ == 0) {
-    writer_ = std::make_unique<dpar::io::SummaryWriter>(tensorboard_dir);
+  // Without a group to gather over (ps trainers), every other trainer writes its own images/s
+  // into a small file of its own in the same folder; TensorBoard (and plot_run.py) merge the
+  // files of a folder into one run.
+  if (tensorboard_ && (rank_ == 0 || !gather_ranks_)) {
+    writer_ = std::make_unique<dpar::io::SummaryWriter>(
+        tensorboard_dir, rank_ == 0 ? "" : ".rank" + std::to_string(rank_));
     std::printf("tensorboard: writing %s\n", writer_->path().c_str());
     std::fflush(stdout);
   }
@@ -70,6 +74,11 @@ void TrainLog::step(const StepReport& r) {
     for (const Tensor& t : gathered) rank_ips.push_back(t.to_float_vector()[0]);
   }
   if (!writer_) return;
+  if (rank_ != 0) {  // a ps trainer's own file: its images/s only
+    writer_->add_scalar("rank" + std::to_string(rank_) + "/ips", ips, r.global_step);
+    writer_->flush();
+    return;
+  }
   std::vector<std::pair<std::string, double>> values = {
       {"train/loss", r.window.avg_loss()},
       {"train/top1", r.window.acc1()},
@@ -95,7 +104,7 @@ void TrainLog::eval(int64_t epoch, int64_t global_step, const Metrics& m, double
       static_cast<long long>(epoch), m.avg_loss(), m.acc1(), m.acc5(), dpar::sysinfo::peak_rss_mb(),
       elapsed_seconds);
   std::fflush(stdout);
-  if (!writer_) return;
+  if (!writer_ || rank_ != 0) return;
   writer_->add_scalars(
       {{"eval/loss", m.avg_loss()}, {"eval/top1", m.acc1()}, {"eval/top5", m.acc5()}}, global_step);
   writer_->flush();

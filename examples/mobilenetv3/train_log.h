@@ -1,8 +1,9 @@
 #pragma once
 // Where the MobileNetV3 trainer's figures go: PaddlePaddle-format log lines on stdout (every
 // rank prints its own; dpar-launch echoes rank 0's) and, with --tensorboard DIR, TensorBoard
-// scalars written by rank 0 (trainer 0 in ps mode), flushed at every log line so a crash loses
-// at most one logging interval. Tags:
+// scalars written by rank 0 (trainer 0 in ps mode; the other ps trainers each write a file
+// with their own rank<N>/ips), flushed at every log line so a crash loses at most one logging
+// interval. Tags:
 //   train/loss, train/top1, train/top5, train/lr, train/ips, train/reader_cost,
 //   train/batch_cost, train/peak_memory_mb     at each logged step (global step, from 1)
 //   rank<N>/ips                                 every rank's images/s, so a straggler shows
@@ -39,7 +40,7 @@ class TrainLog {
  public:
   // tensorboard_dir empty: log lines only. gather_ranks: every rank calls step() at the same
   // iterations and rank 0 collects their images/s over the default group (collective jobs);
-  // otherwise only this process's own figure is written.
+  // otherwise (ps trainers) each process writes its own figure.
   TrainLog(const std::string& tensorboard_dir, int rank, bool gather_ranks);
 
   void step(const StepReport& report);

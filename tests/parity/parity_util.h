@@ -58,6 +58,17 @@ class Fixture {
   std::map<std::string, size_t> index_;
 };
 
+// The message of the dpar::Error that fn throws ("" if it throws none).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 inline double max_abs(const Tensor& t) {
   double m = 0;
   for (float v : t.to_float_vector()) m = std::max(m, std::abs(static_cast<double>(v)));

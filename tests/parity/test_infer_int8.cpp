@@ -20,20 +20,11 @@
 namespace {
 
 using namespace dpar;
+using parity::error_of;
 namespace fs = std::filesystem;
 
 std::string model_path(const std::string& name) {
   return parity::fixture_dir() + "/infer_int8/" + name;
-}
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 int count_steps(const std::vector<std::string>& plan, const std::string& prefix) {

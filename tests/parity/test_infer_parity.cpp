@@ -18,23 +18,13 @@ namespace {
 
 using namespace dpar;
 using parity::check_close;
+using parity::error_of;
 using parity::ErrorTable;
 using parity::Fixture;
 
 constexpr double kTolerance = 1e-4;
 
 std::string model_path(const std::string& name) { return parity::fixture_dir() + "/infer/" + name; }
-
-// The message of the dpar::Error that fn throws ("" if it throws none).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -7,7 +7,8 @@
 #      (127.0.0.1 and 127.0.0.2): exit 0 and the same weights again;
 #   3. a sync job whose trainer 0 dies, resumed with --resume auto: the servers restore the
 #      shards they saved with trainer 0's checkpoint and the weights end as in 1;
-#   4. async and GEO runs whose loss decreases.
+#   4. async and GEO runs whose loss decreases (async also writes TensorBoard files: trainer 0
+#      all scalars, trainer 1 its own images/s).
 # Usage: ps_train.sh <train> <dpar-launch> <python3> <source dir>
 set -u
 source "$(dirname "$0")/common.sh" "$@"
@@ -110,10 +111,28 @@ expect_text "$work/resume/log/serverlog.0" "resumed at step 8"
 compare_weights "$work/resume/out/mobilenet_v3_small.safetensors" \
   "$work/collective/out/mobilenet_v3_small.safetensors" "resumed sync ps weights == collective weights"
 
-echo "== async ps: 2 servers x 2 trainers"
+echo "== async ps: 2 servers x 2 trainers, with TensorBoard files"
 run async --run_mode=ps --server_num=2 --trainer_num=2 --start_port=$((port + 3)) -- \
-  --epochs 3 --ps-mode async --max-staleness 2 || { fail "async job failed"; tail -n 20 "$work/async.out"; }
+  --epochs 3 --ps-mode async --max-staleness 2 --tensorboard "$work/async/tb" ||
+  { fail "async job failed"; tail -n 20 "$work/async.out"; }
 loss_decreases async
+# Trainer 0 writes every scalar; trainer 1 (no collective group in ps mode) its own images/s in
+# a file of its own beside it.
+if "$python" - "$src/scripts" "$work/async/tb" <<'PY'; then ok "ps TensorBoard files: trainer 0's scalars and rank1/ips"; else fail "ps TensorBoard files"; fi
+import glob, os, sys
+sys.path.insert(0, sys.argv[1])
+import tb_events
+files = sorted(glob.glob(os.path.join(sys.argv[2], "events.out.tfevents.*")))
+assert len(files) == 2, files
+tags = {}
+for f in files:
+    events, problems = tb_events.read_events(f)
+    assert not problems, problems
+    tags[f.endswith(".rank1")] = {tag for _, _, tag, _ in events}
+assert tags[True] == {"rank1/ips"}, tags[True]
+assert {"train/loss", "rank0/ips", "eval/top1"} <= tags[False], tags[False]
+assert "rank1/ips" not in tags[False]
+PY
 
 echo "== geo ps: 2 servers x 2 trainers, deltas every 4 steps"
 run geo --run_mode=ps --server_num=2 --trainer_num=2 --start_port=$((port + 3)) -- \

