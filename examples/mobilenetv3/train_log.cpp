@@ -44,11 +44,6 @@ TrainLog::TrainLog(const std::string& tensorboard_dir, int rank, bool gather_ran
   }
 }
 
-const std::string& TrainLog::event_file() const {
-  static const std::string none;
-  return writer_ ? writer_->path() : none;
-}
-
 void TrainLog::step(const StepReport& r) {
   const double images = static_cast<double>(r.window.samples);
   const double iters = images / static_cast<double>(r.batch_size);

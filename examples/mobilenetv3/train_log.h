@@ -48,8 +48,6 @@ class TrainLog {
   // Flushes and closes the event file (fsync); a no-op without one.
   void close();
 
-  const std::string& event_file() const;  // "" when this rank writes none
-
  private:
   int rank_;
   bool gather_ranks_;

@@ -274,13 +274,31 @@ class Lowering {
     return static_cast<float>(t.item());
   }
 
+  // A Conv/Gemm's data input and its weight (input 1, of rank `rank`), through their
+  // Quantize/Dequantize pairs when the node is quantized (qdq.cpp checks both are, or neither).
+  struct DataAndWeight {
+    int x = -1;
+    const QdqActivation* qa = nullptr;
+    const QdqWeight* qw = nullptr;
+    Tensor w;  // the int8 values as f32 when quantized
+  };
+  DataAndWeight data_and_weight(const Node& n, const char* what, int64_t rank) {
+    DataAndWeight d;
+    d.qa = quantized_input(n);
+    d.x = d.qa ? quantized_source(n, *d.qa) : activation(n, 0);
+    d.qw = d.qa ? &qdq_.weights.at(n.inputs[1]) : nullptr;
+    DPAR_CHECK(!d.qw || d.qw->values.dim() == rank, n.label(), ": the int8 ", what, " should be ",
+               rank, "-D, got ", d.qw ? d.qw->values.shape() : Shape{});
+    d.w = d.qw ? d.qw->values : constant(n, 1, what, rank);
+    return d;
+  }
+
   void lower_conv(const Node& n, const std::string& out) {
-    const QdqActivation* qa = quantized_input(n);
-    const int x = qa ? quantized_source(n, *qa) : activation(n, 0);
-    const QdqWeight* qw = qa ? &qdq_.weights.at(n.inputs[1]) : nullptr;
-    DPAR_CHECK(!qw || qw->values.dim() == 4, n.label(), ": the int8 weight should be 4-D, got ",
-               qw ? qw->values.shape() : Shape{});
-    const Tensor w = qw ? qw->values : constant(n, 1, "weight", 4);
+    const DataAndWeight d = data_and_weight(n, "weight", 4);
+    const int x = d.x;
+    const QdqActivation* qa = d.qa;
+    const QdqWeight* qw = d.qw;
+    const Tensor& w = d.w;
     const int64_t o = w.size(0);
     Tensor b;
     if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
@@ -427,12 +445,11 @@ class Lowering {
   // Y = alpha * A * B' + beta * C with B' = B or B^T; as an inner product with weights [O,K].
   void lower_gemm(const Node& n, const std::string& out) {
     DPAR_CHECK(n.get_int("transA", 0) == 0, n.label(), ": transA=1 is not supported");
-    const QdqActivation* qa = quantized_input(n);
-    const int a = qa ? quantized_source(n, *qa) : activation(n, 0);
-    const QdqWeight* qw = qa ? &qdq_.weights.at(n.inputs[1]) : nullptr;
-    DPAR_CHECK(!qw || qw->values.dim() == 2, n.label(), ": the int8 B should be 2-D, got ",
-               qw ? qw->values.shape() : Shape{});
-    const Tensor b = qw ? qw->values : constant(n, 1, "B", 2);
+    const DataAndWeight d = data_and_weight(n, "B", 2);
+    const int a = d.x;
+    const QdqActivation* qa = d.qa;
+    const QdqWeight* qw = d.qw;
+    const Tensor& b = d.w;
     const bool trans_b = n.get_int("transB", 0) != 0;
     const float alpha = n.get_float("alpha", 1.f), beta = n.get_float("beta", 1.f);
     const int64_t o = trans_b ? b.size(0) : b.size(1), k = trans_b ? b.size(1) : b.size(0);

@@ -53,11 +53,12 @@ DPAR_KERNEL(batch_norm_backward,
 // kept anyway by the activation or convolution after it. Needs every |weight| large enough
 // for the division (the op checks). dz is the gradient of act(y) (of y itself for
 // Activation::none); the activation's gradient is formed on the fly. y, dz and dx share one
-// layout (contiguous or channels-last); mean/var are the forward's (batch or running).
+// layout (contiguous or channels-last); var is the forward's (batch or running; the mean
+// enters only through y).
 DPAR_KERNEL(batch_norm_backward_from_output,
             void(const Tensor& y, const Tensor& dz, const Tensor& weight, const Tensor& bias,
-                 const Tensor& mean, const Tensor& var, bool use_batch_stats, double eps,
-                 Activation act, Tensor& dx, Tensor& dweight, Tensor& dbias));
+                 const Tensor& var, bool use_batch_stats, double eps, Activation act, Tensor& dx,
+                 Tensor& dweight, Tensor& dbias));
 // running = (1-momentum)*running + momentum*batch, with the variance made unbiased by
 // count/(count-1) (count = N*H*W). Running tensors are 1-D [C], any stride.
 DPAR_KERNEL(batch_norm_update_stats,

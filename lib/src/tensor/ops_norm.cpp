@@ -137,7 +137,7 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
         } else if (!xs.defined()) {
           // One kernel: the activation's gradient is formed on the fly from y.
           kernels::batch_norm_backward_from_output.get(ys.device())(
-              ys, dz, ws, bs, mean, var, use_batch_stats, eps, act, dx, dw, db);
+              ys, dz, ws, bs, var, use_batch_stats, eps, act, dx, dw, db);
         } else {
           Tensor dy = dz;
           if (act != Activation::none) {

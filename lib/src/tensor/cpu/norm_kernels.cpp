@@ -303,10 +303,9 @@ void bn_backward_from_output(const BnBackwardArgs& a, bool use_batch_stats, Tens
 }
 
 void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dz, const Tensor& weight,
-                                         const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                         const Tensor& bias, const Tensor& var,
                                          bool use_batch_stats, double eps, Activation act,
                                          Tensor& dx, Tensor& dweight, Tensor& dbias) {
-  (void)mean;  // x_hat comes from y; the mean only matters through it
   BnBackwardArgs a{y.data<float>(),
                    dz.data<float>(),
                    dx.data<float>(),
