@@ -69,16 +69,25 @@ def softmax(x, axis):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def evaluate(model, x):
-    """Runs the graph on x (numpy) and returns {output name: array}."""
+def evaluate(model, x, dtype=np.float64, extra_ops=None, env=None):
+    """Runs the graph on x (numpy) and returns {output name: array}.
+
+    Float values are computed in dtype (integer initializers stay integers). extra_ops maps an
+    op type to fn(inputs, attributes) -> array, adding ops or replacing the ones below (the QDQ
+    checker adds QuantizeLinear/DequantizeLinear); env, when given, receives every value."""
     g = model.graph
-    env = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in g.initializer}
-    env[g.input[0].name] = x.astype(np.float64)
+    env = {} if env is None else env
+    for t in g.initializer:
+        v = numpy_helper.to_array(t)
+        env[t.name] = v.astype(dtype) if v.dtype.kind == "f" else v
+    env[g.input[0].name] = x.astype(dtype)
     for node in g.node:
         a = attrs(node)
         ins = [env[i] if i else None for i in node.input]
         op = node.op_type
-        if op == "Conv":
+        if extra_ops and op in extra_ops:
+            y = extra_ops[op](ins, a)
+        elif op == "Conv":
             y = conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, a)
         elif op == "Relu":
             y = np.maximum(ins[0], 0.0)
@@ -115,7 +124,7 @@ def evaluate(model, x):
             y = ins[0]
         else:
             raise NotImplementedError(f"numpy evaluator: op {op} (node {node.name})")
-        env[node.output[0]] = y
+        env[node.output[0]] = y.astype(dtype, copy=False) if y.dtype.kind == "f" else y
     return {o.name: env[o.name] for o in g.output}
 
 

@@ -28,16 +28,13 @@ import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
-from onnx import numpy_helper, shape_inference
+from onnx import shape_inference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import onnx_check  # noqa: E402
 from safetensors_io import load  # noqa: E402
 
 RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
-
-
-def attrs(node):
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def per_axis(v, x, axis):
@@ -75,51 +72,23 @@ def conv(x, w, b, a):
     return y.numpy()
 
 
+# The ops a QDQ model adds to onnx_check's evaluator, and a float32 convolution through torch.
+QDQ_OPS = {
+    "QuantizeLinear": lambda i, a: quantize_linear(i[0], i[1], i[2] if len(i) > 2 else None,
+                                                   a.get("axis", 1)),
+    "DequantizeLinear": lambda i, a: dequantize_linear(i[0], i[1], i[2] if len(i) > 2 else None,
+                                                       a.get("axis", 1)),
+    "Conv": lambda i, a: conv(i[0], i[1], i[2] if len(i) > 2 else None, a),
+    "Clip": lambda i, a: np.clip(i[0], i[1], i[2]),
+    "Sigmoid": lambda i, a: 1 / (1 + np.exp(-i[0])),
+}
+
+
 def run(model, x):
-    """Returns (graph output, {value name: array}) for input x."""
-    g = model.graph
-    env = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    env[g.input[0].name] = x.astype(np.float32)
-    for n in g.node:
-        a = attrs(n)
-        i = [env[name] if name else None for name in n.input]
-        op = n.op_type
-        if op == "QuantizeLinear":
-            y = quantize_linear(i[0], i[1], i[2] if len(i) > 2 else None, a.get("axis", 1))
-        elif op == "DequantizeLinear":
-            y = dequantize_linear(i[0], i[1], i[2] if len(i) > 2 else None, a.get("axis", 1))
-        elif op == "Conv":
-            y = conv(i[0], i[1], i[2] if len(i) > 2 else None, a)
-        elif op == "Gemm":
-            b = i[1].T if a.get("transB", 0) else i[1]
-            y = a.get("alpha", 1.0) * (i[0] @ b)
-            if len(i) > 2:
-                y = y + a.get("beta", 1.0) * i[2]
-        elif op == "Relu":
-            y = np.maximum(i[0], 0)
-        elif op == "Clip":
-            y = np.clip(i[0], i[1], i[2])
-        elif op == "HardSwish":
-            y = i[0] * np.clip(i[0] / 6 + 0.5, 0, 1)
-        elif op == "HardSigmoid":
-            y = np.clip(a.get("alpha", 0.2) * i[0] + a.get("beta", 0.5), 0, 1)
-        elif op == "Sigmoid":
-            y = 1 / (1 + np.exp(-i[0]))
-        elif op == "Add":
-            y = i[0] + i[1]
-        elif op == "Mul":
-            y = i[0] * i[1]
-        elif op == "GlobalAveragePool":
-            y = i[0].mean(axis=(2, 3), keepdims=True)
-        elif op == "Flatten":
-            y = i[0].reshape(i[0].shape[0], -1)
-        elif op == "Softmax":
-            e = np.exp(i[0] - i[0].max(axis=a.get("axis", -1), keepdims=True))
-            y = e / e.sum(axis=a.get("axis", -1), keepdims=True)
-        else:
-            raise SystemExit(f"qdq_eval: no evaluation for {op} '{n.name}'")
-        env[n.output[0]] = y.astype(np.float32) if y.dtype == np.float64 else y
-    return env[g.output[0].name], env
+    """The graph's output on x in float32 with ONNX Q/DQ semantics, and every value by name."""
+    env = {}
+    out = onnx_check.evaluate(model, x, np.float32, QDQ_OPS, env)
+    return out[model.graph.output[0].name], env
 
 
 def output_step(model, env):
