@@ -30,4 +30,21 @@ bool built_with_cuda() {
 #endif
 }
 
+#ifndef DPAR_WITH_CUDA
+int cuda_device_count() { return 0; }
+std::string cuda_unavailable_reason() { return "dpar was built without CUDA"; }
+void synchronize(Device) {}
+std::string cuda_device_summary(Device) { return {}; }
+#endif
+
+void check_device_available(Device device) {
+  if (device.is_cpu()) return;
+  const int count = cuda_device_count();
+  if (count == 0)
+    DPAR_FAIL("device ", device.str(), " is not available: ", cuda_unavailable_reason());
+  DPAR_CHECK(device.index >= 0 && device.index < count, "device ", device.str(),
+             " is not available: this process sees ", count, " CUDA device", count == 1 ? "" : "s",
+             " (cuda:0", count > 1 ? "..cuda:" + std::to_string(count - 1) : "", ")");
+}
+
 }  // namespace dpar

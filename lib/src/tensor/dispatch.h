@@ -11,6 +11,10 @@
 
 namespace dpar::detail {
 
+// The kernel slot last dispatched to a CUDA device on this thread: CUDA faults surface
+// asynchronously, at the next synchronisation, and the error names this kernel.
+inline thread_local const char* last_cuda_kernel = "none";
+
 // Registers every built backend once (CPU always, CUDA when DPAR_WITH_CUDA).
 void ensure_backends_registered();
 
@@ -22,6 +26,7 @@ class KernelSlot {
   Fn* get(Device device) const {
     ensure_backends_registered();
     Fn* fn = table_[static_cast<int>(device.type)];
+    if (device.type == DeviceType::CUDA) last_cuda_kernel = name_;
     if (!fn) {
       DPAR_FAIL("kernel ", name_, " is not available on device ", device.str(),
                 built_with_cuda() || device.is_cpu() ? "" : " (dpar was built without CUDA)");

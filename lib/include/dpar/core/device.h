@@ -30,4 +30,20 @@ inline std::ostream& operator<<(std::ostream& os, const Device& d) { return os <
 // True when this build contains the CUDA backend (DPAR_WITH_CUDA).
 bool built_with_cuda();
 
+// CUDA devices this process can use (after CUDA_VISIBLE_DEVICES); 0 without CUDA, without a
+// driver or without a GPU. Never throws.
+int cuda_device_count();
+// Why cuda_device_count() is 0, as one line ("dpar was built without CUDA", "no CUDA driver:
+// ...", "no CUDA device"); empty when there is a device.
+std::string cuda_unavailable_reason();
+// Throws dpar::Error naming the device when `device` is a CUDA device this process cannot use
+// (bad index, no GPU, built without CUDA). CPU devices pass.
+void check_device_available(Device device);
+// Waits for the work queued on the device's current stream; a kernel fault that happened
+// there surfaces as a dpar::Error naming the last kernel. No-op for the CPU.
+void synchronize(Device device);
+// "CUDA runtime 13.0, driver 13.0, cuDNN 9.x, NVIDIA H100 80GB HBM3, 79.2 GiB" for reports;
+// empty without a device.
+std::string cuda_device_summary(Device device);
+
 }  // namespace dpar

@@ -1,0 +1,148 @@
+// Streams, device guards and error reporting for the CUDA backend.
+#include "tensor/cuda/cuda_context.h"
+
+#include <cudnn.h>
+
+#include <array>
+#include <cstdio>
+#include <mutex>
+#include <string>
+
+#include "tensor/dispatch.h"
+
+namespace dpar::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// One default stream per device for the whole process: every thread that does not set a side
+// stream runs its kernels there, so work issued by different threads stays ordered the way
+// PyTorch's default stream orders it.
+cudaStream_t default_stream(int device) {
+  static std::array<cudaStream_t, kMaxDevices> streams{};
+  static std::array<std::once_flag, kMaxDevices> once;
+  DPAR_CHECK(device >= 0 && device < kMaxDevices, "CUDA device index ", device, " out of range");
+  std::call_once(once[static_cast<size_t>(device)], [device] {
+    int previous = 0;
+    check(cudaGetDevice(&previous), "cudaGetDevice");
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&streams[static_cast<size_t>(device)], cudaStreamNonBlocking),
+          "cudaStreamCreate");
+    check(cudaSetDevice(previous), "cudaSetDevice");
+  });
+  return streams[static_cast<size_t>(device)];
+}
+
+// Side streams set by StreamGuard on this thread (null: the device's default stream).
+thread_local std::array<cudaStream_t, kMaxDevices> tls_stream{};
+
+}  // namespace
+
+const char* last_kernel() { return detail::last_cuda_kernel; }
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear a non-sticky error so the next call is not blamed
+  DPAR_FAIL("CUDA error in ", what, " (last kernel: ", last_kernel(),
+            "): ", cudaGetErrorName(status), ": ", cudaGetErrorString(status));
+}
+
+cudaStream_t current_stream(int device) {
+  DPAR_CHECK(device >= 0 && device < kMaxDevices, "CUDA device index ", device, " out of range");
+  cudaStream_t s = tls_stream[static_cast<size_t>(device)];
+  return s ? s : default_stream(device);
+}
+
+cudaStream_t current_stream() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  return current_stream(device);
+}
+
+StreamGuard::StreamGuard(int device, cudaStream_t stream)
+    : device_(device), previous_(tls_stream.at(static_cast<size_t>(device))) {
+  tls_stream[static_cast<size_t>(device)] = stream;
+}
+StreamGuard::~StreamGuard() { tls_stream[static_cast<size_t>(device_)] = previous_; }
+
+DeviceGuard::DeviceGuard(Device device) {
+  DPAR_CHECK(device.is_cuda(), "DeviceGuard needs a CUDA device, got ", device.str());
+  int current = 0;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device.index) {
+    check(cudaSetDevice(device.index), "cudaSetDevice");
+    previous_ = current;
+  }
+}
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
+void synchronize(int device) {
+  check(cudaStreamSynchronize(current_stream(device)), "stream synchronisation");
+}
+
+}  // namespace dpar::cuda
+
+// ---- public device queries (dpar/core/device.h) -----------------------------------------------
+namespace dpar {
+
+namespace {
+// cudaGetDeviceCount's status, cached: it initialises the runtime once per process.
+cudaError_t device_count_status(int* count) {
+  static int cached = 0;
+  static const cudaError_t status = [] {
+    const cudaError_t s = cudaGetDeviceCount(&cached);
+    (void)cudaGetLastError();
+    return s;
+  }();
+  *count = status == cudaSuccess ? cached : 0;
+  return status;
+}
+}  // namespace
+
+int cuda_device_count() {
+  int count = 0;
+  device_count_status(&count);
+  return count;
+}
+
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = device_count_status(&count);
+  if (status == cudaErrorNoDevice || (status == cudaSuccess && count == 0)) {
+    return "no CUDA device (cudaGetDeviceCount found none)";
+  }
+  if (status != cudaSuccess) {
+    return std::string("CUDA is not usable here: ") + cudaGetErrorName(status) + ": " +
+           cudaGetErrorString(status);
+  }
+  return {};
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+  cuda::DeviceGuard guard(device);
+  cuda::synchronize(device.index);
+}
+
+std::string cuda_device_summary(Device device) {
+  if (device.is_cpu() || cuda_device_count() <= device.index) return {};
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  cudaDeviceProp prop{};
+  cuda::check(cudaGetDeviceProperties(&prop, device.index), "cudaGetDeviceProperties");
+  auto version = [](int v) {
+    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+  };
+  const size_t cudnn = cudnnGetVersion();
+  char memory[32];
+  std::snprintf(memory, sizeof(memory), "%.1f GiB",
+                static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  return "CUDA runtime " + version(runtime) + ", driver " + version(driver) + ", cuDNN " +
+         std::to_string(cudnn / 10000) + "." + std::to_string((cudnn % 10000) / 100) + "." +
+         std::to_string(cudnn % 100) + ", " + prop.name + ", " + memory;
+}
+
+}  // namespace dpar
