@@ -2,12 +2,14 @@
 #include "tensor/cuda/cuda_context.h"
 
 #include <cudnn.h>
+#include <dlfcn.h>
 
 #include <array>
 #include <cstdio>
 #include <mutex>
 #include <string>
 
+#include "tensor/cuda/deferred_error.h"
 #include "tensor/dispatch.h"
 
 namespace dpar::cuda {
@@ -80,6 +82,8 @@ DeviceGuard::~DeviceGuard() {
 
 void synchronize(int device) {
   check(cudaStreamSynchronize(current_stream(device)), "stream synchronisation");
+  // Errors kernels found in the data (bad target indices) surface here, without a sync each.
+  raise_deferred_errors(device);
 }
 
 }  // namespace dpar::cuda
@@ -112,6 +116,15 @@ std::string cuda_unavailable_reason() {
   const cudaError_t status = device_count_status(&count);
   if (status == cudaErrorNoDevice || (status == cudaSuccess && count == 0)) {
     return "no CUDA device (cudaGetDeviceCount found none)";
+  }
+  // Without the NVIDIA driver the runtime says "driver version is insufficient"; say what is
+  // actually missing.
+  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+    dlclose(driver);
+  } else if (void* loaded = dlopen("libcuda.so.1", RTLD_LAZY)) {
+    dlclose(loaded);
+  } else {
+    return "no NVIDIA driver (libcuda.so.1 cannot be loaded), so no CUDA device";
   }
   if (status != cudaSuccess) {
     return std::string("CUDA is not usable here: ") + cudaGetErrorName(status) + ": " +

@@ -83,4 +83,6 @@ void* workspace(size_t nbytes) {
   return ws->data();
 }
 
+void release_workspace() { tls.workspace[static_cast<size_t>(current_device())].reset(); }
+
 }  // namespace dpar::cuda

@@ -14,5 +14,7 @@ void check_cudnn(cudnnStatus_t status, const char* what);
 
 // cuBLAS/cuDNN workspace on the current stream, grown on demand and kept per device/thread.
 void* workspace(size_t nbytes);
+// Gives the workspace back to the pool (after an algorithm search that used a large one).
+void release_workspace();
 
 }  // namespace dpar::cuda

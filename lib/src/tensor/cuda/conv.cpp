@@ -1,0 +1,235 @@
+// Convolutions on cuDNN (legacy descriptor API). For each shape the descriptors are built once
+// and each direction's algorithm is chosen once by timing the candidates on the real buffers
+// (cudnnFind*, PyTorch's cudnn.benchmark = True), then cached with its workspace size.
+#include <cudnn.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "tensor/cuda/cuda_context.h"
+#include "tensor/cuda/cuda_libraries.h"
+#include "tensor/nn_kernels.h"
+
+namespace dpar::cuda {
+namespace {
+
+using kernels::Conv2dGeometry;
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      DPAR_FAIL("conv2d on CUDA supports f32, f16 and bf16, got ", t);
+  }
+}
+
+// TF32 stays off for f32 unless asked for (DPAR_ALLOW_TF32=1), so f32 results match the CPU
+// backend; PyTorch allows TF32 in cuDNN convolutions by default, the benchmark says which.
+cudnnMathType_t math_type(DType t) {
+  if (t != DType::f32) return CUDNN_TENSOR_OP_MATH;
+  static const bool tf32 = [] {
+    const char* v = std::getenv("DPAR_ALLOW_TF32");
+    return v && *v && *v != '0';
+  }();
+  return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
+// The key of one convolution problem: geometry, dtype, device and the activation layout.
+using PlanKey = std::tuple<std::vector<int64_t>, int, int>;
+
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  ~ConvPlan() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (bias) cudnnDestroyTensorDescriptor(bias);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+void set_activation_desc(cudnnTensorDescriptor_t d, DType t, int64_t n, int64_t c, int64_t h,
+                         int64_t w, const Tensor& like) {
+  // Strides from the tensor itself: channels-last and contiguous both describe exactly.
+  check_cudnn(
+      cudnnSetTensor4dDescriptorEx(
+          d, cudnn_type(t), static_cast<int>(n), static_cast<int>(c), static_cast<int>(h),
+          static_cast<int>(w), static_cast<int>(like.stride(0)), static_cast<int>(like.stride(1)),
+          static_cast<int>(like.stride(2)), static_cast<int>(like.stride(3))),
+      "cudnnSetTensor4dDescriptorEx");
+}
+
+std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tensor& x,
+                                    const Tensor& y) {
+  auto p = std::make_unique<ConvPlan>();
+  check_cudnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
+  check_cudnn(cudnnCreateTensorDescriptor(&p->y), "cudnnCreateTensorDescriptor");
+  check_cudnn(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
+  check_cudnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
+  set_activation_desc(p->x, t, g.N, g.C, g.H, g.W, x);
+  set_activation_desc(p->y, t, g.N, g.O, g.OH, g.OW, y);
+  check_cudnn(cudnnSetFilter4dDescriptor(p->w, cudnn_type(t), CUDNN_TENSOR_NCHW,
+                                         static_cast<int>(g.O), static_cast<int>(g.C / g.groups),
+                                         static_cast<int>(g.kH), static_cast<int>(g.kW)),
+              "cudnnSetFilter4dDescriptor");
+  check_cudnn(cudnnSetConvolution2dDescriptor(
+                  p->conv, static_cast<int>(g.padding[0]), static_cast<int>(g.padding[1]),
+                  static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]),
+                  static_cast<int>(g.dilation[0]), static_cast<int>(g.dilation[1]),
+                  CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+              "cudnnSetConvolution2dDescriptor");
+  check_cudnn(cudnnSetConvolutionGroupCount(p->conv, static_cast<int>(g.groups)),
+              "cudnnSetConvolutionGroupCount");
+  check_cudnn(cudnnSetConvolutionMathType(p->conv, math_type(t)), "cudnnSetConvolutionMathType");
+  if (g.has_bias) {
+    check_cudnn(cudnnCreateTensorDescriptor(&p->bias), "cudnnCreateTensorDescriptor");
+    check_cudnn(cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, cudnn_type(t), 1,
+                                           static_cast<int>(g.O), 1, 1),
+                "cudnnSetTensor4dDescriptor(bias)");
+  }
+  return p;
+}
+
+// One plan per (geometry, dtype, device, layout); plans are shared by all threads, the
+// algorithm search runs under the lock once.
+ConvPlan& plan_for(const Conv2dGeometry& g, const Tensor& x, const Tensor& y,
+                   std::unique_lock<std::mutex>& lock) {
+  static std::mutex mutex;
+  static std::map<PlanKey, std::unique_ptr<ConvPlan>> plans;
+  lock = std::unique_lock<std::mutex>(mutex);
+  std::vector<int64_t> geometry = {
+      g.N,           g.C,      g.H,         g.W,         g.O,          g.kH,         g.kW,
+      g.OH,          g.OW,     g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0],
+      g.dilation[1], g.groups, g.has_bias,  x.stride(1), y.stride(1)};
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  PlanKey key{std::move(geometry), static_cast<int>(x.dtype()), device};
+  auto& slot = plans[key];
+  if (!slot) slot = make_plan(g, x.dtype(), x, y);
+  return *slot;
+}
+
+constexpr int kMaxAlgos = 16;
+// Workspace the search may use per candidate; larger candidates are skipped.
+constexpr size_t kSearchWorkspace = size_t{1} << 30;
+
+template <class Perf>
+const Perf& best_ok(const Perf* results, int count, const char* what) {
+  for (int i = 0; i < count; ++i) {
+    if (results[i].status == CUDNN_STATUS_SUCCESS) return results[i];
+  }
+  DPAR_FAIL("conv2d on CUDA: cuDNN found no algorithm for ", what);
+}
+
+void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias, Tensor& y, bool /*training*/) {
+  DeviceGuard guard(x.device());
+  std::unique_lock<std::mutex> lock;
+  ConvPlan& p = plan_for(g, x, y, lock);
+  cudnnHandle_t h = cudnn_handle();
+  if (!p.have_fwd) {
+    cudnnConvolutionFwdAlgoPerf_t results[kMaxAlgos];
+    int count = 0;
+    check_cudnn(cudnnFindConvolutionForwardAlgorithmEx(
+                    h, p.x, x.raw_data(), p.w, weight.raw_data(), p.conv, p.y, y.raw_data(),
+                    kMaxAlgos, &count, results, workspace(kSearchWorkspace), kSearchWorkspace),
+                "cudnnFindConvolutionForwardAlgorithmEx");
+    const auto& best = best_ok(results, count, "the forward pass");
+    p.fwd = best.algo;
+    p.fwd_ws = best.memory;
+    p.have_fwd = true;
+    release_workspace();  // the search's 1 GiB must not stay in the step's peak memory
+  }
+  const float one = 1.f, zero = 0.f;
+  check_cudnn(
+      cudnnConvolutionForward(h, &one, p.x, x.raw_data(), p.w, weight.raw_data(), p.conv, p.fwd,
+                              workspace(p.fwd_ws), p.fwd_ws, &zero, p.y, y.raw_data()),
+      "cudnnConvolutionForward");
+  if (g.has_bias) {
+    check_cudnn(cudnnAddTensor(h, &one, p.bias, bias.raw_data(), &one, p.y, y.raw_data()),
+                "cudnnAddTensor(bias)");
+  }
+}
+
+void conv2d_backward_data_cuda(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
+                               Tensor& dx) {
+  DeviceGuard guard(dy.device());
+  std::unique_lock<std::mutex> lock;
+  ConvPlan& p = plan_for(g, dx, dy, lock);
+  cudnnHandle_t h = cudnn_handle();
+  if (!p.have_bwd_data) {
+    cudnnConvolutionBwdDataAlgoPerf_t results[kMaxAlgos];
+    int count = 0;
+    check_cudnn(cudnnFindConvolutionBackwardDataAlgorithmEx(
+                    h, p.w, weight.raw_data(), p.y, dy.raw_data(), p.conv, p.x, dx.raw_data(),
+                    kMaxAlgos, &count, results, workspace(kSearchWorkspace), kSearchWorkspace),
+                "cudnnFindConvolutionBackwardDataAlgorithmEx");
+    const auto& best = best_ok(results, count, "the input gradient");
+    p.bwd_data = best.algo;
+    p.bwd_data_ws = best.memory;
+    p.have_bwd_data = true;
+    release_workspace();  // the search's 1 GiB must not stay in the step's peak memory
+  }
+  const float one = 1.f, zero = 0.f;
+  check_cudnn(cudnnConvolutionBackwardData(h, &one, p.w, weight.raw_data(), p.y, dy.raw_data(),
+                                           p.conv, p.bwd_data, workspace(p.bwd_data_ws),
+                                           p.bwd_data_ws, &zero, p.x, dx.raw_data()),
+              "cudnnConvolutionBackwardData");
+}
+
+void conv2d_backward_weights_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
+                                  Tensor& dweight, Tensor& dbias) {
+  DeviceGuard guard(x.device());
+  std::unique_lock<std::mutex> lock;
+  ConvPlan& p = plan_for(g, x, dy, lock);
+  cudnnHandle_t h = cudnn_handle();
+  if (!p.have_bwd_filter) {
+    cudnnConvolutionBwdFilterAlgoPerf_t results[kMaxAlgos];
+    int count = 0;
+    check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                    h, p.x, x.raw_data(), p.y, dy.raw_data(), p.conv, p.w, dweight.raw_data(),
+                    kMaxAlgos, &count, results, workspace(kSearchWorkspace), kSearchWorkspace),
+                "cudnnFindConvolutionBackwardFilterAlgorithmEx");
+    const auto& best = best_ok(results, count, "the weight gradient");
+    p.bwd_filter = best.algo;
+    p.bwd_filter_ws = best.memory;
+    p.have_bwd_filter = true;
+    release_workspace();  // the search's 1 GiB must not stay in the step's peak memory
+  }
+  const float one = 1.f, zero = 0.f;
+  check_cudnn(cudnnConvolutionBackwardFilter(h, &one, p.x, x.raw_data(), p.y, dy.raw_data(), p.conv,
+                                             p.bwd_filter, workspace(p.bwd_filter_ws),
+                                             p.bwd_filter_ws, &zero, p.w, dweight.raw_data()),
+              "cudnnConvolutionBackwardFilter");
+  if (g.has_bias && dbias.defined()) {
+    check_cudnn(
+        cudnnConvolutionBackwardBias(h, &one, p.y, dy.raw_data(), &zero, p.bias, dbias.raw_data()),
+        "cudnnConvolutionBackwardBias");
+  }
+}
+
+}  // namespace
+
+void register_conv_kernels() {
+  kernels::conv2d_forward.set(DeviceType::CUDA, &conv2d_forward_cuda);
+  kernels::conv2d_backward_data.set(DeviceType::CUDA, &conv2d_backward_data_cuda);
+  kernels::conv2d_backward_weights.set(DeviceType::CUDA, &conv2d_backward_weights_cuda);
+}
+
+}  // namespace dpar::cuda

@@ -1,0 +1,254 @@
+// CUDA kernels for binary arithmetic, scalar affine maps, in-place add and sum-reductions (f32,
+// like the CPU backend). Products and sums that the CPU computes as separate roundings use
+// __fmul_rn/__fadd_rn so that nvcc does not contract them into an FMA: results are bit-equal.
+#include <algorithm>
+#include <utility>
+
+#include "tensor/cuda/cuda_context.h"
+#include "tensor/cuda/strided_indexer.cuh"
+#include "tensor/elementwise_kernels.h"
+
+namespace dpar::cuda {
+namespace {
+
+using kernels::BinaryOp;
+
+void require_f32(const Tensor& t, const char* op, const char* which) {
+  DPAR_CHECK(t.dtype() == DType::f32, op, " on CUDA supports f32; ", which, " has dtype ",
+             t.dtype());
+}
+
+template <BinaryOp Op>
+__device__ __forceinline__ float apply(float x, float y) {
+  if constexpr (Op == BinaryOp::add) {
+    return x + y;
+  } else if constexpr (Op == BinaryOp::sub) {
+    return x - y;
+  } else if constexpr (Op == BinaryOp::mul) {
+    return x * y;
+  } else {
+    return x / y;
+  }
+}
+
+template <BinaryOp Op>
+__global__ void binary_flat_kernel(const float* a, const float* b, float* out, int64_t n) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = apply<Op>(a[i], b[i]); }
+}
+
+template <BinaryOp Op>
+__global__ void binary_strided_kernel(const float* a, const float* b, float* out,
+                                      StridedIndexer<3> ix, int64_t n) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) {
+    int64_t off[3];
+    ix.offsets(i, off);
+    out[off[0]] = apply<Op>(a[off[1]], b[off[2]]);
+  }
+}
+
+template <BinaryOp Op>
+void binary_typed(const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t n = out.numel();
+  const float* pa = static_cast<const float*>(a.raw_data());
+  const float* pb = static_cast<const float*>(b.raw_data());
+  float* po = static_cast<float*>(out.raw_data());
+  if (a.strides() == out.strides() && b.strides() == out.strides() && out.is_dense()) {
+    binary_flat_kernel<Op><<<blocks_for(n), kThreads, 0, current_stream()>>>(pa, pb, po, n);
+  } else {
+    const Shape* strides[3] = {&out.strides(), &a.strides(), &b.strides()};
+    const StridedIndexer<3> ix = make_indexer<3>(out.shape(), strides);
+    binary_strided_kernel<Op><<<blocks_for(n), kThreads, 0, current_stream()>>>(pa, pb, po, ix, n);
+  }
+  check_launch("binary");
+}
+
+void binary_cuda(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  DeviceGuard guard(out.device());
+  require_f32(a, "binary", "a");
+  require_f32(b, "binary", "b");
+  require_f32(out, "binary", "out");
+  if (out.numel() == 0) return;
+  switch (op) {
+    case BinaryOp::add:
+      return binary_typed<BinaryOp::add>(a, b, out);
+    case BinaryOp::sub:
+      return binary_typed<BinaryOp::sub>(a, b, out);
+    case BinaryOp::mul:
+      return binary_typed<BinaryOp::mul>(a, b, out);
+    case BinaryOp::div:
+      return binary_typed<BinaryOp::div>(a, b, out);
+  }
+}
+
+__global__ void affine_flat_kernel(const float* a, float* out, int64_t n, float alpha, float beta) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = __fadd_rn(__fmul_rn(a[i], alpha), beta); }
+}
+
+__global__ void affine_strided_kernel(const float* a, float* out, StridedIndexer<2> ix, int64_t n,
+                                      float alpha, float beta) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    out[off[0]] = __fadd_rn(__fmul_rn(a[off[1]], alpha), beta);
+  }
+}
+
+void affine_cuda(const Tensor& a, double alpha, double beta, Tensor& out) {
+  DeviceGuard guard(out.device());
+  require_f32(a, "affine", "a");
+  require_f32(out, "affine", "out");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+  const float* pa = static_cast<const float*>(a.raw_data());
+  float* po = static_cast<float*>(out.raw_data());
+  if (a.strides() == out.strides() && out.is_dense()) {
+    affine_flat_kernel<<<blocks_for(n), kThreads, 0, current_stream()>>>(pa, po, n, al, be);
+  } else {
+    const Shape* strides[2] = {&out.strides(), &a.strides()};
+    const StridedIndexer<2> ix = make_indexer<2>(out.shape(), strides);
+    affine_strided_kernel<<<blocks_for(n), kThreads, 0, current_stream()>>>(pa, po, ix, n, al, be);
+  }
+  check_launch("affine");
+}
+
+__global__ void add_inplace_flat_kernel(float* self, const float* other, int64_t n, float alpha) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) { self[i] = __fadd_rn(self[i], __fmul_rn(alpha, other[i])); }
+}
+
+__global__ void add_inplace_strided_kernel(float* self, const float* other, StridedIndexer<2> ix,
+                                           int64_t n, float alpha) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    self[off[0]] = __fadd_rn(self[off[0]], __fmul_rn(alpha, other[off[1]]));
+  }
+}
+
+void add_inplace_cuda(Tensor& self, const Tensor& other, double alpha) {
+  DeviceGuard guard(self.device());
+  require_f32(self, "add_inplace", "self");
+  require_f32(other, "add_inplace", "other");
+  const int64_t n = self.numel();
+  if (n == 0) return;
+  const float al = static_cast<float>(alpha);
+  float* ps = static_cast<float*>(self.raw_data());
+  const float* po = static_cast<const float*>(other.raw_data());
+  if (self.strides() == other.strides() && self.is_dense()) {
+    add_inplace_flat_kernel<<<blocks_for(n), kThreads, 0, current_stream()>>>(ps, po, n, al);
+  } else {
+    const Shape* strides[2] = {&self.strides(), &other.strides()};
+    const StridedIndexer<2> ix = make_indexer<2>(self.shape(), strides);
+    add_inplace_strided_kernel<<<blocks_for(n), kThreads, 0, current_stream()>>>(ps, po, ix, n, al);
+  }
+  check_launch("add_inplace");
+}
+
+// sum_to accumulates in double like the CPU, so sums that nearly cancel still agree with it.
+// `outer` maps an output index to (x offset of its first element, out offset); `inner` maps a
+// reduced index to an x offset relative to that first element.
+__global__ void sum_to_thread_kernel(const float* x, float* out, StridedIndexer<2> outer,
+                                     StridedIndexer<1> inner, int64_t num_out, int64_t num_red) {
+  DPAR_CUDA_KERNEL_LOOP(o, num_out) {
+    int64_t base[2];
+    outer.offsets(o, base);
+    double s = 0.0;
+    for (int64_t j = 0; j < num_red; ++j) {
+      int64_t off[1];
+      inner.offsets(j, off);
+      s += x[base[0] + off[0]];
+    }
+    out[base[1]] = static_cast<float>(s);
+  }
+}
+
+// One block per output; requires blockDim.x == kThreads (a power of two). The output loop
+// depends on blockIdx only, so every thread of a block reaches the same __syncthreads.
+__global__ void sum_to_block_kernel(const float* x, float* out, StridedIndexer<2> outer,
+                                    StridedIndexer<1> inner, int64_t num_out, int64_t num_red) {
+  __shared__ double partial[kThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  for (int64_t o = blockIdx.x; o < num_out; o += gridDim.x) {
+    int64_t base[2];
+    outer.offsets(o, base);
+    double s = 0.0;
+    for (int64_t j = t; j < num_red; j += kThreads) {
+      int64_t off[1];
+      inner.offsets(j, off);
+      s += x[base[0] + off[0]];
+    }
+    partial[t] = s;
+    __syncthreads();
+    for (int half = kThreads / 2; half > 0; half /= 2) {
+      if (t < half) partial[t] += partial[t + half];
+      __syncthreads();
+    }
+    if (t == 0) out[base[1]] = static_cast<float>(partial[0]);
+    __syncthreads();  // partial is rewritten for the next output
+  }
+}
+
+// Merges neighbouring dims that are contiguous with each other (and drops size-1 dims), so the
+// per-element index arithmetic of the inner loop does fewer divisions.
+std::pair<Shape, Shape> coalesce(const Shape& shape, const Shape& strides) {
+  Shape sizes, merged;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (!sizes.empty() && merged.back() == strides[d] * shape[d]) {
+      sizes.back() *= shape[d];
+      merged.back() = strides[d];
+    } else {
+      sizes.push_back(shape[d]);
+      merged.push_back(strides[d]);
+    }
+  }
+  return {sizes, merged};
+}
+
+// Below this many outputs a thread per output leaves most of the GPU idle, so each output gets
+// a block instead (the bias-gradient case: few channels, many reduced elements).
+constexpr int64_t kBlockReduceMaxOutputs = 8192;
+
+void sum_to_cuda(const Tensor& x, Tensor& out) {
+  DeviceGuard guard(out.device());
+  require_f32(x, "sum_to", "x");
+  require_f32(out, "sum_to", "out");
+  DPAR_CHECK(x.dim() == out.dim(), "sum_to on CUDA: out ", out.shape(), " must have the rank of x ",
+             x.shape());
+  Shape red_shape(x.shape().size(), 1);
+  for (size_t d = 0; d < red_shape.size(); ++d) {
+    DPAR_CHECK(out.shape()[d] == x.shape()[d] || out.shape()[d] == 1, "sum_to on CUDA: out ",
+               out.shape(), " is not a keepdim reduction of x ", x.shape());
+    if (out.shape()[d] == 1) red_shape[d] = x.shape()[d];
+  }
+  const int64_t num_out = out.numel();
+  if (num_out == 0) return;
+  const int64_t num_red = shape_numel(red_shape);  // 0 when x is empty: out becomes 0
+  const Shape* outer_strides[2] = {&x.strides(), &out.strides()};
+  const StridedIndexer<2> outer = make_indexer<2>(out.shape(), outer_strides);
+  const auto [inner_shape, inner_stride] = coalesce(red_shape, x.strides());
+  const Shape* inner_strides[1] = {&inner_stride};
+  const StridedIndexer<1> inner = make_indexer<1>(inner_shape, inner_strides);
+  const float* px = static_cast<const float*>(x.raw_data());
+  float* po = static_cast<float*>(out.raw_data());
+  if (num_out <= kBlockReduceMaxOutputs && num_red >= kThreads) {
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_out, 65535));
+    sum_to_block_kernel<<<grid, kThreads, 0, current_stream()>>>(px, po, outer, inner, num_out,
+                                                                 num_red);
+  } else {
+    sum_to_thread_kernel<<<blocks_for(num_out), kThreads, 0, current_stream()>>>(
+        px, po, outer, inner, num_out, num_red);
+  }
+  check_launch("sum_to");
+}
+
+}  // namespace
+
+void register_elementwise_kernels() {
+  kernels::binary.set(DeviceType::CUDA, &binary_cuda);
+  kernels::affine.set(DeviceType::CUDA, &affine_cuda);
+  kernels::add_inplace.set(DeviceType::CUDA, &add_inplace_cuda);
+  kernels::sum_to.set(DeviceType::CUDA, &sum_to_cuda);
+}
+
+}  // namespace dpar::cuda

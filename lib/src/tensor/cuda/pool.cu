@@ -1,0 +1,127 @@
+// CUDA global average pooling (f32) over contiguous NCHW or channels-last NHWC inputs; the
+// layout is read from the strides as the CPU backend does (channels-last checked first).
+#include "tensor/cuda/cuda_context.h"
+#include "tensor/cuda/strided_indexer.cuh"
+#include "tensor/nn_kernels.h"
+
+namespace dpar::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+
+// NCHW: one warp per (n, c) plane so that the lanes read the plane's contiguous memory together.
+// The plane loop depends on the warp index only, so all 32 lanes reach the shuffles.
+__global__ void gap_forward_nchw_kernel(const float* x, float* y, int64_t planes, int64_t C,
+                                        int64_t HW, int64_t y_sn, int64_t y_sc, float scale) {
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  for (int64_t nc = warp; nc < planes; nc += warps) {
+    const float* plane = x + nc * HW;
+    float s = 0.0f;
+    for (int64_t p = lane; p < HW; p += kWarp) s += plane[p];
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      s += __shfl_down_sync(0xffffffffu, s, offset);
+    }
+    if (lane == 0) y[(nc / C) * y_sn + (nc % C) * y_sc] = s * scale;
+  }
+}
+
+// NHWC: one thread per (n, c); neighbouring threads read neighbouring channels. Sums in the
+// CPU's order (p = 0, 1, ...), so the result is the CPU's bit for bit.
+__global__ void gap_forward_nhwc_kernel(const float* x, float* y, int64_t NC, int64_t C, int64_t HW,
+                                        int64_t y_sn, int64_t y_sc, float scale) {
+  DPAR_CUDA_KERNEL_LOOP(i, NC) {
+    const int64_t n = i / C, c = i % C;
+    const float* xc = x + n * HW * C + c;
+    float s = 0.0f;
+    for (int64_t p = 0; p < HW; ++p) s += xc[p * C];
+    y[n * y_sn + c * y_sc] = s * scale;
+  }
+}
+
+void require_f32(const Tensor& t, const char* op, const char* which) {
+  DPAR_CHECK(t.dtype() == DType::f32, op, " on CUDA supports f32; ", which, " has dtype ",
+             t.dtype());
+}
+
+void global_avg_pool2d_forward_cuda(const Tensor& x, Tensor& y) {
+  DeviceGuard guard(x.device());
+  require_f32(x, "global_avg_pool2d_forward", "x");
+  require_f32(y, "global_avg_pool2d_forward", "y");
+  DPAR_CHECK(x.dim() == 4 && y.dim() == 4,
+             "global_avg_pool2d_forward on CUDA: expected 4-D x and "
+             "y, got ",
+             x.shape(), " and ", y.shape());
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  if (y.numel() == 0) return;
+  DPAR_CHECK(HW > 0, "global_avg_pool2d_forward on CUDA: empty spatial dims in ", x.shape());
+  const float* px = static_cast<const float*>(x.raw_data());
+  float* py = static_cast<float*>(y.raw_data());
+  const float scale = 1.0f / static_cast<float>(HW);
+  if (x.is_contiguous(MemoryFormat::ChannelsLast)) {
+    gap_forward_nhwc_kernel<<<blocks_for(N * C), kThreads, 0, current_stream()>>>(
+        px, py, N * C, C, HW, y.stride(0), y.stride(1), scale);
+  } else {
+    DPAR_CHECK(x.is_contiguous(),
+               "global_avg_pool2d_forward on CUDA needs a contiguous or "
+               "channels-last input, got strides ",
+               x.strides());
+    gap_forward_nchw_kernel<<<blocks_for(N * C * kWarp), kThreads, 0, current_stream()>>>(
+        px, py, N * C, C, HW, y.stride(0), y.stride(1), scale);
+  }
+  check_launch("global_avg_pool2d_forward");
+}
+
+__global__ void gap_backward_nchw_kernel(const float* dy, float* dx, int64_t n_total, int64_t C,
+                                         int64_t HW, int64_t dy_sn, int64_t dy_sc, float scale) {
+  DPAR_CUDA_KERNEL_LOOP(i, n_total) {
+    const int64_t nc = i / HW;
+    dx[i] = dy[(nc / C) * dy_sn + (nc % C) * dy_sc] * scale;
+  }
+}
+
+__global__ void gap_backward_nhwc_kernel(const float* dy, float* dx, int64_t n_total, int64_t C,
+                                         int64_t HW, int64_t dy_sn, int64_t dy_sc, float scale) {
+  DPAR_CUDA_KERNEL_LOOP(i, n_total) {
+    const int64_t n = i / (HW * C), c = i % C;
+    dx[i] = dy[n * dy_sn + c * dy_sc] * scale;
+  }
+}
+
+void global_avg_pool2d_backward_cuda(const Tensor& dy, Tensor& dx) {
+  DeviceGuard guard(dx.device());
+  require_f32(dy, "global_avg_pool2d_backward", "dy");
+  require_f32(dx, "global_avg_pool2d_backward", "dx");
+  DPAR_CHECK(dx.dim() == 4 && dy.dim() == 4,
+             "global_avg_pool2d_backward on CUDA: expected 4-D dy "
+             "and dx, got ",
+             dy.shape(), " and ", dx.shape());
+  const int64_t n_total = dx.numel();
+  if (n_total == 0) return;
+  const int64_t C = dx.size(1), HW = dx.size(2) * dx.size(3);
+  const float* pg = static_cast<const float*>(dy.raw_data());
+  float* px = static_cast<float*>(dx.raw_data());
+  const float scale = 1.0f / static_cast<float>(HW);
+  if (dx.is_contiguous(MemoryFormat::ChannelsLast)) {
+    gap_backward_nhwc_kernel<<<blocks_for(n_total), kThreads, 0, current_stream()>>>(
+        pg, px, n_total, C, HW, dy.stride(0), dy.stride(1), scale);
+  } else {
+    DPAR_CHECK(dx.is_contiguous(),
+               "global_avg_pool2d_backward on CUDA needs a contiguous or "
+               "channels-last dx, got strides ",
+               dx.strides());
+    gap_backward_nchw_kernel<<<blocks_for(n_total), kThreads, 0, current_stream()>>>(
+        pg, px, n_total, C, HW, dy.stride(0), dy.stride(1), scale);
+  }
+  check_launch("global_avg_pool2d_backward");
+}
+
+}  // namespace
+
+void register_pool_kernels() {
+  kernels::global_avg_pool2d_forward.set(DeviceType::CUDA, &global_avg_pool2d_forward_cuda);
+  kernels::global_avg_pool2d_backward.set(DeviceType::CUDA, &global_avg_pool2d_backward_cuda);
+}
+
+}  // namespace dpar::cuda
