@@ -49,7 +49,7 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 // reports the same figures (padding of the last shard counts a few images twice, as in DDP).
 // Rank 0 shows the progress over its shard (a line rewritten on a terminal; in a log, plain
 // lines only when the evaluation lasts).
-Metrics evaluate(nn::Module& model, data::DataLoader& loader, bool show_progress) {
+Metrics evaluate(nn::Module& model, data::DataLoader& loader, Device device, bool show_progress) {
   model.eval();
   NoGradGuard no_grad;
   Metrics m;
@@ -58,8 +58,9 @@ Metrics evaluate(nn::Module& model, data::DataLoader& loader, bool show_progress
     progress.emplace("eval", static_cast<double>(loader.num_samples()), "images");
   }
   for (data::Batch& batch : loader.epoch(0)) {
-    Tensor logits = model.forward(batch.images);
-    m.add(cross_entropy(logits, batch.labels).item(), logits, batch.labels);
+    const Tensor images = batch.images.to(device), labels = batch.labels.to(device);
+    Tensor logits = model.forward(images);
+    m.add(cross_entropy(logits, labels).item(), logits, labels);
     if (progress) progress->advance(static_cast<double>(batch.labels.numel()));
   }
   if (progress) progress->finish();
@@ -152,10 +153,10 @@ int main(int argc, char** argv) {
     auto& test_only =
         flags.add_bool("test-only", false, "only evaluate the --pretrained or --resume weights");
     auto& device = flags.add_string("device", "cpu",
-                                    "cpu or gpu; training runs on the CPU until GPU training lands "
-                                    "(gpu is accepted and reported)");
+                                    "cpu, gpu (this process's GPU: the launcher's, else 0) or "
+                                    "gpu:<index>");
     auto& amp = flags.add_bool("amp", false,
-                               "mixed precision; not supported on CPU (fp32 is used, reported)");
+                               "mixed precision; not implemented yet (fp32 is used, reported)");
     mobilenetv3::PsFlags ps_flags(flags);
     flags.parse(argc, argv);
 
@@ -176,16 +177,12 @@ int main(int argc, char** argv) {
       throw FlagError(
           "train: --pretrained and --resume exclude each other (a checkpoint holds the weights)");
     }
-    std::string device_note;
-    if (device == "gpu" || device == "cuda" || device.rfind("gpu:", 0) == 0 ||
-        device.rfind("cuda:", 0) == 0) {
-      device_note = built_with_cuda() ? "train: --device " + device +
-                                            ": this program trains on the CPU until GPU training "
-                                            "lands; training on cpu"
-                                      : "train: --device " + device +
-                                            ": dpar was built without CUDA; training on cpu";
-    } else if (device != "cpu") {
-      throw FlagError("train: --device=" + device + ": expected cpu or gpu");
+    // "gpu"/"cuda" without an index means this process's GPU: the launcher's DPAR_DEVICE
+    // (gpu:<local rank>), else GPU 0. The device is checked once the environment is read.
+    const bool on_gpu = device == "gpu" || device == "cuda" || device.rfind("gpu:", 0) == 0 ||
+                        device.rfind("cuda:", 0) == 0;
+    if (!on_gpu && device != "cpu") {
+      throw FlagError("train: --device=" + device + ": expected cpu, gpu or gpu:<index>");
     }
     // Validate every choice before loading data, so usage errors come back at once.
     if (opt_name != "sgd" && opt_name != "momentum" && opt_name != "rmsprop" && opt_name != "adamw") {
@@ -222,6 +219,18 @@ int main(int argc, char** argv) {
     if (!ps_mode) dist::init_parallel_env();  // a world of one without a launcher environment
     const int rank = ps_mode ? ps_env.trainer_id : dist::get_rank();
     const int world = ps_mode ? ps_env.num_trainers : dist::get_world_size();
+    Device train_device = Device::cpu();
+    if (on_gpu) {
+      if (ps_mode) throw FlagError("train: --device " + device + ": ps mode trains on the CPU");
+      const std::string& assigned = dist::parallel_env().device;
+      const bool bare = device == "gpu" || device == "cuda";
+      train_device = Device::parse(bare && assigned.rfind("gpu:", 0) == 0 ? assigned : device);
+      try {
+        check_device_available(train_device);
+      } catch (const Error& e) {
+        throw FlagError("train: --device " + device + ": " + e.what());
+      }
+    }
 
     const auto splits = mobilenetv3::load_data(data_path, img_size, limit_train, limit_val);
     const int64_t classes = num_classes > 0 ? num_classes : static_cast<int64_t>(splits.train->class_names().size());
@@ -232,6 +241,7 @@ int main(int argc, char** argv) {
       if (rank == 0) std::printf("loaded pretrained weights from %s\n", pretrained.c_str());
     }
     model->train();
+    model->to(train_device);
     // Broadcasts rank 0's weights, checks every rank has the same model, and all-reduces
     // gradients in fused buckets during backward. In a world of one it is a plain wrapper.
     dist::DataParallel dp(model, dp_options);
@@ -276,9 +286,12 @@ int main(int argc, char** argv) {
     }
     if (nodes.empty()) nodes = "local";
     if (rank == 0) {
-      std::printf("dpar %s (commit %s) | nodes: %s | device: cpu (%s), %d threads per rank | model: %s, %lld "
+      const std::string device_text = train_device.is_cpu()
+                                          ? "cpu (" + sysinfo::cpu_model() + ")"
+                                          : train_device.str() + " (" + cuda_device_summary(train_device) + ")";
+      std::printf("dpar %s (commit %s) | nodes: %s | device: %s, %d threads per rank | model: %s, %lld "
                   "classes, %lld parameters\n",
-                  version().c_str(), git_commit().c_str(), nodes.c_str(), sysinfo::cpu_model().c_str(),
+                  version().c_str(), git_commit().c_str(), nodes.c_str(), device_text.c_str(),
                   get_num_threads(), model_name.c_str(), static_cast<long long>(classes),
                   static_cast<long long>(model->num_parameters()));
       std::printf("data: %s at %s, %zu train / %zu val images, %lldpx | batch size %lld per rank, world size %d, "
@@ -287,8 +300,9 @@ int main(int argc, char** argv) {
                   static_cast<long long>(img_size), static_cast<long long>(batch_size), world,
                   static_cast<long long>(batch_size * world), static_cast<long long>(steps_per_epoch));
     }
-    if (rank == 0 && !device_note.empty()) std::printf("%s\n", device_note.c_str());
-    if (rank == 0 && amp) std::printf("train: --amp is not supported on CPU; training in fp32\n");
+    if (rank == 0 && amp) {
+      std::printf("train: --amp: mixed precision is not implemented yet; training in fp32\n");
+    }
     std::fflush(stdout);
 
     // ---- resume: every piece of state that decides the next step --------------------------
@@ -329,7 +343,7 @@ int main(int argc, char** argv) {
       resumed.reset();  // the tensors were copied into the model and optimizer
     }
     if (test_only) {
-      const Metrics m = evaluate(dp, val_loader, rank == 0);
+      const Metrics m = evaluate(dp, val_loader, train_device, rank == 0);
       std::printf(
           "[Eval][Epoch %lld][Avg] loss: %.5f, top1: %.5f, top5: %.5f | peak memory: %.1f MB\n",
           static_cast<long long>(std::max<int64_t>(0, start_epoch - 1)), m.avg_loss(), m.acc1(),
@@ -437,6 +451,8 @@ int main(int argc, char** argv) {
         const auto t_data = Clock::now();
         reader_s += seconds(t_prev, t_data);
         opt->zero_grad();
+        batch.images = batch.images.to(train_device);
+        batch.labels = batch.labels.to(train_device);
         Tensor logits = dp.forward(batch.images);
         Tensor loss = cross_entropy(logits, batch.labels, label_smoothing);
         loss.backward();
@@ -482,7 +498,7 @@ int main(int argc, char** argv) {
           note_saved(checkpoints->save_step(checkpoint_at(epoch, iter)), t0);
         }
       }
-      last_eval = evaluate(dp, val_loader, rank == 0);
+      last_eval = evaluate(dp, val_loader, train_device, rank == 0);
       evaluated = true;
       log.eval(epoch, global_step, last_eval, seconds(train_start, Clock::now()));
       const bool is_best = last_eval.acc1() > best_top1;
@@ -504,7 +520,7 @@ int main(int argc, char** argv) {
     if (!evaluated) {  // resumed from a checkpoint of a finished run: nothing left to train
       std::printf("the checkpoint is at epoch %lld of %lld: nothing left to train\n",
                   static_cast<long long>(start_epoch), static_cast<long long>(epochs));
-      last_eval = evaluate(dp, val_loader, rank == 0);
+      last_eval = evaluate(dp, val_loader, train_device, rank == 0);
     }
     if (ps_trainer) {
       const ps::TrainerStats& st = ps_trainer->stats();

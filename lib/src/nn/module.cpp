@@ -261,6 +261,27 @@ void Module::train(bool on) {
   for (auto& entry : children_) entry.second->train(on);
 }
 
+Module& Module::to(Device device) {
+  check_device_available(device);
+  NoGradGuard no_grad;
+  std::unordered_set<const TensorImpl*> moved;
+  auto move = [&](const Tensor& t) {
+    if (!t.defined() || !moved.insert(t.impl()).second || t.device() == device) return;
+    const Tensor there = t.detach().to(device);
+    TensorImpl& impl = *t.impl();
+    impl.storage = there.storage();
+    impl.offset = there.storage_offset();
+    impl.strides = there.strides();
+    if (Tensor grad = t.grad(); grad.defined()) {
+      Tensor handle = t;  // shares the impl
+      handle.set_grad(grad.to(device));
+    }
+  };
+  for (const Tensor& p : parameters()) move(p);
+  for (const Tensor& b : buffers()) move(b);
+  return *this;
+}
+
 void Module::zero_grad(bool set_to_none) { autograd::zero_grad(parameters(), set_to_none); }
 
 // ---- printing ----------------------------------------------------------------------------

@@ -100,6 +100,11 @@ class Module {
   virtual void train(bool on = true);  // recursive
   void eval() { train(false); }
   bool is_training() const { return training_; }
+  // Moves every parameter and buffer (and any gradient) of this module and its descendants to
+  // `device`, in place like torch's Module.to: the handles modules registered, and optimizers
+  // or hooks hold, keep pointing at the moved tensors. Throws dpar::Error naming the device
+  // when it cannot be used (no GPU, bad index, built without CUDA).
+  Module& to(Device device);
   // Zeroes gradients in place (gradients may be views into DataParallel buckets), or drops
   // them when set_to_none.
   void zero_grad(bool set_to_none = false);
