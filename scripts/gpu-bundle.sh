@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds dpar for the GPU machine (Hopper, sm_90) here and packs what that machine lacks into
+# one compressed file of at most 64 MiB: the binaries, the GPU tests with their ctest files,
+# and the non-CUDA shared libraries they link (oneDNN, gRPC, protobuf, abseil, gloo, ONNX,
+# image codecs...; ldd tells which). The CUDA runtime, cuBLAS, cuDNN and NCCL are NOT packed:
+# scripts/gpu-run.sh takes them from the GPU machine's PyTorch wheels (nvidia/*/lib).
+#
+#   scripts/gpu-bundle.sh [OUT]          build in build-gpu (CUDA arch 90) and pack to OUT
+#                                        (default gpu-bundle/dpar-gpu.tar.gz)
+#   DPAR_GPU_BUILD_DIR=build scripts/gpu-bundle.sh --no-build [OUT]
+#                                        pack an existing CUDA build as it is
+# Then: carry the folder holding OUT (and scripts/) to the GPU machine and run
+#   scripts/gpu-run.sh gpu-bundle/dpar-gpu.tar.gz
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_first=1
+if [ "${1:-}" = "--no-build" ]; then build_first=0; shift; fi
+out=${1:-gpu-bundle/dpar-gpu.tar.gz}
+build=${DPAR_GPU_BUILD_DIR:-build-gpu}
+limit=$((64 * 1024 * 1024))
+
+if [ "$build_first" = 1 ]; then
+  scripts/bootstrap.sh
+  export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPAR_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90
+  cmake --build "$build" -j "${DPAR_JOBS:-$(nproc)}"
+fi
+if [ ! -f "$build/tests/gpu/CTestTestfile.cmake" ]; then
+  echo "gpu-bundle: $build is not a CUDA build (no tests/gpu); build with DPAR_WITH_CUDA=ON" >&2
+  exit 1
+fi
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+root=$stage/dpar-gpu
+mkdir -p "$root/lib" "$root/bin"
+
+# Executables, kept at their place in the build tree so that ctest's files find them.
+binaries=()
+while IFS= read -r f; do binaries+=("$f"); done < <(
+  cd "$build" && find tests/gpu examples/mobilenetv3 launch bench -maxdepth 1 -type f -perm -u+x \
+    \( -name 'test_*' -o -name train -o -name infer -o -name export_model -o -name dpar-launch \
+       -o -name 'bench_*' \) 2>/dev/null | sort)
+[ "${#binaries[@]}" -gt 0 ] || { echo "gpu-bundle: no binaries in $build" >&2; exit 1; }
+for f in "${binaries[@]}"; do
+  mkdir -p "$root/$(dirname "$f")"
+  cp "$build/$f" "$root/$f"
+  strip --strip-unneeded "$root/$f" 2>/dev/null || true
+done
+# ctest files of the GPU tests (catch_discover_tests writes *_tests.cmake beside them), and a
+# top-level file that includes only that folder.
+cp "$build"/tests/gpu/*.cmake "$root/tests/gpu/"
+rm -f "$root/tests/gpu/cmake_install.cmake"
+echo 'subdirs("tests/gpu")' >"$root/CTestTestfile.cmake"
+echo "$(cd "$build" && pwd)" >"$root/BUILD_DIR"
+
+# Shared libraries: libdpar and everything the binaries link that is neither part of the C
+# library nor CUDA's (those come from the GPU machine).
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libutil\.|libresolv\.|libcuda\.|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink|libcufft|libcurand|libcusparse|libcusolver)'
+for f in "${binaries[@]}"; do
+  LD_LIBRARY_PATH="$build/lib:${LD_LIBRARY_PATH:-}" ldd "$build/$f" | awk '/=> \//{print $1, $3}'
+done | sort -u | while read -r name path; do
+  if [[ "$name" =~ $skip ]]; then continue; fi
+  [ -e "$root/lib/$name" ] && continue
+  cp -L "$path" "$root/lib/$name"
+  strip --strip-unneeded "$root/lib/$name" 2>/dev/null || true
+done
+cp scripts/gpu-run.sh "$root/"
+
+mkdir -p "$(dirname "$out")"
+tar -C "$stage" -cf - dpar-gpu | xz -T0 -6 >"$out"
+size=$(stat -c %s "$out")
+echo "gpu-bundle: $out: $((size / 1024 / 1024)) MiB ($size bytes), ${#binaries[@]} binaries, $(ls "$root/lib" | wc -l) libraries"
+if [ "$size" -gt "$limit" ]; then
+  echo "gpu-bundle: $out is larger than the 64 MiB the GPU machine accepts" >&2
+  exit 1
+fi

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# On the GPU machine: unpacks a bundle made by scripts/gpu-bundle.sh, points the loader at its
+# libraries and at the CUDA libraries of that machine's PyTorch wheels (nvidia/*/lib), then
+# runs the GPU tests (`ctest -L gpu`) and, when given, one command with that environment.
+#
+#   scripts/gpu-run.sh BUNDLE [DIR]                 unpack to DIR (default /tmp/dpar-gpu), test
+#   scripts/gpu-run.sh BUNDLE DIR -- CMD ARGS...    ... then run CMD (e.g. bin paths under DIR)
+#   DPAR_GPU_SKIP_TESTS=1 scripts/gpu-run.sh ...    run only CMD
+# Exit status: the tests' (and CMD's) failure, non-zero when anything failed.
+set -uo pipefail
+bundle=${1:?usage: gpu-run.sh BUNDLE [DIR] [-- CMD ARGS...]}
+shift
+dir=/tmp/dpar-gpu
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then dir=$1; shift; fi
+[ "${1:-}" = "--" ] && shift
+python=${PYTHON:-python3}
+
+rm -rf "$dir"
+mkdir -p "$dir"
+# tarfile reads xz without the xz tool, which a minimal image may lack.
+"$python" - "$bundle" "$dir" <<'PY' || { echo "gpu-run: cannot unpack $bundle" >&2; exit 1; }
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2])
+PY
+root=$dir/dpar-gpu
+# ctest's files name the build folder of the machine that built them; point them here.
+old=$(cat "$root/BUILD_DIR")
+find "$root" -name '*.cmake' -exec sed -i "s#$old#$root#g" {} +
+
+# CUDA runtime, cuBLAS(Lt), cuDNN and NCCL from PyTorch's wheels.
+cuda_libs=$("$python" - <<'PY' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+dirs = sorted({os.path.dirname(p) for r in roots for p in glob.glob(os.path.join(r, "**", "lib", "*.so*"), recursive=True)})
+print(":".join(dirs))
+PY
+)
+export LD_LIBRARY_PATH="$root/lib${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "gpu-run: bundle in $root; CUDA libraries from ${cuda_libs:-nowhere (no nvidia wheels found)}"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+status=0
+if [ "${DPAR_GPU_SKIP_TESTS:-0}" != 1 ]; then
+  if command -v ctest >/dev/null; then
+    ctest --test-dir "$root" -L gpu --output-on-failure --timeout 600 || status=1
+  else
+    # No CMake: run each test program directly (each runs all its cases).
+    for t in "$root"/tests/gpu/test_*; do
+      echo "== $t"; "$t" || status=1
+    done
+  fi
+fi
+if [ $# -gt 0 ]; then
+  (cd "$root" && "$@") || status=1
+fi
+exit $status

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# scripts/gpu-bundle.sh packs this build for the GPU machine within 64 MiB, and
+# scripts/gpu-run.sh unpacks it elsewhere and runs `ctest -L gpu` from the bundle alone. Here,
+# without a GPU, every GPU test must say it is skipped and the run must succeed.
+# Usage: gpu_bundle.sh <source dir> <build dir> <python>
+set -uo pipefail
+src=$1 build=$2 python=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+if ! DPAR_GPU_BUILD_DIR=$build "$src/scripts/gpu-bundle.sh" --no-build "$work/b/dpar-gpu.tar.gz" \
+  >"$work/pack" 2>&1; then
+  echo "FAIL: gpu-bundle.sh"; cat "$work/pack"; exit 1
+fi
+cat "$work/pack"
+size=$(stat -c %s "$work/b/dpar-gpu.tar.gz")
+[ "$size" -le $((64 * 1024 * 1024)) ] && echo "ok: $size bytes" || { echo "FAIL: $size bytes > 64 MiB"; fail=1; }
+# The bundle must carry what the binaries link that is not CUDA's or the C library's.
+tar -tJf "$work/b/dpar-gpu.tar.gz" >"$work/list"
+for lib in libdpar libdnnl libgloo libstdc++; do
+  grep -q "dpar-gpu/lib/$lib" "$work/list" && echo "ok: packs $lib" || { echo "FAIL: no $lib in the bundle"; fail=1; }
+done
+grep -q "dpar-gpu/lib/libcudart\|dpar-gpu/lib/libcudnn" "$work/list" &&
+  { echo "FAIL: the bundle packs CUDA libraries the GPU machine has"; fail=1; }
+# Run it from another folder, with the build folder out of the loader's reach.
+if PYTHON=$python "$src/scripts/gpu-run.sh" "$work/b/dpar-gpu.tar.gz" "$work/run" >"$work/out" 2>&1; then
+  echo "ok: gpu-run.sh exited 0"
+else
+  echo "FAIL: gpu-run.sh exited non-zero"; fail=1
+fi
+skipped=$(grep -c "\*\*\*Skipped" "$work/out")
+if [ "$skipped" -ge 8 ] && grep -q "100% tests passed" "$work/out"; then
+  echo "ok: $skipped GPU test cases skipped"
+else
+  echo "FAIL: expected every GPU test case skipped ($skipped skipped)"; fail=1
+fi
+# A bundled test program runs on the bundle's libraries alone and says why it skips.
+if LD_LIBRARY_PATH=$work/run/dpar-gpu/lib "$work/run/dpar-gpu/tests/gpu/test_cuda_train" \
+  >"$work/one" 2>&1 && grep -q "dpar-gpu-test-skipped: " "$work/one"; then
+  echo "ok: $(grep -m1 "dpar-gpu-test-skipped: " "$work/one")"
+else
+  echo "FAIL: the bundled test_cuda_train did not run or gave no reason"; cat "$work/one"; fail=1
+fi
+[ "$fail" = 0 ] || cat "$work/out"
+exit $fail
