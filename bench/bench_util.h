@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -22,12 +23,27 @@
 
 namespace dpar::bench {
 
-// Runs `/usr/bin/python3 bench/peers/<script> <args>` with OMP_NUM_THREADS=threads and
-// returns the JSON object printed on its last stdout line.
+// Where the peers and their Python are: DPAR_PEER_DIR / DPAR_PEER_PYTHON when set, else the
+// source tree's bench/peers (or ./bench/peers, for a bundle run from a checkout on the GPU
+// machine) and Debian's /usr/bin/python3 (or the python3 on PATH, which holds PyTorch there).
+inline std::string peer_dir() {
+  if (const char* d = std::getenv("DPAR_PEER_DIR"); d && *d) return d;
+  if (std::ifstream(DPAR_SOURCE_DIR "/bench/peers/torch_train_step.py")) {
+    return DPAR_SOURCE_DIR "/bench/peers";
+  }
+  return "bench/peers";
+}
+inline std::string peer_python() {
+  if (const char* p = std::getenv("DPAR_PEER_PYTHON"); p && *p) return p;
+  return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+}
+
+// Runs `<python> <peer dir>/<script> <args>` with OMP_NUM_THREADS=threads and returns the JSON
+// object printed on its last stdout line.
 inline nlohmann::json run_peer(const std::string& script, const std::string& args, int threads) {
-  const std::string cmd =
-      "OMP_NUM_THREADS=" + std::to_string(threads) + " MKL_NUM_THREADS=" + std::to_string(threads) +
-      " /usr/bin/python3 " DPAR_SOURCE_DIR "/bench/peers/" + script + " " + args + " 2>/dev/null";
+  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) +
+                          " MKL_NUM_THREADS=" + std::to_string(threads) + " " + peer_python() +
+                          " " + peer_dir() + "/" + script + " " + args + " 2>/dev/null";
   FILE* pipe = popen(cmd.c_str(), "r");
   DPAR_CHECK(pipe != nullptr, "bench: cannot start the PyTorch peer: ", cmd);
   std::string out, last;

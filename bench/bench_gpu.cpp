@@ -1,0 +1,130 @@
+// One GPU, dpar beside PyTorch in the same invocation: MobileNetV3-small 224x224 training
+// throughput (SGD momentum, random data) at each --batches size, peak GPU memory per training
+// step (dpar's allocator peak vs torch.cuda.max_memory_allocated), and eval-mode forward
+// latency at --infer-batches. The peer (bench/peers/torch_gpu.py) runs eager with
+// channels_last and cudnn.benchmark = True, and torch.compile where it works. fp32 only: dpar
+// has no mixed precision yet, so the AMP columns of the GPU issue are not measured here.
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "bench_util.h"
+#include "dpar/dpar.h"
+#include "dpar/optim/sgd.h"
+#include "model/mobilenet_v3.h"
+
+using namespace dpar;
+
+namespace {
+
+std::vector<int64_t> parse_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stoll(item));
+  return out;
+}
+
+struct TrainResult {
+  double img_per_s = 0, ms_per_step = 0, peak_mb = 0;
+};
+
+TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t warmup,
+                             int64_t steps) {
+  manual_seed(0);
+  auto model = models::mobilenet_v3_small(1000);
+  model->train();
+  model->to(gpu);
+  optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
+  auto [xc, yc] = bench::random_batch(batch, img, 1000, 1);
+  const Tensor x = xc.to(gpu), y = yc.to(gpu);
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor loss = cross_entropy(model->forward(x), y);
+    loss.backward();
+    opt.step();
+  };
+  for (int64_t i = 0; i < warmup; ++i) step();
+  synchronize(gpu);
+  Allocator& alloc = allocator_for(gpu);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) step();
+  synchronize(gpu);
+  const double s = bench::seconds_since(t0) / static_cast<double>(steps);
+  return {static_cast<double>(batch) / s, s * 1e3,
+          static_cast<double>(alloc.stats().peak_allocated_bytes) / 1048576.0};
+}
+
+double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup, int64_t steps) {
+  manual_seed(0);
+  auto model = models::mobilenet_v3_small(1000);
+  model->eval();
+  model->to(gpu);
+  NoGradGuard no_grad;
+  const Tensor x = bench::random_batch(batch, img, 1000, 2).images.to(gpu);
+  for (int64_t i = 0; i < warmup; ++i) model->forward(x);
+  synchronize(gpu);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) model->forward(x);
+  synchronize(gpu);
+  return bench::seconds_since(t0) / static_cast<double>(steps) * 1e3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main("bench_gpu", [&] {
+    Flags flags("bench_gpu", "MobileNetV3-small on one GPU: dpar vs PyTorch");
+    auto& device = flags.add_string("device", "gpu:0", "the GPU");
+    auto& batches = flags.add_string("batches", "128,256", "training batch sizes");
+    auto& infer_batches = flags.add_string("infer-batches", "1,64", "inference batch sizes");
+    auto& img = flags.add_int("img", 224, "image side");
+    auto& warmup = flags.add_int("warmup", 5, "untimed steps");
+    auto& steps = flags.add_int("steps", 20, "timed steps");
+    auto& peer = flags.add_bool("peer", true, "also run the PyTorch peer");
+    auto& compile = flags.add_bool("compile", true, "the peer also times torch.compile");
+    flags.parse(argc, argv);
+    const Device gpu = Device::parse(device);
+    check_device_available(gpu);
+    // The peer needs the GPU machine's PyTorch: the python3 on PATH unless told otherwise.
+    setenv("DPAR_PEER_PYTHON", "python3", /*overwrite=*/0);
+    std::printf("bench_gpu: mobilenet_v3_small %lldpx fp32, %lld timed steps | %s\n",
+                static_cast<long long>(img), static_cast<long long>(steps),
+                cuda_device_summary(gpu).c_str());
+    const std::string common = " --img " + std::to_string(img) + " --warmup " +
+                               std::to_string(warmup) + " --steps " + std::to_string(steps) +
+                               (compile ? " --compile" : "");
+    for (int64_t batch : parse_list(batches)) {
+      const TrainResult ours = train_throughput(gpu, batch, img, warmup, steps);
+      std::printf(
+          "train batch %lld\n  dpar     %9.1f img/s (%7.2f ms/step)  peak GPU memory %8.1f MB\n",
+          static_cast<long long>(batch), ours.img_per_s, ours.ms_per_step, ours.peak_mb);
+      if (!peer) continue;
+      const auto p = bench::run_peer("torch_gpu.py",
+                                     "--mode train --batch " + std::to_string(batch) + common, 1);
+      const double theirs = p.at("img_per_s").get<double>();
+      std::printf("  pytorch  %9.1f img/s (%7.2f ms/step)  peak GPU memory %8.1f MB  (torch %s)\n",
+                  theirs, p.at("ms_per_step").get<double>(), p.at("peak_mb").get<double>(),
+                  p.at("torch").get<std::string>().c_str());
+      if (p.contains("compiled_img_per_s")) {
+        std::printf("  torch.compile %9.1f img/s\n", p.at("compiled_img_per_s").get<double>());
+      }
+      std::printf(
+          "  ratio dpar/pytorch eager: %.2fx img/s (target >= 1.0); peak memory %.2fx "
+          "(target <= 1.0)\n",
+          ours.img_per_s / theirs, ours.peak_mb / p.at("peak_mb").get<double>());
+    }
+    for (int64_t batch : parse_list(infer_batches)) {
+      const double ours = forward_latency_ms(gpu, batch, img, warmup, steps);
+      std::printf("infer batch %lld\n  dpar     %8.3f ms\n", static_cast<long long>(batch), ours);
+      if (!peer) continue;
+      const auto p = bench::run_peer("torch_gpu.py",
+                                     "--mode infer --batch " + std::to_string(batch) + common, 1);
+      const double theirs = p.at("ms").get<double>();
+      std::printf("  pytorch  %8.3f ms", theirs);
+      if (p.contains("compiled_ms"))
+        std::printf("   torch.compile %8.3f ms", p.at("compiled_ms").get<double>());
+      std::printf("\n  ratio dpar/pytorch eager: %.2fx latency (target <= 1.0)\n", ours / theirs);
+    }
+    return 0;
+  });
+}
