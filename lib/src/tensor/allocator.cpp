@@ -24,7 +24,7 @@ class CpuCachingAllocator final : public Allocator {
  public:
   ~CpuCachingAllocator() override { empty_cache(); }
 
-  void* allocate(size_t nbytes) override {
+  void* allocate(size_t nbytes, Device /*device*/) override {
     const size_t size = round_up(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
     void* p = nullptr;

@@ -6,7 +6,7 @@ namespace dpar {
 
 Storage::Storage(size_t nbytes, Device device)
     : nbytes_(nbytes), device_(device), from_allocator_(true) {
-  data_ = allocator_for(device).allocate(nbytes);
+  data_ = allocator_for(device).allocate(nbytes, device);
 }
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)

@@ -19,7 +19,9 @@ struct AllocatorStats {
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  virtual void* allocate(size_t nbytes) = 0;
+  // `device` is the tensor's device; an allocator for several devices of one type (CUDA)
+  // allocates there whatever device is current.
+  virtual void* allocate(size_t nbytes, Device device) = 0;
   virtual void deallocate(void* ptr, size_t nbytes) = 0;
   virtual void empty_cache() = 0;  // return cached blocks to the system
   virtual AllocatorStats stats() const = 0;

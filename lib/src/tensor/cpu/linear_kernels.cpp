@@ -8,40 +8,13 @@
 #include <cstdint>
 
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/gemm_operand.h"
 
 namespace dpar::cpu {
 namespace {
 
-// A 2-D operand as sgemm sees it: row-major storage of either t or t^T, with a leading
-// dimension. Transposed views are passed without a copy; other layouts are copied.
-struct GemmOperand {
-  Tensor storage;  // keeps a contiguous copy alive when one was needed
-  const float* data = nullptr;
-  int64_t ld = 1;
-  bool stored_transposed = false;  // memory holds t^T in row-major order
-};
-
-GemmOperand as_gemm_operand(const Tensor& t) {
-  const int64_t r = t.size(0), c = t.size(1);
-  GemmOperand op;
-  // Row-major: unit stride along columns; size-1 dims may carry any stride.
-  if ((t.stride(1) == 1 || c == 1) && (r == 1 || t.stride(0) >= std::max<int64_t>(1, c))) {
-    op.data = static_cast<const float*>(t.raw_data());
-    op.ld = r == 1 ? std::max<int64_t>(1, c) : t.stride(0);
-    return op;
-  }
-  // Column-major (e.g. a transposed view): memory holds t^T row-major.
-  if ((t.stride(0) == 1 || r == 1) && (c == 1 || t.stride(1) >= std::max<int64_t>(1, r))) {
-    op.data = static_cast<const float*>(t.raw_data());
-    op.ld = c == 1 ? std::max<int64_t>(1, r) : t.stride(1);
-    op.stored_transposed = true;
-    return op;
-  }
-  op.storage = t.contiguous();
-  op.data = static_cast<const float*>(op.storage.raw_data());
-  op.ld = std::max<int64_t>(1, c);
-  return op;
-}
+using detail::as_gemm_operand;
+using detail::GemmOperand;
 
 void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
               Tensor& c) {
@@ -71,7 +44,8 @@ void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
   const char ta = trans_a != ga.stored_transposed ? 'T' : 'N';
   const char tb = trans_b != gb.stored_transposed ? 'T' : 'N';
   const dnnl_status_t status =
-      dnnl_sgemm(ta, tb, m, n, k, 1.f, ga.data, ga.ld, gb.data, gb.ld, beta, pc, n);
+      dnnl_sgemm(ta, tb, m, n, k, 1.f, static_cast<const float*>(ga.data), ga.ld,
+                 static_cast<const float*>(gb.data), gb.ld, beta, pc, n);
   DPAR_CHECK(status == dnnl_success, "gemm: oneDNN sgemm failed with status ",
              static_cast<int>(status), " for [", m, "x", k, "] x [", k, "x", n, "]");
 }

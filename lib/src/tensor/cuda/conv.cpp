@@ -46,15 +46,23 @@ cudnnMathType_t math_type(DType t) {
 // The key of one convolution problem: geometry, dtype, device and the activation layout.
 using PlanKey = std::tuple<std::vector<int64_t>, int, int>;
 
+// One direction's algorithm as the search chose it: with the workspace it needs and the math
+// type it was timed with (Find may report a different one than the descriptor asked for).
+template <class Algo>
+struct ChosenAlgo {
+  bool chosen = false;
+  Algo algo{};
+  size_t workspace = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+};
+
 struct ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
-  cudnnConvolutionFwdAlgo_t fwd{};
-  cudnnConvolutionBwdDataAlgo_t bwd_data{};
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  ChosenAlgo<cudnnConvolutionFwdAlgo_t> fwd;
+  ChosenAlgo<cudnnConvolutionBwdDataAlgo_t> bwd_data;
+  ChosenAlgo<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
   ~ConvPlan() {
     if (x) cudnnDestroyTensorDescriptor(x);
     if (y) cudnnDestroyTensorDescriptor(y);
@@ -129,12 +137,25 @@ constexpr int kMaxAlgos = 16;
 // Workspace the search may use per candidate; larger candidates are skipped.
 constexpr size_t kSearchWorkspace = size_t{1} << 30;
 
-template <class Perf>
-const Perf& best_ok(const Perf* results, int count, const char* what) {
-  for (int i = 0; i < count; ++i) {
-    if (results[i].status == CUDNN_STATUS_SUCCESS) return results[i];
+// Runs the search once per plan and direction (`find` fills up to kMaxAlgos results, fastest
+// first), keeps the fastest that succeeded, and sets its math type on the descriptor for the
+// call that follows. The search's 1 GiB workspace is given back so it does not stay in the
+// step's peak memory.
+template <class Perf, class Algo, class Find>
+void use_best_algo(ConvPlan& p, ChosenAlgo<Algo>& chosen, const char* what, Find find) {
+  if (!chosen.chosen) {
+    Perf results[kMaxAlgos];
+    int count = 0;
+    find(results, &count, workspace(kSearchWorkspace));
+    const Perf* best = nullptr;
+    for (int i = 0; i < count && !best; ++i) {
+      if (results[i].status == CUDNN_STATUS_SUCCESS) best = &results[i];
+    }
+    if (!best) DPAR_FAIL("conv2d on CUDA: cuDNN found no algorithm for ", what);
+    chosen = {true, best->algo, best->memory, best->mathType};
+    release_workspace();
   }
-  DPAR_FAIL("conv2d on CUDA: cuDNN found no algorithm for ", what);
+  check_cudnn(cudnnSetConvolutionMathType(p.conv, chosen.math), "cudnnSetConvolutionMathType");
 }
 
 void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
@@ -143,24 +164,18 @@ void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor&
   std::unique_lock<std::mutex> lock;
   ConvPlan& p = plan_for(g, x, y, lock);
   cudnnHandle_t h = cudnn_handle();
-  if (!p.have_fwd) {
-    cudnnConvolutionFwdAlgoPerf_t results[kMaxAlgos];
-    int count = 0;
-    check_cudnn(cudnnFindConvolutionForwardAlgorithmEx(
-                    h, p.x, x.raw_data(), p.w, weight.raw_data(), p.conv, p.y, y.raw_data(),
-                    kMaxAlgos, &count, results, workspace(kSearchWorkspace), kSearchWorkspace),
-                "cudnnFindConvolutionForwardAlgorithmEx");
-    const auto& best = best_ok(results, count, "the forward pass");
-    p.fwd = best.algo;
-    p.fwd_ws = best.memory;
-    p.have_fwd = true;
-    release_workspace();  // the search's 1 GiB must not stay in the step's peak memory
-  }
+  use_best_algo<cudnnConvolutionFwdAlgoPerf_t>(
+      p, p.fwd, "the forward pass", [&](auto* results, int* count, void* ws) {
+        check_cudnn(cudnnFindConvolutionForwardAlgorithmEx(
+                        h, p.x, x.raw_data(), p.w, weight.raw_data(), p.conv, p.y, y.raw_data(),
+                        kMaxAlgos, count, results, ws, kSearchWorkspace),
+                    "cudnnFindConvolutionForwardAlgorithmEx");
+      });
   const float one = 1.f, zero = 0.f;
-  check_cudnn(
-      cudnnConvolutionForward(h, &one, p.x, x.raw_data(), p.w, weight.raw_data(), p.conv, p.fwd,
-                              workspace(p.fwd_ws), p.fwd_ws, &zero, p.y, y.raw_data()),
-      "cudnnConvolutionForward");
+  check_cudnn(cudnnConvolutionForward(h, &one, p.x, x.raw_data(), p.w, weight.raw_data(), p.conv,
+                                      p.fwd.algo, workspace(p.fwd.workspace), p.fwd.workspace,
+                                      &zero, p.y, y.raw_data()),
+              "cudnnConvolutionForward");
   if (g.has_bias) {
     check_cudnn(cudnnAddTensor(h, &one, p.bias, bias.raw_data(), &one, p.y, y.raw_data()),
                 "cudnnAddTensor(bias)");
@@ -173,23 +188,18 @@ void conv2d_backward_data_cuda(const Conv2dGeometry& g, const Tensor& dy, const 
   std::unique_lock<std::mutex> lock;
   ConvPlan& p = plan_for(g, dx, dy, lock);
   cudnnHandle_t h = cudnn_handle();
-  if (!p.have_bwd_data) {
-    cudnnConvolutionBwdDataAlgoPerf_t results[kMaxAlgos];
-    int count = 0;
-    check_cudnn(cudnnFindConvolutionBackwardDataAlgorithmEx(
-                    h, p.w, weight.raw_data(), p.y, dy.raw_data(), p.conv, p.x, dx.raw_data(),
-                    kMaxAlgos, &count, results, workspace(kSearchWorkspace), kSearchWorkspace),
-                "cudnnFindConvolutionBackwardDataAlgorithmEx");
-    const auto& best = best_ok(results, count, "the input gradient");
-    p.bwd_data = best.algo;
-    p.bwd_data_ws = best.memory;
-    p.have_bwd_data = true;
-    release_workspace();  // the search's 1 GiB must not stay in the step's peak memory
-  }
+  use_best_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
+      p, p.bwd_data, "the input gradient", [&](auto* results, int* count, void* ws) {
+        check_cudnn(cudnnFindConvolutionBackwardDataAlgorithmEx(
+                        h, p.w, weight.raw_data(), p.y, dy.raw_data(), p.conv, p.x, dx.raw_data(),
+                        kMaxAlgos, count, results, ws, kSearchWorkspace),
+                    "cudnnFindConvolutionBackwardDataAlgorithmEx");
+      });
   const float one = 1.f, zero = 0.f;
   check_cudnn(cudnnConvolutionBackwardData(h, &one, p.w, weight.raw_data(), p.y, dy.raw_data(),
-                                           p.conv, p.bwd_data, workspace(p.bwd_data_ws),
-                                           p.bwd_data_ws, &zero, p.x, dx.raw_data()),
+                                           p.conv, p.bwd_data.algo,
+                                           workspace(p.bwd_data.workspace), p.bwd_data.workspace,
+                                           &zero, p.x, dx.raw_data()),
               "cudnnConvolutionBackwardData");
 }
 
@@ -199,23 +209,19 @@ void conv2d_backward_weights_cuda(const Conv2dGeometry& g, const Tensor& x, cons
   std::unique_lock<std::mutex> lock;
   ConvPlan& p = plan_for(g, x, dy, lock);
   cudnnHandle_t h = cudnn_handle();
-  if (!p.have_bwd_filter) {
-    cudnnConvolutionBwdFilterAlgoPerf_t results[kMaxAlgos];
-    int count = 0;
-    check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                    h, p.x, x.raw_data(), p.y, dy.raw_data(), p.conv, p.w, dweight.raw_data(),
-                    kMaxAlgos, &count, results, workspace(kSearchWorkspace), kSearchWorkspace),
-                "cudnnFindConvolutionBackwardFilterAlgorithmEx");
-    const auto& best = best_ok(results, count, "the weight gradient");
-    p.bwd_filter = best.algo;
-    p.bwd_filter_ws = best.memory;
-    p.have_bwd_filter = true;
-    release_workspace();  // the search's 1 GiB must not stay in the step's peak memory
-  }
+  use_best_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
+      p, p.bwd_filter, "the weight gradient", [&](auto* results, int* count, void* ws) {
+        check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                        h, p.x, x.raw_data(), p.y, dy.raw_data(), p.conv, p.w,
+                        dweight.raw_data(), kMaxAlgos, count, results, ws, kSearchWorkspace),
+                    "cudnnFindConvolutionBackwardFilterAlgorithmEx");
+      });
   const float one = 1.f, zero = 0.f;
-  check_cudnn(cudnnConvolutionBackwardFilter(h, &one, p.x, x.raw_data(), p.y, dy.raw_data(), p.conv,
-                                             p.bwd_filter, workspace(p.bwd_filter_ws),
-                                             p.bwd_filter_ws, &zero, p.w, dweight.raw_data()),
+  check_cudnn(cudnnConvolutionBackwardFilter(h, &one, p.x, x.raw_data(), p.y, dy.raw_data(),
+                                             p.conv, p.bwd_filter.algo,
+                                             workspace(p.bwd_filter.workspace),
+                                             p.bwd_filter.workspace, &zero, p.w,
+                                             dweight.raw_data()),
               "cudnnConvolutionBackwardFilter");
   if (g.has_bias && dbias.defined()) {
     check_cudnn(

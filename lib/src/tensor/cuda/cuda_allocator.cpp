@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -27,9 +28,11 @@ struct Block {
 
 class StreamOrderedAllocator final : public Allocator {
  public:
-  void* allocate(size_t nbytes) override {
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
+  void* allocate(size_t nbytes, Device where) override {
+    // Ops allocate outputs before any kernel sets the device: allocate on the tensor's device,
+    // not on whichever is current.
+    DeviceGuard guard(where);
+    const int device = where.index;
     configure_pool(device);
     cudaStream_t stream = current_stream(device);
     const size_t size = std::max<size_t>(nbytes, 1);
@@ -53,7 +56,16 @@ class StreamOrderedAllocator final : public Allocator {
     blocks_[p] = Block{device, size, stream, {}};
     stats_.allocated_bytes += size;
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-    ++stats_.system_allocations;
+    // As on the CPU, count the requests the pool could not serve from what it holds.
+    uint64_t reserved = 0;
+    cudaMemPool_t pool = nullptr;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) ==
+            cudaSuccess &&
+        reserved > last_reserved_[static_cast<size_t>(device)]) {
+      ++stats_.system_allocations;
+    }
+    last_reserved_[static_cast<size_t>(device)] = reserved;  // falls only after empty_cache
     return p;
   }
 
@@ -176,12 +188,14 @@ class StreamOrderedAllocator final : public Allocator {
     (void)cudaMemGetInfo(&free_bytes, &total_bytes);
     (void)cudaGetLastError();
     const AllocatorStats s = stats();
-    DPAR_FAIL("CUDA out of memory in ", last_kernel(), ": tried to allocate ",
-              static_cast<double>(size) / kMiB, " MiB on cuda:", device, "; dpar holds ",
-              static_cast<double>(s.allocated_bytes) / kMiB, " MiB in tensors and ",
-              static_cast<double>(s.cached_bytes) / kMiB, " MiB cached; the device has ",
-              static_cast<double>(free_bytes) / kMiB, " MiB free of ",
-              static_cast<double>(total_bytes) / kMiB, " MiB");
+    // Whole MiB in fixed notation (a stream would print 4194304 as 4.1943e+06).
+    auto mib = [](uint64_t bytes) {
+      return std::to_string(static_cast<uint64_t>(static_cast<double>(bytes) / kMiB + 0.5));
+    };
+    DPAR_FAIL("CUDA out of memory in ", last_kernel(), ": tried to allocate ", mib(size),
+              " MiB on cuda:", device, "; dpar holds ", mib(s.allocated_bytes),
+              " MiB in tensors and ", mib(s.cached_bytes), " MiB cached; the device has ",
+              mib(free_bytes), " MiB free of ", mib(total_bytes), " MiB");
   }
 
   mutable std::mutex mutex_;
@@ -189,6 +203,7 @@ class StreamOrderedAllocator final : public Allocator {
   AllocatorStats stats_;
   std::array<std::atomic<bool>, kMaxDevices> configured_{};
   std::array<cudaStream_t, kMaxDevices> release_streams_{};
+  std::array<uint64_t, kMaxDevices> last_reserved_{};  // pool size at the last allocation
 };
 
 StreamOrderedAllocator& instance() {

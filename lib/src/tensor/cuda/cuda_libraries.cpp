@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "dpar/tensor/storage.h"
+#include "tensor/cuda/cuda_allocator.h"
 #include "tensor/cuda/cuda_context.h"
 
 namespace dpar::cuda {
@@ -80,6 +81,9 @@ void* workspace(size_t nbytes) {
     ws.reset();  // back to the stream-ordered pool before the larger one is taken
     ws = std::make_unique<Storage>(nbytes, Device::cuda(device));
   }
+  // Used on another stream than it was allocated on (a side stream): it is then freed only
+  // after that stream's work too (a no-op for the allocating stream).
+  record_stream(ws->data(), current_stream(device));
   return ws->data();
 }
 

@@ -9,37 +9,14 @@
 #include "tensor/cuda/cuda_context.h"
 #include "tensor/cuda/cuda_libraries.h"
 #include "tensor/cuda/strided_indexer.cuh"
+#include "tensor/gemm_operand.h"
 #include "tensor/linear_kernels.h"
 
 namespace dpar::cuda {
 namespace {
 
-struct GemmOperand {
-  Tensor storage;  // a contiguous copy, when the layout needed one
-  const void* data = nullptr;
-  int64_t ld = 1;
-  bool stored_transposed = false;  // memory holds t^T in row-major order
-};
-
-GemmOperand as_gemm_operand(const Tensor& t) {
-  const int64_t r = t.size(0), c = t.size(1);
-  GemmOperand op;
-  if ((t.stride(1) == 1 || c == 1) && (r == 1 || t.stride(0) >= std::max<int64_t>(1, c))) {
-    op.data = t.raw_data();
-    op.ld = r == 1 ? std::max<int64_t>(1, c) : t.stride(0);
-    return op;
-  }
-  if ((t.stride(0) == 1 || r == 1) && (c == 1 || t.stride(1) >= std::max<int64_t>(1, r))) {
-    op.data = t.raw_data();
-    op.ld = c == 1 ? std::max<int64_t>(1, r) : t.stride(1);
-    op.stored_transposed = true;
-    return op;
-  }
-  op.storage = t.contiguous();
-  op.data = op.storage.raw_data();
-  op.ld = std::max<int64_t>(1, c);
-  return op;
-}
+using detail::as_gemm_operand;
+using detail::GemmOperand;
 
 template <class T>
 __global__ void fill_rows_with_bias(T* c, const T* bias, int64_t bias_stride, int64_t m,
