@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
+#include "dpar/core/device.h"
 #include "dpar/core/flags.h"
 #include "text.h"
 
@@ -28,6 +30,44 @@ int usable_cpus() {
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   return online > 0 ? static_cast<int>(online) : 1;
+}
+
+namespace {
+
+bool inherits_visible_devices(const Env& base) {
+  auto it = base.find("CUDA_VISIBLE_DEVICES");
+  return it != base.end() && !trim(it->second).empty();
+}
+
+// "1 CUDA device: 0", "2 CUDA devices: 0,1", "8 CUDA devices: 0..7".
+std::string device_range(int count) {
+  const std::string ids = count == 1 ? "0" : count == 2 ? "0,1" : "0.." + std::to_string(count - 1);
+  return std::to_string(count) + (count == 1 ? " CUDA device: " : " CUDA devices: ") + ids;
+}
+
+}  // namespace
+
+GpuInventory this_machine_gpus() {
+  GpuInventory out;
+  out.count = cuda_device_count();
+  if (out.count == 0) out.unavailable_reason = cuda_unavailable_reason();
+  return out;
+}
+
+void check_local_gpus(const LaunchPlan& plan, const Env& base,
+                      const std::function<GpuInventory()>& inventory) {
+  if (plan.ps_mode || inherits_visible_devices(base)) return;
+  std::optional<GpuInventory> found;
+  for (const Process& p : plan.node().procs) {
+    if (p.gpu.empty()) continue;
+    if (!found) found = inventory();
+    // Ids are non-negative integers of at most 6 digits (parse_gpu_list, the rank table).
+    if (std::stoll(p.gpu) < found->count) continue;
+    const std::string why =
+        found->count == 0 ? found->unavailable_reason : "it has " + device_range(found->count);
+    throw FlagError("dpar-launch: " + plan.gpu_source + ": GPU " + p.gpu +
+                    " is not a device of this machine (" + why + ")");
+  }
 }
 
 namespace {

@@ -7,7 +7,9 @@
 // devices), and uses the one at index LOCAL_RANK: DPAR_DEVICE=gpu:<local rank> and
 // FLAGS_selected_gpus=<local rank>. With --gpus=0,1 that is simply gpu:0 and gpu:1. --gpus ids
 // are the caller's ids: when the launcher itself runs with CUDA_VISIBLE_DEVICES set (a
-// scheduler's allocation), each id must be one of those entries, as paddle's launcher asks.
+// scheduler's allocation), each id must be one of those entries, as paddle's launcher asks;
+// otherwise each must be a CUDA device of this machine (check_local_gpus).
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -23,6 +25,23 @@ Env current_environment();
 
 // CPUs this process may run on (sched_getaffinity), at least 1.
 int usable_cpus();
+
+// The CUDA devices of this machine as dpar sees them: their count and, when there is none,
+// why (dpar::cuda_device_count() and dpar::cuda_unavailable_reason()).
+struct GpuInventory {
+  int count = 0;
+  std::string unavailable_reason;
+};
+GpuInventory this_machine_gpus();
+
+// Checks, before anything starts, that every GPU this node's processes use exists here. With a
+// non-empty inherited CUDA_VISIBLE_DEVICES in `base` that list is the rule and
+// worker_environment checks it; otherwise each id must be below the count `inventory`
+// returns, which is asked only when a local process uses a GPU. Only this node's GPUs are
+// checked: every node's launcher checks its own. Throws FlagError, e.g. "dpar-launch:
+// --gpus=0,1: GPU 1 is not a device of this machine (it has 1 CUDA device: 0)".
+void check_local_gpus(const LaunchPlan& plan, const Env& base,
+                      const std::function<GpuInventory()>& inventory);
 
 // `base` is the launcher's environment; the result is base plus the variables above,
 // DPAR_RESTART_COUNT, and OMP_NUM_THREADS = max(1, cpus / local processes) unless base sets it.

@@ -100,6 +100,7 @@ int launch(int argc, char** argv) {
   const Env base = current_environment();
   auto path = base.find("PATH");
   plan.program_path = resolve_program(plan.command[0], path == base.end() ? "" : path->second);
+  check_local_gpus(plan, base, this_machine_gpus);
 
   bool token_derived = false;
   if (plan.ps_mode) {

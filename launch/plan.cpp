@@ -170,6 +170,7 @@ LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_add
   }
   plan.job_id = o.job_id.empty() ? "dpar-" + plan.master_ip + "-" + std::to_string(plan.master_port)
                                  : o.job_id;
+  plan.gpu_source = o.gpus_given ? "--gpus=" + o.gpus : cluster.source;
   plan.command = o.command;
   plan.log_dir = o.log_dir;
   plan.max_restarts = static_cast<int>(o.max_restarts);

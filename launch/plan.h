@@ -33,6 +33,7 @@ struct LaunchPlan {
   std::vector<std::string> endpoints;  // ip:port by global rank
   std::vector<std::string> command;    // program (as given) and its arguments
   std::string program_path;            // resolved executable
+  std::string gpu_source;  // "--gpus=0,1" or "--rank_table=F": where the GPU ids come from
   std::string log_dir;
   int max_restarts = 0;
   double grace_period = 3.0;

@@ -59,6 +59,34 @@ expect_bad "program $work: is a directory" "$work" "$marker"
 CUDA_VISIBLE_DEVICES=4,5 expect_bad "GPU 0 is not in this launcher's CUDA_VISIBLE_DEVICES=4,5" \
   --gpus=0 "${W[@]}"
 
+echo "== GPUs that are not devices of this machine"
+# Without an inherited CUDA_VISIBLE_DEVICES each id must be below this machine's CUDA device
+# count. No machine has a millionth GPU; the reason is the count ("it has 2 CUDA devices:
+# 0,1") or why there is none ("dpar was built without CUDA", "no CUDA device ...",
+# "no NVIDIA driver ...").
+unset CUDA_VISIBLE_DEVICES
+device_reason='\((it has 1 CUDA device: 0|it has [0-9]+ CUDA devices: 0(,1|\.\.[0-9]+)|dpar was built without CUDA|no CUDA device.*|no NVIDIA driver .*|CUDA is not usable here: .*)\)$'
+# expect_bad_gpu TEXT args...: expect_bad, and the line ends with the device count or reason.
+expect_bad_gpu() {
+  expect_bad "$@"
+  grep -qE -- "$device_reason" "$work/err" && ok "names the device count or why there is none" ||
+    fail "no device count or reason in: $(cat "$work/err")"
+}
+expect_bad_gpu "dpar-launch: --gpus=999999: GPU 999999 is not a device of this machine (" \
+  --gpus=999999 "${W[@]}"
+# Only this node's GPUs are checked, against this machine: the same on every node.
+expect_bad_gpu "--gpus=999998: GPU 999998 is not a device of this machine (" \
+  --ips=127.0.0.1,127.0.0.2 --gpus=999998 "${W[@]}"
+printf '{"server_list": [{"server_id": "127.0.0.1", "device": [{"device_id": "999999", "rank_id": "0"}]}]}' \
+  >"$work/big.json"
+expect_bad_gpu "--rank_table=$work/big.json: GPU 999999 is not a device of this machine (" \
+  --rank_table="$work/big.json" "${W[@]}"
+# On a machine without a GPU, GPU 0 is refused as well.
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU 0'; then
+  expect_bad_gpu "dpar-launch: --gpus=0,1: GPU 0 is not a device of this machine (" --gpus=0,1 \
+    "${W[@]}"
+fi
+
 echo "== ps mode"
 P=(--run_mode=ps)
 expect_bad "--servers=127.0.0.1: entry '127.0.0.1': expected ip:port" \

@@ -38,7 +38,9 @@ expect_no_text "$work/out" "of rank 1"
 expect_no_text "$work/out" "of rank 2"
 
 echo "== OMP_NUM_THREADS is kept when set; --log-dir spelling; --devices alias and GPU variables"
-OMP_NUM_THREADS=7 "$launcher" --devices=0,1 --log-dir="$work/gpu" --start_port=$port \
+# CUDA_VISIBLE_DEVICES declares GPUs 0 and 1, so the launcher does not ask this (GPU-less)
+# machine for its devices.
+CUDA_VISIBLE_DEVICES=0,1 OMP_NUM_THREADS=7 "$launcher" --devices=0,1 --log-dir="$work/gpu" --start_port=$port \
   "$worker" "$marker" >"$work/out" 2>"$work/err" || { fail "gpu run failed"; cat "$work/err"; }
 for i in 0 1; do
   log=$work/gpu/workerlog.$i

@@ -86,7 +86,8 @@ cat >"$work/ranks.json" <<JSON
      {"device_id": 2, "rank_id": 3}]}],
  "status": "completed"}
 JSON
-unset CUDA_VISIBLE_DEVICES
+# Both "nodes" are this machine, which may have no GPU: the inherited list declares the devices.
+export CUDA_VISIBLE_DEVICES=0,1,2,3
 two_nodes "$work/rt" "" "--host=127.0.0.2" --rank_table="$work/ranks.json" --start_port=$port \
   "$worker" "$marker"
 # Local ranks follow rank_id within a node: node 0 runs rank 0 (device 1) then rank 2 (device 0).

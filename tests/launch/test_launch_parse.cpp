@@ -254,6 +254,58 @@ TEST_CASE("launch: per-process environment", "[launch]") {
   CHECK_THAT(table, !Contains("PATH"));
 }
 
+TEST_CASE("launch: GPUs must be devices of this machine", "[launch]") {
+  int asked = 0;
+  auto machine = [&asked](int count) {
+    return [&asked, count] {
+      ++asked;
+      return GpuInventory{count,
+                          count == 0 ? "no CUDA device (cudaGetDeviceCount found none)" : ""};
+    };
+  };
+  // Node 1 of two runs GPUs 2 and 3; each node checks only its own processes.
+  const LaunchPlan plan =
+      make_plan(options({"--ips=10.0.0.1,10.0.0.2", "--gpus=2,3", "--host=10.0.0.2"}), {});
+  CHECK(plan.gpu_source == "--gpus=2,3");
+  CHECK_NOTHROW(check_local_gpus(plan, {}, machine(4)));
+  CHECK_THAT(error_of([&] { check_local_gpus(plan, {}, machine(3)); }),
+             Contains("dpar-launch: --gpus=2,3: GPU 3 is not a device of this machine (it has 3 "
+                      "CUDA devices: 0..2)"));
+  CHECK_THAT(error_of([&] { check_local_gpus(plan, {}, machine(2)); }),
+             Contains("--gpus=2,3: GPU 2 is not a device of this machine (it has 2 CUDA "
+                      "devices: 0,1)"));
+  CHECK_THAT(error_of([&] { check_local_gpus(plan, {}, machine(1)); }),
+             Contains("GPU 2 is not a device of this machine (it has 1 CUDA device: 0)"));
+  CHECK_THAT(error_of([&] { check_local_gpus(plan, {}, machine(0)); }),
+             Contains("--gpus=2,3: GPU 2 is not a device of this machine (no CUDA device "
+                      "(cudaGetDeviceCount found none))"));
+  // An inherited CUDA_VISIBLE_DEVICES is the rule instead (worker_environment checks it): the
+  // machine is not asked.
+  asked = 0;
+  CHECK_NOTHROW(check_local_gpus(plan, {{"CUDA_VISIBLE_DEVICES", "2,3"}}, machine(0)));
+  CHECK(asked == 0);
+  // Set but blank counts as not set.
+  CHECK_THAT(error_of([&] {
+               check_local_gpus(plan, {{"CUDA_VISIBLE_DEVICES", " "}}, machine(0));
+             }),
+             Contains("GPU 2 is not a device of this machine"));
+  // CPU processes ask nothing.
+  const LaunchPlan cpu = make_plan(options({"--nproc_per_node=2"}), {"127.0.0.1"});
+  asked = 0;
+  CHECK_NOTHROW(check_local_gpus(cpu, {}, machine(0)));
+  CHECK(asked == 0);
+  // A rank table names its file.
+  LaunchPlan table;
+  table.cluster = cluster_from_rank_table(
+      R"({"server_list":[{"server_id":"10.0.0.1","device":[{"device_id":"0","rank_id":"0"},
+         {"device_id":"5","rank_id":"1"}]}]})",
+      "rt.json");
+  table.gpu_source = table.cluster.source;
+  CHECK_THAT(error_of([&] { check_local_gpus(table, {}, machine(2)); }),
+             Contains("dpar-launch: --rank_table=rt.json: GPU 5 is not a device of this machine "
+                      "(it has 2 CUDA devices: 0,1)"));
+}
+
 TEST_CASE("launch: option checks", "[launch]") {
   Options o = options({"--log-dir=out", "--devices=0,1", "--max_restart=2"});
   CHECK(o.log_dir == "out");
