@@ -117,6 +117,10 @@ int main(int argc, char** argv) {
     auto& grad_comm_dtype = flags.add_string(
         "grad-comm-dtype", "f32",
         "dtype gradients travel in between ranks: f32 (exact), bf16 or f16 (half the bytes)");
+    auto& broadcast_buffers = flags.add_bool(
+        "broadcast-buffers", true,
+        "rank 0's BN running statistics go to every rank before each training forward (false: "
+        "each rank keeps the statistics of its own batches)");
     auto& img_size = flags.add_int("img-size", 32, "input image side");
     auto& num_classes = flags.add_int("num-classes", 0, "classes (0: from the data)");
     auto& seed = flags.add_int("seed", 0, "seed for initialisation, shuffling and augmentation");
@@ -202,6 +206,7 @@ int main(int argc, char** argv) {
     } else if (grad_comm_dtype != "f32") {
       throw FlagError("train: --grad-comm-dtype=" + grad_comm_dtype + ": expected f32, bf16 or f16");
     }
+    dp_options.broadcast_buffers = broadcast_buffers;
     if (threads > 0) set_num_threads(static_cast<int>(threads));
     manual_seed(static_cast<uint64_t>(seed));
     // Parameter-server job (dpar-launch --run_mode=ps): a PSERVER process only serves; a

@@ -488,3 +488,133 @@ TEST_CASE("DataParallel presents the wrapped module's names and broadcasts buffe
   CHECK(results[1].running_means_after_wrap == results[0].running_means_after_wrap);
   CHECK(results[1].running_means_after_wrap[0] == std::vector<float>(8, 0.f));
 }
+
+namespace {
+
+// Net under a module that records its buffers as each forward starts, i.e. after
+// DataParallel's buffer broadcast.
+class BufferProbe : public nn::Module {
+ public:
+  BufferProbe() : Module("BufferProbe") { net = register_module("net", std::make_shared<Net>(5)); }
+  Tensor forward(const Tensor& x) override {
+    at_entry = values(buffers());
+    return net->forward(x);
+  }
+  std::shared_ptr<Net> net;
+  Values at_entry;
+};
+
+// Running statistics of a single process that trains like the 2-rank test below (the mean of
+// the two shards' losses, train-mode BN) but lets only shard `owner` update the buffers: the
+// statistics a rank keeps when its forward starts from its own buffers each time.
+Values reference_buffers(int owner, int steps, int64_t local) {
+  BufferProbe ref;
+  optim::SGD opt(ref.parameters(), sgd());
+  auto snapshot = [&ref] {
+    std::vector<Tensor> out;
+    for (const auto& b : ref.buffers()) out.push_back(b.clone());
+    return out;
+  };
+  auto restore = [&ref](const std::vector<Tensor>& from) {
+    NoGradGuard no_grad;
+    auto buffers = ref.buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(from[i]);
+  };
+  for (int s = 0; s < steps; ++s) {
+    const Batch all = make_batch(700 + s, 2 * local);
+    opt.zero_grad();
+    const auto before = snapshot();
+    Tensor loss0 = loss_of(ref, all.slice(0, local));
+    const auto after0 = snapshot();
+    restore(before);
+    Tensor loss1 = loss_of(ref, all.slice(local, 2 * local));
+    if (owner == 0) restore(after0);
+    mul(add(loss0, loss1), 0.5).backward();
+    opt.step();
+  }
+  return values(ref.buffers());
+}
+
+}  // namespace
+
+TEST_CASE("broadcast_buffers: every training forward starts from rank 0's buffers",
+          "[data_parallel]") {
+  constexpr int kSteps = 3;
+  constexpr int64_t kLocal = 4;
+  struct Out {
+    std::vector<Values> at_entry, after_forward;  // per step
+    Values after_eval, after_second_eval, params;
+  };
+  for (const bool broadcast : {true, false}) {
+    DYNAMIC_SECTION("broadcast_buffers=" << broadcast) {
+      auto results = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+        auto probe = std::make_shared<BufferProbe>();
+        DataParallelOptions o = options_for(group);
+        o.broadcast_buffers = broadcast;
+        DataParallel dp(probe, o);
+        dp.train();
+        optim::SGD opt(dp.parameters(), sgd());
+        Out out;
+        for (int s = 0; s < kSteps; ++s) {
+          // Different data per rank: the running statistics drift apart in every forward.
+          const Batch b = make_batch(700 + s, 2 * kLocal).slice(rank * kLocal, (rank + 1) * kLocal);
+          opt.zero_grad();
+          Tensor loss = loss_of(dp, b);
+          out.at_entry.push_back(probe->at_entry);
+          out.after_forward.push_back(values(dp.buffers()));
+          loss.backward();
+          opt.step();
+        }
+        dp.eval();
+        NoGradGuard no_grad;
+        const Batch b = make_batch(800, kLocal);
+        dp.forward(b.x);
+        out.after_eval = values(dp.buffers());
+        // Eval forwards change no statistics: after the first, nothing is sent, so a local
+        // change stays local.
+        if (rank == 1) probe->net->bn1->running_mean.fill_(7.0);
+        dp.forward(b.x);
+        out.after_second_eval = values(dp.buffers());
+        out.params = values(dp.parameters());
+        return out;
+      });
+      const Out& r0 = results[0];
+      const Out& r1 = results[1];
+      REQUIRE(r0.at_entry.size() == kSteps);
+      REQUIRE(r1.at_entry.size() == kSteps);
+      CHECK(r0.params == r1.params);            // gradients are averaged either way
+      CHECK(r0.at_entry[0] == r1.at_entry[0]);  // construction broadcasts every buffer
+      for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s);
+        CHECK(r0.after_forward[s] != r1.after_forward[s]);  // each forward used its own batch
+        // Rank 0 always continues from its own statistics.
+        if (s > 0) CHECK(r0.at_entry[s] == r0.after_forward[s - 1]);
+        if (s > 0 && broadcast) {
+          // Bitwise: every rank starts the forward with rank 0's buffers as they were right
+          // after rank 0's previous forward.
+          CHECK(r1.at_entry[s] == r0.at_entry[s]);
+          CHECK(r1.at_entry[s] == r0.after_forward[s - 1]);
+        }
+        if (s > 0 && !broadcast) {
+          CHECK(r1.at_entry[s] == r1.after_forward[s - 1]);
+          CHECK(r1.at_entry[s] != r0.at_entry[s]);
+        }
+      }
+      CHECK(r0.after_eval == r0.after_forward.back());
+      CHECK(r1.after_eval == (broadcast ? r0 : r1).after_forward.back());
+      CHECK(r0.after_second_eval == r0.after_eval);
+      CHECK(r1.after_second_eval != r1.after_eval);  // the local change was not overwritten
+      // The statistics follow the batches of the rank whose buffers the forwards start from.
+      const double diff0 =
+          max_rel_diff(r0.after_forward.back(), reference_buffers(0, kSteps, kLocal));
+      INFO("rank 0 vs its reference: " << diff0);
+      CHECK(diff0 <= 1e-5);
+      if (!broadcast) {
+        const double diff1 =
+            max_rel_diff(r1.after_forward.back(), reference_buffers(1, kSteps, kLocal));
+        INFO("rank 1 vs its reference: " << diff1);
+        CHECK(diff1 <= 1e-5);
+      }
+    }
+  }
+}

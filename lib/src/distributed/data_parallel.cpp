@@ -175,11 +175,16 @@ Tensor DataParallel::forward(const Tensor& input, int64_t local_batch_size) {
 }
 
 Tensor DataParallel::run_forward(const Tensor& input, int64_t local_batch_size) {
-  if (options_.group && options_.broadcast_buffers && options_.group->size() > 1) {
-    // BN running statistics drift apart per rank; rank 0's are the truth, as in DDP.
+  // A training-mode forward updates BN running statistics from the rank's own batch, so they
+  // drift apart; rank 0's are the truth, as in DDP. They go out before every training forward
+  // and before the first eval forward after one (evaluation then uses the statistics rank 0
+  // checkpoints); later eval forwards change nothing and communicate nothing.
+  const bool training = module_->is_training();
+  if (reducer_ && options_.broadcast_buffers && (training || !buffers_in_sync_)) {
     std::vector<Tensor> buffers = module_->buffers();
     if (!buffers.empty()) broadcast_coalesced(*options_.group, buffers, 0);
   }
+  buffers_in_sync_ = !training;
   if (reducer_) reducer_->prepare_forward(sync_enabled_, local_batch_size);
   Tensor output = module_->forward(input);
   if (reducer_) reducer_->after_forward(output);

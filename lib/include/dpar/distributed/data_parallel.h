@@ -11,6 +11,8 @@
 //   * no_sync() skips communication for gradient accumulation;
 //   * unused parameters are an error naming them, unless find_unused_parameters;
 //   * unequal local batch sizes give the sample-weighted average (pass the batch size);
+//   * broadcast_buffers: rank 0's buffers (BN running statistics) go to every rank before
+//     each training forward;
 //   * comm_dtype = bf16 or f16 sends gradients compressed (half the bytes), as DDP's
 //     bf16_compress_hook / fp16_compress_hook and fleet's fp16_allreduce do.
 #include <memory>
@@ -26,7 +28,12 @@ struct DataParallelOptions {
   double comm_buffer_size = 25;      // MB, buckets after the first
   double last_comm_buffer_size = 1;  // MB, the first bucket (the last layers' gradients)
   bool find_unused_parameters = false;
-  bool broadcast_buffers = true;  // BN running stats from rank 0 at every forward
+  // Rank 0's buffers (BN running_mean/running_var/num_batches_tracked, ...) overwrite every
+  // rank's before each training-mode forward, and before the first eval-mode forward after
+  // training, as DDP's broadcast_buffers: one fused broadcast of all buffers per forward.
+  // Every rank must run those forwards. false: each rank keeps the statistics of its own
+  // batches (they are equal only after construction, which always broadcasts).
+  bool broadcast_buffers = true;
   // The dtype f32 gradients travel in: f32 (exact), bf16 or f16 (half the bytes). Each bucket
   // is scaled, converted, summed over ranks (in f32, rounded to the format at each step) and
   // converted back into the f32 gradients. bf16 keeps f32's range with 8 bits of mantissa, f16
@@ -103,6 +110,8 @@ class DataParallel : public nn::Module {
   DataParallelOptions options_;
   std::unique_ptr<Reducer> reducer_;
   bool sync_enabled_ = true;
+  // No training forward has changed the buffers since rank 0's were last broadcast.
+  bool buffers_in_sync_ = true;
 };
 
 }  // namespace dpar::dist
