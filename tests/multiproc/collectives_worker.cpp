@@ -1,11 +1,13 @@
 // Run under dpar-launch: every collective x dtype x size on the job's ranks, each result
 // checked exactly against values every rank can compute on its own. Exits non-zero (with a
-// line naming the case) on the first mismatch.
+// line naming the case) on the first mismatch. The tensors live on --device (cpu: the Gloo
+// group; gpu:N: the NCCL group, or Gloo through host memory with DPAR_DIST_BACKEND=gloo).
 #include <cstdio>
 #include <string>
 
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
+#include "worker_device.h"
 
 using namespace dpar;
 using namespace dpar::dist;
@@ -15,10 +17,12 @@ namespace {
 // Rank r's value for element i: small integers, exact in every dtype (f16/bf16 included).
 double value(int rank, int64_t i) { return static_cast<double>((rank + 1) * ((i % 7) + 1)); }
 
+Device device = Device::cpu();
+
 Tensor make(int rank, int64_t n, DType dtype) {
   std::vector<float> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>(value(rank, i));
-  return Tensor::from_vector(v, {n}).to(dtype);
+  return Tensor::from_vector(v, {n}).to(dtype).to(device);
 }
 
 void expect(bool ok, const std::string& what) {
@@ -43,10 +47,20 @@ int main(int argc, char** argv) {
   return run_main("collectives_worker", [&] {
     Flags flags("collectives_worker", "checks every collective (run under dpar-launch)");
     auto& big = flags.add_int("big", 1000003, "the large size (1M+3 by default)");
+    auto& device_flag =
+        flags.add_string("device", "", "cpu or gpu:N (default: $DPAR_TEST_DEVICE, else cpu)");
+    auto& gpu_check = flags.add_bool("gpu-check", false,
+                                     "print 'gpu ok' or why no CUDA device can be used, and exit");
     // Positional arguments are ignored: tests pass a marker to find the job's processes.
     flags.parse(argc, argv, /*allow_positional=*/true);
+    if (gpu_check) {
+      std::printf("%s\n", cuda_device_count() > 0 ? "gpu ok" : cuda_unavailable_reason().c_str());
+      return 0;
+    }
+    device = test::worker_device(device_flag);
     init_parallel_env();
     const int rank = get_rank(), world = get_world_size();
+    test::distinct_nccl_host_if_asked(rank);
     Group& g = default_group();
     int cases = 0;
     const std::vector<DType> dtypes{DType::f32, DType::f16, DType::bf16, DType::i64};
@@ -87,7 +101,7 @@ int main(int argc, char** argv) {
         check_values(
             b, [&](int64_t i) { return value(root, i); }, "broadcast " + tag);
         std::vector<Tensor> outs;
-        for (int r = 0; r < world; ++r) outs.push_back(Tensor::zeros({n}, dt));
+        for (int r = 0; r < world; ++r) outs.push_back(Tensor::zeros({n}, dt, device));
         g.allgather(outs, make(rank, n, dt))->wait();
         for (int r = 0; r < world; ++r) {
           check_values(
@@ -97,7 +111,7 @@ int main(int argc, char** argv) {
         // reduce_scatter with uneven pieces: piece r has n + r elements.
         std::vector<Tensor> inputs;
         for (int r = 0; r < world; ++r) inputs.push_back(make(rank, n + r, dt));
-        Tensor out = Tensor::zeros({n + rank}, dt);
+        Tensor out = Tensor::zeros({n + rank}, dt, device);
         g.reduce_scatter(out, inputs, ReduceOp::Sum)->wait();
         check_values(
             out, [&](int64_t i) { return sum_ranks * base(i); }, "reduce_scatter " + tag);
@@ -106,7 +120,8 @@ int main(int argc, char** argv) {
     }
     g.barrier();
     expect(cases > 0, "no cases ran");
-    std::printf("rank %d/%d: %d collective cases passed\n", rank, world, cases);
+    std::printf("rank %d/%d: %d collective cases passed on %s (%s)\n", rank, world, cases,
+                device.str().c_str(), g.backend_for(device).backend_name().c_str());
     destroy();
     return 0;
   });

@@ -6,6 +6,7 @@
 // within bf16's precision of the reference). Failure drills: --die-rank/--die-step (SIGKILL
 // itself),
 // --skip-rank (skips one all-reduce), --mismatch-rank (all-reduces a different shape).
+// --device gpu:N (or $DPAR_TEST_DEVICE) runs model, data, buckets and the reference there.
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -13,11 +14,14 @@
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
+#include "worker_device.h"
 
 using namespace dpar;
 using namespace dpar::dist;
 
 namespace {
+
+Device device = Device::cpu();
 
 std::shared_ptr<nn::Module> make_model() {
   manual_seed(42);  // same initial weights on every rank and in the reference
@@ -29,6 +33,7 @@ std::shared_ptr<nn::Module> make_model() {
   net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(1));
   net->push_back(std::make_shared<nn::Flatten>(1));
   net->push_back(std::make_shared<nn::Linear>(8, 5));
+  net->to(device);
   return net;
 }
 
@@ -42,7 +47,7 @@ std::pair<Tensor, Tensor> batch(int rank, int step, int micro, bool unequal) {
   for (float& v : x) v = gen.normal();
   std::vector<int64_t> y(static_cast<size_t>(n));
   for (auto& v : y) v = static_cast<int64_t>(gen.next_u64() % 5);
-  return {Tensor::from_vector(x, {n, 3, 8, 8}), Tensor::from_vector(y, {n})};
+  return {Tensor::from_vector(x, {n, 3, 8, 8}).to(device), Tensor::from_vector(y, {n}).to(device)};
 }
 
 Tensor concat_rows(const std::vector<Tensor>& parts) {
@@ -50,7 +55,7 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
   for (const Tensor& p : parts) rows += p.size(0);
   Shape shape = parts[0].shape();
   shape[0] = rows;
-  Tensor out = Tensor::empty(shape, parts[0].dtype());
+  Tensor out = Tensor::empty(shape, parts[0].dtype(), parts[0].device());
   int64_t at = 0;
   for (const Tensor& p : parts) {
     out.slice(0, at, at + p.size(0)).copy_(p);
@@ -85,14 +90,18 @@ int main(int argc, char** argv) {
         flags.add_int("mismatch-rank", -1, "this rank all-reduces a different shape");
     auto& bucket_mb = flags.add_double("bucket-mb", 25, "comm_buffer_size in MB");
     auto& bf16 = flags.add_bool("bf16", false, "gradients travel as bf16 (comm_dtype)");
+    auto& device_flag =
+        flags.add_string("device", "", "cpu or gpu:N (default: $DPAR_TEST_DEVICE, else cpu)");
     // Positional arguments are ignored: tests pass a marker to find the job's processes.
     flags.parse(argc, argv, /*allow_positional=*/true);
     set_num_threads(1);
+    device = test::worker_device(device_flag);
     init_parallel_env();
     const int rank = get_rank(), world = get_world_size();
+    test::distinct_nccl_host_if_asked(rank);
 
     if (skip_rank >= 0 || mismatch_rank >= 0) {
-      Tensor t = Tensor::ones({rank == mismatch_rank ? 999 : 1000});
+      Tensor t = Tensor::ones({rank == mismatch_rank ? 999 : 1000}, DType::f32, device);
       if (rank != skip_rank) default_group().allreduce({t})->wait();
       default_group().barrier();
       std::printf("rank %d: drill finished without error\n", rank);
@@ -136,9 +145,10 @@ int main(int argc, char** argv) {
     const std::vector<float> mine = flat_params(*model);
     std::vector<Tensor> gathered;
     for (int r = 0; r < world; ++r)
-      gathered.push_back(Tensor::zeros({static_cast<int64_t>(mine.size())}));
+      gathered.push_back(Tensor::zeros({static_cast<int64_t>(mine.size())}, DType::f32, device));
     default_group()
-        .allgather(gathered, Tensor::from_vector(mine, {static_cast<int64_t>(mine.size())}))
+        .allgather(gathered,
+                   Tensor::from_vector(mine, {static_cast<int64_t>(mine.size())}).to(device))
         ->wait();
     for (int r = 0; r < world; ++r) {
       const auto other = gathered[static_cast<size_t>(r)].to_float_vector();
@@ -178,10 +188,11 @@ int main(int argc, char** argv) {
     DPAR_CHECK(!bf16 || rel > 0, "--bf16: the parameters equal the f32 reference exactly");
     if (rank == 0) {
       std::printf(
-          "ddp_worker: %d ranks, %lld steps%s%s%s: bitwise equal across ranks, relative error "
-          "%.2e vs single process\n",
-          world, static_cast<long long>(steps), no_sync ? ", no_sync accumulation" : "",
-          unequal ? ", unequal local batches" : "", bf16 ? ", bf16 gradients" : "", rel);
+          "ddp_worker: %d ranks on %s, %lld steps%s%s%s: bitwise equal across ranks, relative "
+          "error %.2e vs single process\n",
+          world, device.is_cpu() ? "cpu" : "gpu", static_cast<long long>(steps),
+          no_sync ? ", no_sync accumulation" : "", unequal ? ", unequal local batches" : "",
+          bf16 ? ", bf16 gradients" : "", rel);
     }
     destroy();
     return 0;

@@ -446,9 +446,24 @@ TEST_CASE("Group: CUDA tensors name the device and the missing backend", "[proce
   auto storage = std::make_shared<Storage>(fake, sizeof(fake), Device::cuda(0), nullptr);
   Tensor t = Tensor::from_storage(storage, 0, {4}, {1}, DType::f32);
   Group group(nullptr, 0, 1, test_options());
-  CHECK_THROWS_WITH(group.allreduce({t}),
-                    Catch::Contains("cuda:0") && Catch::Contains("no GPU collective backend"));
+  CHECK_THROWS_WITH(group.allreduce({t}), Catch::Contains("cuda:0") &&
+                                              Catch::Contains("built without CUDA") &&
+                                              Catch::Contains("NCCL"));
   CHECK_THROWS_WITH(group.allreduce({t, Tensor::zeros({4})}), Catch::Contains("one device"));
+}
+
+TEST_CASE("Group: the CUDA backend option is nccl or gloo", "[process_group]") {
+  ProcessGroupOptions options = test_options();
+  options.cuda_backend = "mpi";
+  CHECK_THROWS_WITH(Group(nullptr, 0, 1, options),
+                    Catch::Contains("unknown collective backend 'mpi' (expected nccl or gloo)"));
+  setenv("DPAR_DIST_BACKEND", "NCCL2", 1);
+  CHECK_THROWS_WITH(ProcessGroupOptions::from_env(),
+                    Catch::StartsWith("DPAR_DIST_BACKEND: unknown collective backend 'NCCL2'"));
+  setenv("DPAR_DIST_BACKEND", "gloo", 1);
+  CHECK(ProcessGroupOptions::from_env().cuda_backend == "gloo");
+  unsetenv("DPAR_DIST_BACKEND");
+  CHECK(ProcessGroupOptions::from_env().cuda_backend == "nccl");
 }
 
 TEST_CASE("timeout: a rank that skips a collective is named", "[process_group]") {

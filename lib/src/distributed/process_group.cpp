@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "distributed/gloo/process_group_gloo.h"
+#include "distributed/gpu_groups.h"
 
 namespace dpar::dist {
 
@@ -24,6 +25,13 @@ const char* reduce_op_name(ReduceOp op) {
   return "unknown";
 }
 
+namespace {
+void check_cuda_backend(const std::string& name, const std::string& where) {
+  DPAR_CHECK(name == "nccl" || name == "gloo", where, ": unknown collective backend '", name,
+             "' (expected nccl or gloo)");
+}
+}  // namespace
+
 ProcessGroupOptions ProcessGroupOptions::from_env() {
   ProcessGroupOptions options;
   if (const char* text = std::getenv("DPAR_TIMEOUT"); text != nullptr && *text != '\0') {
@@ -40,6 +48,10 @@ ProcessGroupOptions ProcessGroupOptions::from_env() {
                "DPAR_DEBUG: expected OFF, INFO or DETAIL, got '", text, "'");
     options.debug_detail = level == "DETAIL";
   }
+  if (const char* text = std::getenv("DPAR_DIST_BACKEND"); text != nullptr && *text != '\0') {
+    options.cuda_backend = text;
+    check_cuda_backend(options.cuda_backend, "DPAR_DIST_BACKEND");
+  }
   return options;
 }
 
@@ -55,24 +67,32 @@ Group::Group(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptio
   DPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "Group: rank ", rank,
              " is outside a world of size ", size);
   DPAR_CHECK(store_ != nullptr || size == 1, "Group: a world of ", size, " needs a store");
+  check_cuda_backend(options_.cuda_backend, "Group");
 }
 
 std::shared_ptr<ProcessGroup> Group::backend_ptr_for(Device device) {
   // Backends are created on first use, possibly from several threads (e.g. a data loader and
   // the training loop); creation rendezvouses with the other ranks, so it runs exactly once.
   std::lock_guard<std::mutex> lock(mutex_);
+  auto& cpu = backends_[static_cast<int>(DeviceType::CPU)];
+  auto make_cpu = [&] {
+    if (!cpu) cpu = make_gloo_group(store_, rank_, size_, options_);
+    return cpu;
+  };
   auto& slot = backends_[static_cast<int>(device.type)];
   if (slot) return slot;
   switch (device.type) {
     case DeviceType::CPU:
-      slot = make_gloo_group(store_, rank_, size_, options_);
-      break;
+      return make_cpu();
     case DeviceType::CUDA:
-      // The NCCL backend plugs in here; until then GPU tensors must be moved to the CPU.
-      DPAR_FAIL("Group: cannot run collectives on ", device.str(),
-                " tensors: no GPU collective backend (NCCL) is available in this build",
-                built_with_cuda() ? "" : " (built without CUDA)",
-                "; move the tensors to the CPU to use the Gloo backend");
+      if (options_.cuda_backend == "gloo") {
+        slot = detail::make_staged_gloo_group(make_cpu());
+      } else {
+        DPAR_CHECK(built_with_cuda(), "Group: cannot run collectives on ", device.str(),
+                   " tensors: dpar was built without CUDA, so there is no NCCL backend");
+        slot = detail::make_nccl_group(store_, rank_, size_, options_);
+      }
+      break;
   }
   return slot;
 }
@@ -123,5 +143,14 @@ std::shared_ptr<Work> Group::reduce_scatter(Tensor output, std::vector<Tensor> i
 }
 
 void Group::barrier() { backend_for(Device::cpu()).barrier(/*async_op=*/false); }
+
+#ifndef DPAR_WITH_CUDA
+namespace detail {
+std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store>, int, int,
+                                              const ProcessGroupOptions&) {
+  DPAR_FAIL("make_nccl_group: dpar was built without CUDA, so there is no NCCL backend");
+}
+}  // namespace detail
+#endif
 
 }  // namespace dpar::dist

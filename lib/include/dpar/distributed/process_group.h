@@ -44,7 +44,12 @@ struct ProcessGroupOptions {
   // Address this rank's transport binds to (Gloo TCP); empty: the address used to reach the
   // store host, or loopback for a local job.
   std::string bind_address;
-  // Reads DPAR_TIMEOUT (seconds) and DPAR_DEBUG from the environment into these options.
+  // The backend for CUDA tensors: "nccl" (the default; CUDA builds), or "gloo", which copies
+  // them through host memory (slower; runs where NCCL cannot, e.g. several ranks on one GPU).
+  // CPU tensors always use Gloo.
+  std::string cuda_backend = "nccl";
+  // Reads DPAR_TIMEOUT (seconds), DPAR_DEBUG and DPAR_DIST_BACKEND (nccl or gloo: the
+  // cuda_backend) from the environment into these options.
   static ProcessGroupOptions from_env();
 };
 
@@ -85,9 +90,10 @@ std::shared_ptr<ProcessGroup> make_gloo_group(
     std::shared_ptr<Store> store, int rank, int size,
     const ProcessGroupOptions& options = ProcessGroupOptions::from_env());
 
-// Routes collectives by tensor device: CPU -> Gloo, CUDA -> NCCL (when built; until then a
-// CUDA tensor is a dpar::Error naming the device). Backends are created on first use from the
-// shared store, thread-safely.
+// Routes collectives by tensor device: CPU -> Gloo, CUDA -> NCCL (options.cuda_backend; in a
+// build without CUDA a CUDA tensor is a dpar::Error naming the device) or Gloo through host
+// memory. Backends are created on first use from the shared store, thread-safely; an NCCL
+// group's communicators are created on its first collective per device.
 class Group {
  public:
   Group(std::shared_ptr<Store> store, int rank, int size,

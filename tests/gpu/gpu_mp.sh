@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Multi-process GPU tests: the tests/multiproc drills (real dpar-launch, real processes) with
+# every rank's tensors on GPU 0 of the one-GPU machine.
+#   gpu_mp.sh <case> <dpar-launch> <collectives_worker> <ddp_worker>
+# <case> is an mp_cases.sh case on the NCCL group, or gloo_<case> on the Gloo group through
+# host memory (DPAR_DIST_BACKEND=gloo). NCCL refuses two ranks on one device of one host, so
+# each rank takes its own NCCL_HOSTID (DPAR_TEST_NCCL_HOST_PER_RANK, see
+# tests/multiproc/worker_device.h) and the ranks talk over NCCL's socket transport on lo.
+# Without a usable GPU it prints the reason with the marker ctest reports as skipped.
+set -u
+case_name=$1
+launcher=$2
+coll=$3
+ddp=$4
+here=$(cd "$(dirname "$0")" && pwd)
+
+state=$("$coll" --gpu-check 2>&1)
+if [ "$state" != "gpu ok" ]; then
+  echo "dpar-gpu-test-skipped: $state"
+  exit 0
+fi
+export DPAR_TEST_DEVICE=gpu:0 DPAR_TEST_NCCL_HOST_PER_RANK=1
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+  NCCL_IB_DISABLE=1
+case $case_name in
+  gloo_*)
+    export DPAR_DIST_BACKEND=gloo
+    case_name=${case_name#gloo_} ;;
+  *) export DPAR_DIST_BACKEND=nccl ;;
+esac
+
+gpu_apps() {  # processes holding GPU memory, one pid per line (none without nvidia-smi)
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-compute-apps=pid --format=csv,noheader
+}
+before=$(gpu_apps | sort)
+"$here/../multiproc/mp_cases.sh" "$case_name" "$launcher" "$coll" "$ddp"
+rc=$?
+if [ "$case_name" = kill9 ] && command -v nvidia-smi >/dev/null; then
+  sleep 1
+  after=$(gpu_apps | sort)
+  if [ "$after" = "$before" ]; then
+    echo "ok: no process of the job holds GPU memory"
+  else
+    echo "FAIL: processes holding GPU memory after the teardown: $(comm -13 <(echo "$before") <(echo "$after") | tr '\n' ' ')"
+    rc=1
+  fi
+fi
+exit $rc
