@@ -15,6 +15,7 @@ void register_unary_kernels();
 void register_linear_kernels();
 void register_softmax_kernels();
 void register_optim_kernels();
+void register_amp_kernels();
 }  // namespace cpu
 
 namespace detail {
@@ -28,6 +29,7 @@ void register_cpu_backend() {
   cpu::register_linear_kernels();
   cpu::register_softmax_kernels();
   cpu::register_optim_kernels();
+  cpu::register_amp_kernels();
 }
 
 }  // namespace detail
