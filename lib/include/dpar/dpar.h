@@ -20,6 +20,7 @@
 #include "dpar/nn/module.h"
 #include "dpar/nn/weights.h"
 #include "dpar/optim/adamw.h"
+#include "dpar/optim/grad_scaler.h"
 #include "dpar/optim/lr_scheduler.h"
 #include "dpar/optim/rmsprop.h"
 #include "dpar/optim/sgd.h"
