@@ -159,6 +159,10 @@ int main(int argc, char** argv) {
     auto& device = flags.add_string("device", "cpu",
                                     "cpu, gpu (this process's GPU: the launcher's, else 0) or "
                                     "gpu:<index>");
+    auto& dist_backend = flags.add_string(
+        "dist-backend", "",
+        "collectives for GPU tensors: nccl, or gloo through host memory (default: "
+        "$DPAR_DIST_BACKEND, else nccl)");
     auto& amp = flags.add_bool("amp", false,
                                "mixed precision; not built yet: refused with one line");
     mobilenetv3::PsFlags ps_flags(flags);
@@ -224,7 +228,15 @@ int main(int argc, char** argv) {
       throw FlagError("train: --resume in ps mode needs --checkpoint-dir (where the servers saved "
                       "their shards)");
     }
-    if (!ps_mode) dist::init_parallel_env();  // a world of one without a launcher environment
+    if (!dist_backend.empty() && dist_backend != "nccl" && dist_backend != "gloo") {
+      throw FlagError("train: --dist-backend=" + dist_backend + ": expected nccl or gloo");
+    }
+    if (!ps_mode) {
+      // A world of one without a launcher environment.
+      dist::InitOptions init_options;
+      init_options.backend = dist_backend;
+      dist::init_parallel_env(init_options);
+    }
     const int rank = ps_mode ? ps_env.trainer_id : dist::get_rank();
     const int world = ps_mode ? ps_env.num_trainers : dist::get_world_size();
     Device train_device = Device::cpu();

@@ -22,6 +22,7 @@ expect 2 "--batch-size=abc: expected an integer" -- --batch-size=abc
 expect 2 "--lr-scheduler=linear: expected cosine or step" -- --lr-scheduler=linear --limit-train 64 --limit-val 8
 expect 2 "--opt=lamb: expected sgd, rmsprop or adamw" -- --opt lamb --limit-train 64 --limit-val 8
 expect 2 "--grad-comm-dtype=int8: expected f32, bf16 or f16" -- --grad-comm-dtype int8 --limit-train 64 --limit-val 8
+expect 2 "--dist-backend=mpi: expected nccl or gloo" -- --dist-backend mpi --limit-train 64 --limit-val 8
 expect 1 "data path /nonexistent is not a directory" -- --data-path /nonexistent
 mkdir -p "$work/empty"
 expect 1 "has neither Fashion-MNIST idx files nor a train/ folder" -- --data-path "$work/empty"

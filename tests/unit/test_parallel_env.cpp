@@ -353,6 +353,16 @@ TEST_CASE("init_parallel_env in a world of one needs no network", "[parallel_env
   destroy();  // idempotent
 }
 
+TEST_CASE("init_parallel_env: the backend for CUDA tensors is nccl or gloo", "[parallel_env]") {
+  InitOptions options;
+  options.backend = "mpi";
+  CHECK_THROWS_WITH(ParallelContext(ParallelEnv{}, options),
+                    Contains("init_parallel_env: backend 'mpi': expected nccl or gloo"));
+  options.backend = "gloo";
+  ParallelContext gloo_context(ParallelEnv{}, options);
+  CHECK(gloo_context.group()->size() == 1);
+}
+
 TEST_CASE("init over loopback: process-wide rank 0 and a ParallelContext rank 1",
           "[parallel_env]") {
   const int port = free_port();

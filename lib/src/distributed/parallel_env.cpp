@@ -72,10 +72,16 @@ ParallelContext& context_or_throw(const char* fn) {
 ParallelContext::ParallelContext(const ParallelEnv& env, const InitOptions& options) : env_(env) {
   DPAR_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size,
              "init_parallel_env: rank ", env.rank, " is outside a world of ", env.world_size);
+  ProcessGroupOptions group_options = options.group;
+  if (!options.backend.empty()) {
+    DPAR_CHECK(options.backend == "nccl" || options.backend == "gloo",
+               "init_parallel_env: backend '", options.backend, "': expected nccl or gloo");
+    group_options.cuda_backend = options.backend;
+  }
   if (env.world_size == 1) {
     // A world of one needs no store and no sockets; its group answers every collective
     // locally, so code written for several ranks runs unchanged.
-    group_ = std::make_shared<Group>(nullptr, 0, 1, options.group);
+    group_ = std::make_shared<Group>(nullptr, 0, 1, group_options);
     return;
   }
   DPAR_CHECK(!env.master_addr.empty() && env.master_port > 0 && env.master_port <= 65535,
@@ -89,11 +95,11 @@ ParallelContext::ParallelContext(const ParallelEnv& env, const InitOptions& opti
     }
     StoreClientOptions client_options;
     client_options.connect_timeout = options.connect_timeout;
-    client_options.timeout = options.group.timeout;
+    client_options.timeout = group_options.timeout;
     store_ = std::make_shared<StoreClient>(detail::join_host_port(host, env.master_port),
                                            StoreIdentity{env.job_id, env.world_size, env.rank},
                                            client_options);
-    group_ = std::make_shared<Group>(store_, env.rank, env.world_size, options.group);
+    group_ = std::make_shared<Group>(store_, env.rank, env.world_size, group_options);
     group_->barrier();
   } catch (const Error& e) {
     // One line that says which rank of which job failed, then what.

@@ -39,6 +39,10 @@ std::map<std::string, std::string> current_environment();
 struct InitOptions {
   Millis connect_timeout{std::chrono::minutes(5)};  // waiting for rank 0's store
   ProcessGroupOptions group = ProcessGroupOptions::from_env();
+  // The collective backend for CUDA tensors, as torch's init_process_group(backend=...):
+  // "nccl" or "gloo" (through host memory); empty keeps group.cuda_backend (nccl unless
+  // DPAR_DIST_BACKEND says otherwise). CPU tensors always use Gloo.
+  std::string backend;
 };
 
 // The state behind init_parallel_env(): the store server (rank 0 hosts it), this rank's store
