@@ -8,6 +8,8 @@
 // size. --async times `allreduce({t})->wait()` instead, which hands the call to the group's
 // communication thread and back. --diag adds voluntary context switches and CPU time per call:
 // each thread hand-off is a context switch.
+// --device gpu measures dpar's NCCL group instead, beside raw NCCL and torch.distributed
+// (bench_allreduce_nccl.cpp; CUDA builds).
 // On a busy machine every wake-up may wait for a time slice, which swamps the comparison;
 // `chrt -f 10 bench_allreduce` (as root; the ranks inherit it) keeps other work from delaying
 // both sides.
@@ -34,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_allreduce_gpu.h"
 #include "bench_util.h"
 #include "distributed/gloo/bind_address.h"
 #include "distributed/gloo/gloo_store_adapter.h"
@@ -55,28 +58,14 @@ struct Options {
 
 // ---- driver: re-launch through dpar-launch -------------------------------------------------
 
-// dpar-launch uses ports P, P+1 (rank endpoints) and P+2 (the store) for 2 processes; a random
-// free block keeps concurrent runs (tests, other benchmarks) from colliding.
-int pick_start_port() {
-  std::mt19937 rng(std::random_device{}());
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int base = 30000 + static_cast<int>(rng() % 2500) * 10;
-    if (bench::loopback_port_free(base) && bench::loopback_port_free(base + 1) &&
-        bench::loopback_port_free(base + 2)) {
-      return base;
-    }
-  }
-  DPAR_FAIL("bench_allreduce: found no free block of 3 loopback ports in 30000-55000");
-}
-
-[[noreturn]] void exec_launcher(const std::string& launcher, int start_port, int argc,
+[[noreturn]] void exec_launcher(const std::string& launcher, int start_port, int nproc, int argc,
                                 char** argv) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   DPAR_CHECK(n > 0, "bench_allreduce: cannot read /proc/self/exe");
   self[n] = '\0';
   // The workers get the same flags; --worker stops them from launching again.
-  std::vector<std::string> args{launcher, "--nproc_per_node=2",
+  std::vector<std::string> args{launcher, "--nproc_per_node=" + std::to_string(nproc),
                                 "--log_dir=", "--start_port=" + std::to_string(start_port), self};
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   args.emplace_back("--worker");
@@ -367,7 +356,15 @@ int main(int argc, char** argv) {
   return run_main("bench_allreduce", [&] {
     Flags flags("bench_allreduce",
                 "All-reduce throughput, 2 ranks: dpar's gloo group vs raw Gloo in the same run");
-    auto& max_mb = flags.add_double("max-mb", 64, "largest message in MB (sizes 1 KB .. 64 MB)");
+    auto& max_mb =
+        flags.add_double("max-mb", 0, "largest message in MB (0: 64 on cpu, 256 on gpu)");
+    auto& device = flags.add_string("device", "cpu",
+                                    "cpu (dpar's gloo group vs raw Gloo) or gpu (dpar's NCCL "
+                                    "group vs raw NCCL and torch.distributed)");
+    auto& gpu_index = flags.add_int(
+        "gpu-index", 0, "--device gpu: every rank on this GPU (-1: the launcher's GPU per rank)");
+    auto& nproc = flags.add_int("nproc", 2, "ranks");
+    auto& peer = flags.add_bool("peer", true, "--device gpu: also run torch.distributed (nccl)");
     auto& min_seconds =
         flags.add_double("min-seconds", 0.3, "timed seconds per repetition and implementation");
     auto& reps = flags.add_int("reps", 5, "repetitions per size (the median is reported)");
@@ -380,14 +377,34 @@ int main(int argc, char** argv) {
     auto& start_port = flags.add_int("start-port", 0, "dpar-launch --start_port (0: a free one)");
     auto& worker = flags.add_bool("worker", false, "run as a rank (set by the driver)");
     flags.parse(argc, argv);
-    DPAR_CHECK(max_mb > 0 && min_seconds > 0 && reps >= 1,
-               "bench_allreduce: --max-mb, --min-seconds and --reps must be positive");
+    DPAR_CHECK(max_mb >= 0 && min_seconds > 0 && reps >= 1 && nproc >= 2,
+               "bench_allreduce: --max-mb, --min-seconds, --reps must be positive, --nproc >= 2");
+    const bool gpu = device == "gpu";
+    DPAR_CHECK(gpu || device == "cpu", "bench_allreduce: --device=", device,
+               ": expected cpu or gpu");
+    DPAR_CHECK(!gpu || built_with_cuda(),
+               "bench_allreduce: --device gpu: dpar was built without CUDA");
+    const double largest = max_mb > 0 ? max_mb : gpu ? 256 : 64;
 
     const char* env_rank = std::getenv("DPAR_RANK");
     if (!worker && (env_rank == nullptr || *env_rank == '\0')) {
-      const int port = start_port > 0 ? static_cast<int>(start_port) : pick_start_port();
-      exec_launcher(launcher, port, argc, argv);
+      if (gpu && gpu_index >= 0) {
+        // Ranks sharing one GPU reach each other over NCCL's socket transport on loopback.
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+        setenv("NCCL_P2P_DISABLE", "1", 0);
+        setenv("NCCL_SHM_DISABLE", "1", 0);
+        setenv("NCCL_IB_DISABLE", "1", 0);
+      }
+      const int port = start_port > 0 ? static_cast<int>(start_port)
+                                      : bench::pick_free_ports(static_cast<int>(nproc) + 1);
+      exec_launcher(launcher, port, static_cast<int>(nproc), argc, argv);
     }
-    return run_worker({max_mb, min_seconds, reps, check, diag, async});
+    if (gpu) {
+#ifdef DPAR_BENCH_WITH_NCCL
+      return bench::run_gpu_allreduce_worker(
+          {largest, reps, static_cast<int>(gpu_index), static_cast<bool>(peer)});
+#endif
+    }
+    return run_worker({largest, min_seconds, reps, check, diag, async});
   });
 }
