@@ -1,6 +1,6 @@
-// Data-parallel training throughput: MobileNetV3-small 224x224, 2 ranks x 1 thread, batch 16
-// per rank, dpar DataParallel (Gloo) beside PyTorch DDP (gloo) in the same invocation. Also
-// reports scaling efficiency (2 ranks vs 2 x one process) and how much of each step's
+// Data-parallel training throughput: MobileNetV3-small 224x224, 2 ranks x 1 thread (--threads),
+// batch 16 per rank, dpar DataParallel (Gloo) beside PyTorch DDP (gloo) in the same invocation.
+// Also reports scaling efficiency (2 ranks vs 2 x one process) and how much of each step's
 // communication was hidden behind backward, and (--ceiling, on by default) what 2 independent
 // processes without any communication reach together: the scaling this machine allows.
 // Single process, independent processes and the collective job run in --rounds rounds, in
@@ -11,6 +11,12 @@
 //
 // Run without arguments: the driver runs one process alone, then itself under dpar-launch
 // with --worker, then the PyTorch peer (bench/peers/torch_ddp.py).
+//
+// --threads N gives every rank (and the single and independent processes, and the PyTorch
+// peer) N intra-op threads: on a many-core machine, 2 ranks x 4 threads vs 4 ranks x 2.
+// --device gpu trains on the GPU: every rank on GPU --gpu-index (ranks sharing one GPU talk
+// over NCCL's socket transport, each with its own NCCL_HOSTID; -1: the launcher's GPU per
+// rank), the collectives on dpar's NCCL group, the peer PyTorch DDP with nccl the same way.
 //
 // --ps adds the same training loop as a sync parameter-server job in the same invocation:
 // itself under `dpar-launch --run_mode=ps --server_num=2 --trainer_num=<world>`, each trainer
@@ -49,16 +55,18 @@ double process_cpu_seconds() {
 }
 
 StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, int seed,
-                        double bucket_mb, DType comm_dtype) {
+                        double bucket_mb, DType comm_dtype, Device device) {
   manual_seed(0);
   auto model = models::mobilenet_v3_small(1000);
   model->train();
+  model->to(device);
   dist::DataParallelOptions dp_options;
   if (bucket_mb > 0) dp_options.comm_buffer_size = bucket_mb;
   dp_options.comm_dtype = comm_dtype;
   dist::DataParallel dp(model, dp_options);
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
-  const auto [x, y] = bench::random_batch(batch, img, 1000, static_cast<uint64_t>(seed));
+  const auto [host_x, host_y] = bench::random_batch(batch, img, 1000, static_cast<uint64_t>(seed));
+  const Tensor x = host_x.to(device), y = host_y.to(device);
   StepResult r;
   auto step = [&] {
     opt.zero_grad();
@@ -66,6 +74,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
     opt.step();
   };
   for (int64_t i = 0; i < warmup; ++i) step();
+  if (device.is_cuda()) synchronize(device);
   dist::barrier();
   const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
@@ -75,6 +84,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
     r.comm_seconds += stats.comm_seconds;
     r.exposed_seconds += stats.exposed_seconds;
   }
+  if (device.is_cuda()) synchronize(device);  // the GPU has finished every step
   r.cpu_seconds = (process_cpu_seconds() - cpu0) / static_cast<double>(steps);
   // The job's speed is the slowest rank's.
   Tensor elapsed =
@@ -129,6 +139,10 @@ int main(int argc, char** argv) {
   return run_main("bench_ddp", [&] {
     Flags flags("bench_ddp", "MobileNetV3-small data-parallel training: dpar vs PyTorch DDP");
     auto& world = flags.add_int("world", 2, "ranks");
+    auto& threads = flags.add_int("threads", 1, "intra-op threads per rank (and per process)");
+    auto& device_name = flags.add_string("device", "cpu", "cpu or gpu");
+    auto& gpu_index = flags.add_int(
+        "gpu-index", 0, "--device gpu: every rank on this GPU (-1: the launcher's GPU per rank)");
     auto& batch = flags.add_int("batch", 16, "images per rank per step");
     auto& img = flags.add_int("img", 224, "image side");
     auto& warmup = flags.add_int("warmup", 2, "untimed steps");
@@ -159,7 +173,29 @@ int main(int argc, char** argv) {
     flags.parse(argc, argv);
     DPAR_CHECK(ps_pairs >= 1 && ps_servers >= 1 && rounds >= 1,
                "bench_ddp: --ps-pairs, --ps-servers and --rounds must be >= 1");
-    set_num_threads(1);
+    DPAR_CHECK(threads >= 1, "bench_ddp: --threads must be >= 1");
+    DPAR_CHECK(device_name == "cpu" || device_name == "gpu", "bench_ddp: --device=", device_name,
+               ": expected cpu or gpu");
+    set_num_threads(static_cast<int>(threads));
+    const bool gpu = device_name == "gpu";
+    // The device of this process: for a rank under the launcher, its GPU when --gpu-index -1.
+    auto this_device = [&] {
+      if (!gpu) return Device::cpu();
+      const char* assigned = std::getenv("DPAR_DEVICE");
+      const Device d = gpu_index >= 0 ? Device::cuda(static_cast<int>(gpu_index))
+                       : assigned != nullptr && std::string(assigned).rfind("gpu:", 0) == 0
+                           ? Device::parse(assigned)
+                           : Device::cuda(0);
+      check_device_available(d);
+      return d;
+    };
+    if (gpu && gpu_index >= 0) {
+      // Ranks sharing one GPU reach each other over NCCL's socket transport on loopback.
+      setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+      setenv("NCCL_P2P_DISABLE", "1", 0);
+      setenv("NCCL_SHM_DISABLE", "1", 0);
+      setenv("NCCL_IB_DISABLE", "1", 0);
+    }
     DType comm_dtype = DType::f32;
     if (comm_dtype_name == "bf16") {
       comm_dtype = DType::bf16;
@@ -183,15 +219,20 @@ int main(int argc, char** argv) {
     }
     if (solo) {  // one of <world> independent processes: no init_parallel_env, no DataParallel
       const char* rank = std::getenv("DPAR_RANK");
-      const StepResult r = run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype);
+      const StepResult r =
+          run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype, this_device());
       std::ofstream(result + ".solo" + (rank ? rank : "0"))
           << r.seconds_per_step << " " << r.cpu_seconds << "\n";
       return 0;
     }
     if (worker) {
       dist::init_parallel_env();
-      const StepResult r =
-          run_training(batch, img, warmup, steps, dist::get_rank() + 1, bucket_mb, comm_dtype);
+      if (gpu && gpu_index >= 0) {
+        const std::string host = "dpar-bench-host-" + std::to_string(dist::get_rank());
+        setenv("NCCL_HOSTID", host.c_str(), 1);  // before the first collective makes the comm
+      }
+      const StepResult r = run_training(batch, img, warmup, steps, dist::get_rank() + 1, bucket_mb,
+                                        comm_dtype, this_device());
       if (dist::get_rank() == 0) {
         std::ofstream(result) << r.seconds_per_step << " " << r.comm_seconds << " "
                               << r.exposed_seconds << " " << r.cpu_seconds << "\n";
@@ -207,14 +248,16 @@ int main(int argc, char** argv) {
       DPAR_CHECK(status == 0, "bench_ddp: the ", what, " run failed (status ", status, "): ", cmd);
     };
     auto run_single = [&] {
-      return run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype);
+      return run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype, this_device());
     };
     const std::string result_file = "/tmp/bench_ddp_" + std::to_string(getpid()) + ".txt";
+    const std::string device_args = " --threads " + std::to_string(threads) + " --device " +
+                                    device_name + " --gpu-index " + std::to_string(gpu_index);
     const std::string worker_args =
         " --worker --result " + result_file + " --batch " + std::to_string(batch) + " --img " +
         std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
         std::to_string(steps) + " --bucket-mb " + std::to_string(bucket_mb) + " --comm-dtype " +
-        comm_dtype_name + " > /dev/null";
+        comm_dtype_name + device_args + " > /dev/null";
     auto run_collective = [&] {
       const std::string cmd = launcher + " --nproc_per_node=" + std::to_string(world) +
                               " --start_port=" + std::to_string(port) +
@@ -234,12 +277,13 @@ int main(int argc, char** argv) {
       double cpu_seconds = 0;
     };
     auto run_independent = [&] {
-      const std::string cmd =
-          launcher + " --nproc_per_node=" + std::to_string(world) +
-          " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_solo_log_" +
-          std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
-          " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
-          std::to_string(warmup) + " --steps " + std::to_string(steps) + " > /dev/null";
+      const std::string cmd = launcher + " --nproc_per_node=" + std::to_string(world) +
+                              " --start_port=" + std::to_string(port) +
+                              " --log_dir=/tmp/bench_ddp_solo_log_" + std::to_string(getpid()) +
+                              " " + bench::self_path() + " --solo --result " + result_file +
+                              " --batch " + std::to_string(batch) + " --img " +
+                              std::to_string(img) + " --warmup " + std::to_string(warmup) +
+                              " --steps " + std::to_string(steps) + device_args + " > /dev/null";
       run_job(cmd, "independent-processes");
       Independent out;
       for (int64_t r = 0; r < world; ++r) {
@@ -334,10 +378,14 @@ int main(int argc, char** argv) {
     const double dpar_ips = bench::median(multi_ips);
 
     std::printf(
-        "bench_ddp: mobilenet_v3_small %lldpx, %lld ranks x 1 thread, batch %lld per rank, %lld "
-        "timed steps, %lld rounds (medians; per round in brackets), gradients as %s\n",
-        static_cast<long long>(img), static_cast<long long>(world), static_cast<long long>(batch),
-        static_cast<long long>(steps), static_cast<long long>(rounds), comm_dtype_name.c_str());
+        "bench_ddp: mobilenet_v3_small %lldpx, %lld ranks x %lld thread(s) on %s, batch %lld per "
+        "rank, %lld timed steps, %lld rounds (medians; per round in brackets), gradients as %s\n",
+        static_cast<long long>(img), static_cast<long long>(world), static_cast<long long>(threads),
+        gpu ? (gpu_index >= 0 ? ("cuda:" + std::to_string(gpu_index) + " (shared)").c_str()
+                              : "one GPU per rank")
+            : "cpu",
+        static_cast<long long>(batch), static_cast<long long>(steps),
+        static_cast<long long>(rounds), comm_dtype_name.c_str());
     std::printf(
         "  dpar     %8.2f img/s with %lld ranks | one process %7.2f img/s | scaling efficiency "
         "%.3f [%s]\n",
@@ -411,18 +459,19 @@ int main(int argc, char** argv) {
       json["ratio_ps_collective"] = bench::median(ratio);
     }
     if (peer) {
-      const auto p =
-          bench::run_peer("torch_ddp.py",
-                          "--world " + std::to_string(world) + " --batch " + std::to_string(batch) +
-                              " --img " + std::to_string(img) + " --warmup " +
-                              std::to_string(warmup) + " --steps " + std::to_string(steps),
-                          1);
+      const auto p = bench::run_peer(
+          "torch_ddp.py",
+          "--world " + std::to_string(world) + " --batch " + std::to_string(batch) + " --img " +
+              std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
+              std::to_string(steps) + " --threads " + std::to_string(threads) +
+              (gpu ? " --device cuda --gpu-index " + std::to_string(gpu_index) : std::string()),
+          static_cast<int>(threads));
       const double theirs = p.at("img_per_s").get<double>();
       std::printf(
           "  pytorch  %8.2f img/s with %lld ranks | one process %7.2f img/s | scaling efficiency "
-          "%.3f (DDP, gloo)\n",
+          "%.3f (DDP, %s)\n",
           theirs, static_cast<long long>(world), p.at("single_img_per_s").get<double>(),
-          p.at("scaling").get<double>());
+          p.at("scaling").get<double>(), gpu ? "nccl" : "gloo");
       std::printf("  ratio dpar/pytorch (%lld ranks): %.2fx\n", static_cast<long long>(world),
                   dpar_ips / theirs);
       json["pytorch_img_per_s"] = theirs;

@@ -1,4 +1,6 @@
-"""PyTorch DDP peer for bench_ddp: MobileNetV3-small, gloo backend, N processes x 1 thread.
+"""PyTorch DDP peer for bench_ddp: MobileNetV3-small, N processes x --threads threads, gloo on
+the CPU; with --device cuda, nccl on GPU --gpu-index shared by every rank (each rank its own
+NCCL_HOSTID, sockets on lo, as bench_ddp's ranks), or GPU <rank> with --gpu-index -1.
 
 Spawns the ranks itself (torch.multiprocessing) on loopback, trains on random data, and prints
 one JSON line: {"img_per_s": total over ranks, "single_img_per_s": one process alone,
@@ -22,6 +24,11 @@ def free_port():
         return s.getsockname()[1]
 
 
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train(model, opt, x, y, warmup, steps):
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -32,36 +39,60 @@ def train(model, opt, x, y, warmup, steps):
 
     for _ in range(warmup):
         step()
+    sync(x.device)
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
+    sync(x.device)
     return (time.perf_counter() - t0) / steps
 
 
+def pick_device(a, rank):
+    if a.device != "cuda":
+        return torch.device("cpu")
+    if a.gpu_index >= 0:
+        os.environ["NCCL_HOSTID"] = "torch-bench-host-%d" % rank
+        for k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
+            os.environ.setdefault(k, "1")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        device = torch.device("cuda", a.gpu_index)
+    else:
+        device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return device
+
+
 def worker(rank, world, port, a, results):
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    device = pick_device(a, rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank,
+                            world_size=world)
     torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v3_small(num_classes=1000)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    model = torchvision.models.mobilenet_v3_small(num_classes=1000).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
     g = torch.Generator().manual_seed(rank)
-    x = torch.randn(a.batch, 3, a.img, a.img, generator=g)
-    y = torch.randint(0, 1000, (a.batch,), generator=g)
+    x = torch.randn(a.batch, 3, a.img, a.img, generator=g).to(device)
+    y = torch.randint(0, 1000, (a.batch,), generator=g).to(device)
     sec = train(ddp, opt, x, y, a.warmup, a.steps)
     results[rank] = sec
     dist.destroy_process_group()
 
 
 def single(a):
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
+    device = pick_device(a, 0)
     torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v3_small(num_classes=1000)
+    model = torchvision.models.mobilenet_v3_small(num_classes=1000).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
-    x = torch.randn(a.batch, 3, a.img, a.img)
-    y = torch.randint(0, 1000, (a.batch,))
+    x = torch.randn(a.batch, 3, a.img, a.img).to(device)
+    y = torch.randint(0, 1000, (a.batch,)).to(device)
     return a.batch / train(model, opt, x, y, a.warmup, a.steps)
 
 
@@ -72,6 +103,9 @@ def main():
     p.add_argument("--img", type=int, default=224)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--gpu-index", type=int, default=0)
     a = p.parse_args()
     manager = mp.Manager()
     results = manager.dict()
