@@ -39,9 +39,9 @@ mkdir -p "$root/lib" "$root/bin"
 # Executables, kept at their place in the build tree so that ctest's files find them.
 binaries=()
 while IFS= read -r f; do binaries+=("$f"); done < <(
-  cd "$build" && find tests/gpu examples/mobilenetv3 launch bench -maxdepth 1 -type f -perm -u+x \
-    \( -name 'test_*' -o -name train -o -name infer -o -name export_model -o -name dpar-launch \
-       -o -name 'bench_*' \) 2>/dev/null | sort)
+  cd "$build" && find tests/gpu tests/multiproc examples/mobilenetv3 launch bench -maxdepth 1 \
+    -type f -perm -u+x \( -name 'test_*' -o -name train -o -name infer -o -name export_model \
+    -o -name dpar-launch -o -name 'bench_*' -o -name '*_worker' \) 2>/dev/null | sort)
 [ "${#binaries[@]}" -gt 0 ] || { echo "gpu-bundle: no binaries in $build" >&2; exit 1; }
 for f in "${binaries[@]}"; do
   mkdir -p "$root/$(dirname "$f")"
@@ -54,6 +54,15 @@ cp "$build"/tests/gpu/*.cmake "$root/tests/gpu/"
 rm -f "$root/tests/gpu/cmake_install.cmake"
 echo 'subdirs("tests/gpu")' >"$root/CTestTestfile.cmake"
 echo "$(cd "$build" && pwd)" >"$root/BUILD_DIR"
+# The scripts the GPU tests run from the source tree (multi-process drills) and the benchmarks'
+# PyTorch peers; gpu-run.sh points the ctest files at this copy (SOURCE_DIR), and the
+# benchmarks find bench/peers relative to the bundle folder they run in.
+mkdir -p "$root/src/tests/gpu" "$root/src/tests/multiproc" "$root/src/tests/launch" "$root/bench"
+cp tests/gpu/gpu_mp.sh "$root/src/tests/gpu/"
+cp tests/multiproc/mp_cases.sh "$root/src/tests/multiproc/"
+cp tests/launch/common.sh tests/launch/checks.sh "$root/src/tests/launch/"
+cp -r bench/peers "$root/bench/"
+pwd >"$root/SOURCE_DIR"
 
 # Shared libraries: libdpar and everything the binaries link that is neither part of the C
 # library nor CUDA's (those come from the GPU machine).

@@ -25,8 +25,13 @@ with tarfile.open(sys.argv[1]) as t:
 PY
 root=$dir/dpar-gpu
 # ctest's files name the build folder of the machine that built them; point them here.
+# Build folder first: it may lie inside the source folder.
 old=$(cat "$root/BUILD_DIR")
 find "$root" -name '*.cmake' -exec sed -i "s#$old#$root#g" {} +
+if [ -f "$root/SOURCE_DIR" ]; then
+  old_src=$(cat "$root/SOURCE_DIR")
+  find "$root" -name '*.cmake' -exec sed -i "s#$old_src/#$root/src/#g" {} +
+fi
 
 # CUDA runtime, cuBLAS(Lt), cuDNN and NCCL from PyTorch's wheels.
 cuda_libs=$("$python" - <<'PY' 2>/dev/null
@@ -49,9 +54,17 @@ if [ "${DPAR_GPU_SKIP_TESTS:-0}" != 1 ]; then
   if command -v ctest >/dev/null; then
     ctest --test-dir "$root" -L gpu --output-on-failure --timeout 600 || status=1
   else
-    # No CMake: run each test program directly (each runs all its cases).
+    # No CMake: run each test program directly (each runs all its cases), then the
+    # multi-process cases (the list in tests/gpu/CMakeLists.txt).
     for t in "$root"/tests/gpu/test_*; do
+      case $t in *.cmake) continue ;; esac
       echo "== $t"; "$t" || status=1
+    done
+    for c in collectives2 collectives4 gloo_collectives2 gloo_collectives4 ddp ddp_no_sync \
+      ddp_unequal ddp_buckets ddp_bf16 gloo_ddp kill9 timeout detail_mismatch; do
+      echo "== gpu_mp $c"
+      "$root/src/tests/gpu/gpu_mp.sh" "$c" "$root/launch/dpar-launch" \
+        "$root/tests/multiproc/collectives_worker" "$root/tests/multiproc/ddp_worker" || status=1
     done
   fi
 fi

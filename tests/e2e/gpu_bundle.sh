@@ -34,6 +34,13 @@ if [ "$skipped" -ge 8 ] && grep -q "100% tests passed" "$work/out"; then
 else
   echo "FAIL: expected every GPU test case skipped ($skipped skipped)"; fail=1
 fi
+# The multi-process GPU cases run from the bundle's copy of their scripts (ctest files pointed
+# there), through the bundled launcher and workers.
+if grep -q "gpu_mp_collectives2 .*Skipped" "$work/out" && grep -q "gpu_mp_kill9 .*Skipped" "$work/out"; then
+  echo "ok: the multi-process GPU cases run from the bundle (skipped here)"
+else
+  echo "FAIL: the multi-process GPU cases did not run from the bundle"; grep gpu_mp "$work/out"; fail=1
+fi
 # A bundled test program runs on the bundle's libraries alone and says why it skips.
 if LD_LIBRARY_PATH=$work/run/dpar-gpu/lib "$work/run/dpar-gpu/tests/gpu/test_cuda_train" \
   >"$work/one" 2>&1 && grep -q "dpar-gpu-test-skipped: " "$work/one"; then
