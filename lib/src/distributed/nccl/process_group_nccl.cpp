@@ -32,6 +32,18 @@ std::string nccl_error_text(ncclResult_t result) {
   return text;
 }
 
+// A non-blocking communicator is finalised (its outstanding operations flushed, its peers told)
+// before it is destroyed; false when that fails or takes longer than `timeout`.
+bool finalized(ncclComm_t comm, Millis timeout) {
+  ncclResult_t result = ncclCommFinalize(comm);
+  const auto deadline = Clock::now() + timeout;
+  while (result == ncclInProgress && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (ncclCommGetAsyncError(comm, &result) != ncclSuccess) return false;
+  }
+  return result == ncclSuccess;
+}
+
 }  // namespace
 
 // ---- NcclWork --------------------------------------------------------------------------------
@@ -118,7 +130,7 @@ ProcessGroupNccl::~ProcessGroupNccl() {
   for (auto& [device, c] : comms_) {
     if (c->comm != nullptr && !aborted_) {
       (void)cudaSetDevice(device);
-      if (abort) {
+      if (abort || !finalized(c->comm, options_.timeout)) {
         (void)ncclCommAbort(c->comm);
       } else {
         (void)ncclCommDestroy(c->comm);
@@ -163,8 +175,8 @@ ProcessGroupNccl::Comm& ProcessGroupNccl::comm_for(Device device, const Collecti
     try {
       bytes = store_->get(key);
     } catch (const Error& e) {
-      DPAR_FAIL("make_nccl_group: rank ", rank_, " (", device.str(),
-                ") did not receive rank 0's NCCL id within the store timeout: ", e.what());
+      DPAR_FAIL(info.describe(), " #", info.seq, " on rank ", rank_, " (", device.str(),
+                ", nccl): rank 0's NCCL id did not arrive through the store: ", e.what());
     }
     DPAR_CHECK(bytes.size() == sizeof(id), "make_nccl_group: rank ", rank_,
                ": the NCCL id in the store has ", bytes.size(), " bytes, expected ", sizeof(id));
@@ -183,17 +195,19 @@ ProcessGroupNccl::Comm& ProcessGroupNccl::comm_for(Device device, const Collecti
   while (result == ncclInProgress && c->comm != nullptr) {
     if (Clock::now() >= deadline) {
       (void)ncclCommAbort(c->comm);
-      DPAR_FAIL("make_nccl_group: rank ", rank_, " (", device.str(), ", world size ", size_,
-                ") could not connect its NCCL communicator within ",
-                format_duration(options_.timeout), "; ", heartbeat_->describe_laggards(info.seq));
+      DPAR_FAIL(info.describe(), " #", info.seq, " timed out after ",
+                format_duration(options_.timeout), " on rank ", rank_, " (world size ", size_,
+                ", nccl) while connecting the NCCL communicator of ", device.str(), "; ",
+                heartbeat_->describe_laggards(info.seq));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     (void)ncclCommGetAsyncError(c->comm, &result);
   }
   if (result != ncclSuccess) {
     if (c->comm != nullptr) (void)ncclCommAbort(c->comm);
-    DPAR_FAIL("make_nccl_group: rank ", rank_, " (", device.str(), ", world size ", size_,
-              ") could not create its NCCL communicator: ", nccl_error_text(result));
+    DPAR_FAIL(info.describe(), " #", info.seq, " failed on rank ", rank_, " (world size ", size_,
+              ", nccl): cannot create the NCCL communicator of ", device.str(), ": ",
+              nccl_error_text(result));
   }
   // The highest priority lets a bucket's all-reduce start while backward kernels queue up.
   int least = 0, greatest = 0;
