@@ -6,6 +6,7 @@
 
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/nn/init.h"
+#include "tensor/core_kernels.h"
 
 namespace dpar::nn {
 
@@ -148,10 +149,10 @@ Tensor BatchNorm2d::forward(const Tensor& input, Activation act) {
   DPAR_CHECK(input.dim() == 4 && input.size(1) == num_features, "BatchNorm2d: expected [N,",
              num_features, ",H,W] input, got ", input.shape());
   if (is_training()) {
-    // A bookkeeping counter (torch reads it only when momentum is None). On the CPU it is
-    // bumped in place; elsewhere through the host, which costs a synchronisation.
-    if (num_batches_tracked.device().is_cpu() && num_batches_tracked.dtype() == DType::i64) {
-      ++*num_batches_tracked.data<int64_t>();
+    // A bookkeeping counter (torch reads it only when momentum is None), bumped where it
+    // lives: on a GPU a read back to the host would synchronise once per layer and step.
+    if (num_batches_tracked.dtype() == DType::i64 && num_batches_tracked.is_dense()) {
+      kernels::count_up.get(num_batches_tracked.device())(num_batches_tracked);
     } else {
       NoGradGuard no_grad;
       num_batches_tracked.fill_(num_batches_tracked.item() + 1.0);

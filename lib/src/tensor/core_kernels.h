@@ -9,6 +9,9 @@ namespace dpar::kernels {
 // dst and src have equal shapes and live on the same device; dtypes and strides may differ.
 DPAR_KERNEL(copy, void(const Tensor& src, Tensor& dst));
 DPAR_KERNEL(fill, void(Tensor& dst, double value));
+// Adds 1 to every element of a dense i64 tensor in place (counters such as BatchNorm's
+// num_batches_tracked), without reading it back to the host.
+DPAR_KERNEL(count_up, void(Tensor& counter));
 // Copies a dense tensor between the CPU and a device; registered under the device's type.
 DPAR_KERNEL(copy_across_devices, void(const Tensor& src, Tensor& dst));
 

@@ -117,8 +117,11 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // saves about a third of a CNN's training memory (InPlace-ABN's observation). x_hat =
   // (y - bias) / weight needs weights away from zero; otherwise the input is kept as well.
   // Both activations' backward can start from y (ReLU's y <= 0 is its output's z <= 0).
-  const bool from_output =
-      kernels::batch_norm_backward_from_output.available(device) && weights_invertible(wc);
+  // The weight check reads the weights on the host: free on the CPU, a synchronisation per
+  // layer and step on a GPU, so there the input is kept, as PyTorch always does.
+  const bool from_output = device.is_cpu() &&
+                           kernels::batch_norm_backward_from_output.available(device) &&
+                           weights_invertible(wc);
   autograd::record(
       act == Activation::none ? "batch_norm" : "batch_norm_act", {x, weight, bias}, {z},
       [ys = y.detach(), xs = from_output ? Tensor() : xc.detach(), act,

@@ -117,11 +117,19 @@ void fill_cpu(Tensor& dst, double value) {
   });
 }
 
+void count_up_cpu(Tensor& counter) {
+  DPAR_CHECK(counter.dtype() == DType::i64 && counter.is_dense(),
+             "count_up: expected a dense i64 tensor, got ", counter.dtype());
+  int64_t* p = counter.data<int64_t>();
+  for (int64_t i = 0; i < counter.numel(); ++i) ++p[i];
+}
+
 }  // namespace
 
 void register_core_kernels() {
   kernels::copy.set(DeviceType::CPU, &copy_cpu);
   kernels::fill.set(DeviceType::CPU, &fill_cpu);
+  kernels::count_up.set(DeviceType::CPU, &count_up_cpu);
 }
 
 }  // namespace dpar::cpu

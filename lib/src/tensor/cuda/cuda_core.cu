@@ -184,6 +184,21 @@ void fill_cuda(Tensor& dst, double value) {
   DPAR_FAIL("fill on CUDA: unsupported dtype ", dst.dtype());
 }
 
+__global__ void count_up_kernel(int64_t* p, int64_t n) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) { ++p[i]; }
+}
+
+void count_up_cuda(Tensor& counter) {
+  DPAR_CHECK(counter.dtype() == DType::i64 && counter.is_dense(),
+             "count_up: expected a dense i64 tensor, got ", counter.dtype());
+  DeviceGuard guard(counter.device());
+  const int64_t n = counter.numel();
+  if (n == 0) return;
+  count_up_kernel<<<blocks_for(n), kThreads, 0, current_stream()>>>(
+      static_cast<int64_t*>(counter.raw_data()), n);
+  check_launch("count_up");
+}
+
 void copy_across_devices_cuda(const Tensor& src, Tensor& dst) {
   DPAR_CHECK(src.dtype() == dst.dtype() && src.strides() == dst.strides() && src.is_dense() &&
                  dst.is_dense(),
@@ -223,6 +238,7 @@ void copy_across_devices_cuda(const Tensor& src, Tensor& dst) {
 void register_core_kernels() {
   kernels::copy.set(DeviceType::CUDA, &copy_cuda);
   kernels::fill.set(DeviceType::CUDA, &fill_cuda);
+  kernels::count_up.set(DeviceType::CUDA, &count_up_cuda);
   kernels::copy_across_devices.set(DeviceType::CUDA, &copy_across_devices_cuda);
 }
 
