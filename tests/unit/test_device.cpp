@@ -37,3 +37,32 @@ TEST_CASE("Module::to the CPU keeps the handles, to a missing GPU is refused") {
 }
 
 TEST_CASE("synchronize on the CPU is a no-op") { CHECK_NOTHROW(synchronize(Device::cpu())); }
+
+TEST_CASE("pinned memory without a GPU is refused with the reason") {
+  if (cuda_device_count() > 0) {
+    SUCCEED("a GPU is here: tests/gpu/test_cuda_pinned.cpp covers pinned memory");
+    return;
+  }
+  const std::string msg = error_of([] { (void)Tensor::empty_pinned({4}); });
+  CHECK_THAT(msg, Catch::StartsWith("pin_memory: pinned host memory needs "));
+  CHECK_THAT(msg, Catch::Contains(built_with_cuda() ? cuda_unavailable_reason()
+                                                    : "dpar was built without CUDA"));
+  CHECK_THAT(error_of([] { (void)Tensor::ones({2}).pin_memory(); }),
+             Catch::StartsWith("pin_memory: "));
+  // A plain CPU tensor is not pinned, and a non-blocking move to the CPU is the identity.
+  const Tensor t = Tensor::ones({3});
+  CHECK_FALSE(t.is_pinned());
+  CHECK(t.to(Device::cpu(), /*non_blocking=*/true).is_same(t));
+
+  struct Three : data::Dataset {
+    size_t size() const override { return 3; }
+    data::Example get(size_t, Generator&) const override { return {Tensor::zeros({1, 2, 2}), 0}; }
+    std::vector<std::string> class_names() const override { return {"a"}; }
+  };
+  auto dataset = std::make_shared<Three>();
+  auto sampler = std::make_shared<data::SequentialSampler>(3);
+  CHECK_THAT(error_of([&] {
+               data::DataLoader loader(dataset, sampler, {.batch_size = 2, .pin_memory = true});
+             }),
+             Catch::StartsWith("DataLoader: pin_memory: pin_memory: pinned host memory needs "));
+}

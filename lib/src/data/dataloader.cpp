@@ -42,6 +42,13 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
   DPAR_CHECK(options_.num_workers >= 0, "DataLoader: num_workers must be >= 0, got ",
              options_.num_workers);
   DPAR_CHECK(options_.prefetch_batches > 0, "DataLoader: prefetch_batches must be positive");
+  if (options_.pin_memory) {
+    try {
+      (void)Tensor::empty_pinned({0});  // fails now, with the reason, rather than in a worker
+    } catch (const Error& e) {
+      DPAR_FAIL("DataLoader: pin_memory: ", e.what());
+    }
+  }
 }
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
@@ -169,7 +176,10 @@ Batch DataLoader::build_batch(const EpochState& st, size_t batch_index) const {
   const int64_t count = static_cast<int64_t>(idx.size());
   Batch batch;
   batch.indices = idx;
-  batch.labels = Tensor::empty({count}, DType::i64);
+  auto host_empty = [&](const Shape& shape, DType dtype) {
+    return options_.pin_memory ? Tensor::empty_pinned(shape, dtype) : Tensor::empty(shape, dtype);
+  };
+  batch.labels = host_empty({count}, DType::i64);
   int64_t* labels = batch.labels.data<int64_t>();
   Shape image_shape;
   size_t image_bytes = 0;
@@ -187,7 +197,8 @@ Batch DataLoader::build_batch(const EpochState& st, size_t batch_index) const {
       if (k == 0) {
         image_shape = ex.image.shape();
         image_bytes = ex.image.nbytes();
-        batch.images = Tensor::empty({count, image_shape[0], image_shape[1], image_shape[2]});
+        batch.images =
+            host_empty({count, image_shape[0], image_shape[1], image_shape[2]}, DType::f32);
       } else {
         DPAR_CHECK(ex.image.shape() == image_shape, "image shape ", ex.image.shape(),
                    " differs from the batch's first image ", image_shape,

@@ -114,6 +114,19 @@ Tensor Tensor::zeros_like(const Tensor& like) {
   return t;
 }
 
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  check_shape(shape, "Tensor::empty_pinned");
+  // Pinned memory belongs to the CUDA backend (cudaHostAlloc); the first device must be usable.
+  const Device gpu = Device::cuda(0);
+  DPAR_CHECK(kernels::alloc_pinned.available(gpu),
+             "pin_memory: pinned host memory needs CUDA, and dpar was built without CUDA");
+  DPAR_CHECK(cuda_device_count() > 0,
+             "pin_memory: pinned host memory needs a CUDA device: ", cuda_unavailable_reason());
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  auto storage = kernels::alloc_pinned.get(gpu)(nbytes);
+  return Tensor(make_impl(std::move(storage), 0, shape, contiguous_strides(shape), dtype));
+}
+
 Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape) {
   DPAR_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
              "Tensor::from_vector: ", values.size(), " values do not fill shape ", shape);
@@ -268,6 +281,24 @@ Tensor Tensor::to(Device target) const {
   out.copy_(src);
   const Device source = device();
   record_conversion("to_device", *this, out, [source](const Tensor& g) { return g.to(source); });
+  return out;
+}
+
+Tensor Tensor::to(Device target, bool non_blocking) const {
+  const bool async = non_blocking && target.is_cuda() && is_pinned() && is_contiguous() &&
+                     !requires_grad() && kernels::to_device_async.available(target);
+  if (!async) return to(target);
+  return kernels::to_device_async.get(target)(*this, target);
+}
+
+bool Tensor::is_pinned() const { return defined() && storage() && storage()->pinned(); }
+
+Tensor Tensor::pin_memory() const {
+  DPAR_CHECK(device().is_cpu(), "pin_memory: expected a CPU tensor, got one on ", device().str());
+  if (is_pinned()) return *this;
+  Tensor out = empty_pinned(shape(), dtype());
+  NoGradGuard no_grad;
+  out.copy_(*this);
   return out;
 }
 

@@ -36,6 +36,10 @@ struct DataLoaderOptions {
   size_t prefetch_batches = 2;  // batches prepared ahead of the consumer, across all workers
   bool drop_last = false;       // drop a final batch smaller than batch_size
   uint64_t seed = 0;            // seeds every sample's transform Generator (with epoch, index)
+  // Batches are built in pinned (page-locked) host memory, so `images.to(gpu, true)` copies
+  // asynchronously on the GPU's copy stream, as PyTorch's pin_memory=True. Needs a usable
+  // CUDA device: the constructor throws dpar::Error saying why otherwise.
+  bool pin_memory = false;
 };
 
 class DataLoader {

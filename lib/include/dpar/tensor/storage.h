@@ -13,8 +13,10 @@ class Storage {
  public:
   // Allocates nbytes on device from that device's allocator.
   Storage(size_t nbytes, Device device);
-  // Wraps memory owned elsewhere; deleter runs when the Storage dies (may be empty).
-  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
+  // Wraps memory owned elsewhere; deleter runs when the Storage dies (may be empty). pinned:
+  // page-locked host memory (CPU storage the GPU can copy from without staging).
+  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter,
+          bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -22,12 +24,14 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
   bool from_allocator_ = false;
+  bool pinned_ = false;
   std::function<void(void*)> deleter_;
 };
 

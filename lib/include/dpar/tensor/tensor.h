@@ -48,6 +48,10 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
                      Device device = Device::cpu());
   static Tensor zeros_like(const Tensor& like);
+  // A contiguous CPU tensor in page-locked (pinned) memory, which a GPU copies from
+  // asynchronously (see to(device, non_blocking)). Needs a usable CUDA device; throws
+  // dpar::Error saying why otherwise. Pinned blocks are cached and reused.
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::f32);
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape);
   static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape);
   // Wraps existing CPU memory without copying; deleter (may be empty) runs when unused.
@@ -88,6 +92,13 @@ class Tensor {
   Tensor clone() const;  // same layout if dense, else contiguous
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
+  // With non_blocking, a pinned CPU tensor goes to a CUDA device on that device's copy stream
+  // without waiting for the host or for the kernels already queued: the current stream waits
+  // for the copy, so later kernels see the data. Otherwise (or for a tensor that requires
+  // grad) the same as to(device).
+  Tensor to(Device device, bool non_blocking) const;
+  Tensor pin_memory() const;  // a pinned copy of a CPU tensor (itself when already pinned)
+  bool is_pinned() const;
 
   // ---- views (differentiable; share storage) ---------------------------------------------
   Tensor view(const Shape& shape) const;     // throws if the strides do not allow a view

@@ -8,6 +8,7 @@
 
 #include "tensor/core_kernels.h"
 #include "tensor/cuda/cuda_context.h"
+#include "tensor/cuda/pinned_memory.h"
 #include "tensor/cuda/strided_indexer.cuh"
 
 namespace dpar::cuda {
@@ -209,10 +210,13 @@ void copy_across_devices_cuda(const Tensor& src, Tensor& dst) {
   if (src.device().is_cpu()) {
     DeviceGuard guard(dst.device());
     // From pageable memory the call returns once the source is staged, so the host buffer
-    // may be released right after.
+    // may be released right after; a pinned block is read later, by the DMA engine, so its
+    // reuse waits for this copy.
+    const cudaStream_t stream = current_stream(dst.device().index);
     check(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(), cudaMemcpyHostToDevice,
-                          current_stream(dst.device().index)),
+                          stream),
           "copy_across_devices: host to device");
+    if (src.is_pinned()) record_pinned_use(src.storage()->data(), stream);
     return;
   }
   if (dst.device().is_cpu()) {

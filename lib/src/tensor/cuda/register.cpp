@@ -16,6 +16,7 @@ void register_linear_kernels();
 void register_softmax_kernels();
 void register_optim_kernels();
 void register_amp_kernels();
+void register_pinned_memory();
 }  // namespace cuda
 
 namespace detail {
@@ -32,6 +33,7 @@ void register_cuda_backend() {
   cuda::register_softmax_kernels();
   cuda::register_optim_kernels();
   cuda::register_amp_kernels();
+  cuda::register_pinned_memory();
 }
 
 }  // namespace detail
