@@ -160,10 +160,10 @@ int main(int argc, char** argv) {
     auto& device = flags.add_string("device", "cpu",
                                     "cpu, gpu (this process's GPU: the launcher's, else 0) or "
                                     "gpu:<index>");
-    auto& dist_backend = flags.add_string(
-        "dist-backend", "",
-        "collectives for GPU tensors: nccl, or gloo through host memory (default: "
-        "$DPAR_DIST_BACKEND, else nccl)");
+    auto& dist_backend =
+        flags.add_string("dist-backend", "",
+                         "collectives for GPU tensors: nccl, or gloo through host memory (default: "
+                         "$DPAR_DIST_BACKEND, else nccl)");
     auto& amp = flags.add_bool("amp", false,
                                "mixed precision; not built yet: refused with one line");
     mobilenetv3::PsFlags ps_flags(flags);
