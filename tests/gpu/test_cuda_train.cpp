@@ -56,3 +56,23 @@ TEST_CASE("mobilenet_v3_small: 3 SGD steps on the GPU match the CPU backend") {
     CHECK(relative_error(cpu[i].second, gpu[i].second) <= 1e-3);
   }
 }
+
+TEST_CASE("Module::to(gpu) lays convolution weights out channels-last, gradients follow") {
+  DPAR_REQUIRE_GPU();
+  nn::Conv2d conv(4, 8, 3, 1, 1);
+  const Tensor handle = conv.weight;
+  const std::vector<float> before = handle.to_float_vector();
+  conv.to(kGpu);
+  CHECK(conv.weight.is_same(handle));
+  CHECK(handle.device() == kGpu);
+  CHECK(handle.is_contiguous(MemoryFormat::ChannelsLast));
+  CHECK(handle.to_float_vector() == before);  // values in logical order are unchanged
+  const Tensor x = random_tensor({2, 4, 6, 6}, 3).to(kGpu);
+  sum(conv.forward(x)).backward();
+  REQUIRE(handle.grad().defined());
+  CHECK(handle.grad().is_contiguous(MemoryFormat::ChannelsLast));
+  // Back on the CPU the weights are plain contiguous again, with the same values.
+  conv.to(Device::cpu());
+  CHECK(handle.is_contiguous());
+  CHECK(handle.to_float_vector() == before);
+}

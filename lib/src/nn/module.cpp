@@ -265,16 +265,24 @@ Module& Module::to(Device device) {
   check_device_available(device);
   NoGradGuard no_grad;
   std::unordered_set<const TensorImpl*> moved;
+  // On a GPU 4-D parameters (convolution weights) are laid out channels-last, the layout
+  // conv2d hands cuDNN there (as PyTorch's model.to(memory_format=torch.channels_last)): no
+  // copy per step, and their gradients come out in the same layout.
+  auto placed = [&](const Tensor& t) {
+    Tensor there = t.to(device);
+    if (device.is_cuda() && there.dim() == 4) there = there.contiguous(MemoryFormat::ChannelsLast);
+    return there;
+  };
   auto move = [&](const Tensor& t) {
     if (!t.defined() || !moved.insert(t.impl()).second || t.device() == device) return;
-    const Tensor there = t.detach().to(device);
+    const Tensor there = placed(t.detach());
     TensorImpl& impl = *t.impl();
     impl.storage = there.storage();
     impl.offset = there.storage_offset();
     impl.strides = there.strides();
     if (Tensor grad = t.grad(); grad.defined()) {
       Tensor handle = t;  // shares the impl
-      handle.set_grad(grad.to(device));
+      handle.set_grad(placed(grad));
     }
   };
   for (const Tensor& p : parameters()) move(p);

@@ -1,5 +1,7 @@
-// conv2d: argument checks, layout preparation and the autograd record. The kernels (oneDNN on
-// CPU) see channels-last activations and plain contiguous weights only.
+// conv2d: argument checks, layout preparation and the autograd record. The kernels see
+// channels-last activations; weights are plain contiguous for oneDNN on the CPU and
+// channels-last on CUDA, where cuDNN wants the filter in the activations' layout (as PyTorch's
+// channels_last models have it).
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
@@ -90,7 +92,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const kernels::Conv2dGeometry g = make_geometry(x, weight, bias, options);
   const Device device = x.device();
   const Tensor xc = detail::nn_layout_copy(x, MemoryFormat::ChannelsLast);
-  const Tensor wc = detail::nn_layout_copy(weight, MemoryFormat::Contiguous);
+  const MemoryFormat weight_format =
+      device.is_cuda() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  const Tensor wc = detail::nn_layout_copy(weight, weight_format);
   const Tensor bc =
       bias.defined() ? detail::nn_layout_copy(bias, MemoryFormat::Contiguous) : Tensor();
   Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, DType::f32, device, MemoryFormat::ChannelsLast);
@@ -103,7 +107,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   autograd::record(
       "conv2d", {x, weight, bias}, {y},
       [g, xs = params_need_grad ? xc.detach() : Tensor(),
-       ws = x.requires_grad() ? wc.detach() : Tensor(),
+       ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format,
        device](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
         const Tensor dy = detail::nn_layout_copy(grads[0], MemoryFormat::ChannelsLast);
         Tensor dx, dw, db;
@@ -116,7 +120,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
           }
         }
         if (need[1] || (g.has_bias && need[2])) {
-          dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, DType::f32, device);
+          dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, DType::f32, device, weight_format);
           if (g.has_bias) db = Tensor::empty({g.O}, DType::f32, device);
           if (g.N > 0) {
             kernels::conv2d_backward_weights.get(device)(g, xs, dy, dw, db);

@@ -103,7 +103,9 @@ class Module {
   // Moves every parameter and buffer (and any gradient) of this module and its descendants to
   // `device`, in place like torch's Module.to: the handles modules registered, and optimizers
   // or hooks hold, keep pointing at the moved tensors. Throws dpar::Error naming the device
-  // when it cannot be used (no GPU, bad index, built without CUDA).
+  // when it cannot be used (no GPU, bad index, built without CUDA). On a CUDA device 4-D
+  // parameters and buffers (convolution weights) are laid out channels-last, the layout conv2d
+  // uses there.
   Module& to(Device device);
   // Zeroes gradients in place (gradients may be views into DataParallel buckets), or drops
   // them when set_to_none.

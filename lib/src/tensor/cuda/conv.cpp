@@ -83,8 +83,14 @@ void set_activation_desc(cudnnTensorDescriptor_t d, DType t, int64_t n, int64_t 
       "cudnnSetTensor4dDescriptorEx");
 }
 
+// The filter layout: NHWC (KRSC) when the weights are laid out channels-last, as conv2d does on
+// CUDA so that filter and activations match (mixed layouts leave cuDNN few, slow kernels). A
+// weight whose memory is the same in both layouts (1x1, or one input channel per group) is
+// described as NHWC too.
+bool nhwc_filter(const Tensor& w) { return w.is_contiguous(MemoryFormat::ChannelsLast); }
+
 std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tensor& x,
-                                    const Tensor& y) {
+                                    const Tensor& y, bool nhwc) {
   auto p = std::make_unique<ConvPlan>();
   check_cudnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
   check_cudnn(cudnnCreateTensorDescriptor(&p->y), "cudnnCreateTensorDescriptor");
@@ -92,10 +98,11 @@ std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tens
   check_cudnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
   set_activation_desc(p->x, t, g.N, g.C, g.H, g.W, x);
   set_activation_desc(p->y, t, g.N, g.O, g.OH, g.OW, y);
-  check_cudnn(cudnnSetFilter4dDescriptor(p->w, cudnn_type(t), CUDNN_TENSOR_NCHW,
-                                         static_cast<int>(g.O), static_cast<int>(g.C / g.groups),
-                                         static_cast<int>(g.kH), static_cast<int>(g.kW)),
-              "cudnnSetFilter4dDescriptor");
+  check_cudnn(
+      cudnnSetFilter4dDescriptor(p->w, cudnn_type(t), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                 static_cast<int>(g.O), static_cast<int>(g.C / g.groups),
+                                 static_cast<int>(g.kH), static_cast<int>(g.kW)),
+      "cudnnSetFilter4dDescriptor");
   check_cudnn(cudnnSetConvolution2dDescriptor(
                   p->conv, static_cast<int>(g.padding[0]), static_cast<int>(g.padding[1]),
                   static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]),
@@ -116,20 +123,20 @@ std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tens
 
 // One plan per (geometry, dtype, device, layout); plans are shared by all threads, the
 // algorithm search runs under the lock once.
-ConvPlan& plan_for(const Conv2dGeometry& g, const Tensor& x, const Tensor& y,
+ConvPlan& plan_for(const Conv2dGeometry& g, const Tensor& x, const Tensor& y, const Tensor& w,
                    std::unique_lock<std::mutex>& lock) {
   static std::mutex mutex;
   static std::map<PlanKey, std::unique_ptr<ConvPlan>> plans;
   lock = std::unique_lock<std::mutex>(mutex);
   std::vector<int64_t> geometry = {
-      g.N,           g.C,      g.H,         g.W,         g.O,          g.kH,         g.kW,
-      g.OH,          g.OW,     g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0],
-      g.dilation[1], g.groups, g.has_bias,  x.stride(1), y.stride(1)};
+      g.N,           g.C,      g.H,         g.W,         g.O,          g.kH,          g.kW,
+      g.OH,          g.OW,     g.stride[0], g.stride[1], g.padding[0], g.padding[1],  g.dilation[0],
+      g.dilation[1], g.groups, g.has_bias,  x.stride(1), y.stride(1),  nhwc_filter(w)};
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   PlanKey key{std::move(geometry), static_cast<int>(x.dtype()), device};
   auto& slot = plans[key];
-  if (!slot) slot = make_plan(g, x.dtype(), x, y);
+  if (!slot) slot = make_plan(g, x.dtype(), x, y, nhwc_filter(w));
   return *slot;
 }
 
@@ -162,7 +169,7 @@ void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor&
                          const Tensor& bias, Tensor& y, bool /*training*/) {
   DeviceGuard guard(x.device());
   std::unique_lock<std::mutex> lock;
-  ConvPlan& p = plan_for(g, x, y, lock);
+  ConvPlan& p = plan_for(g, x, y, weight, lock);
   cudnnHandle_t h = cudnn_handle();
   use_best_algo<cudnnConvolutionFwdAlgoPerf_t>(
       p, p.fwd, "the forward pass", [&](auto* results, int* count, void* ws) {
@@ -186,7 +193,7 @@ void conv2d_backward_data_cuda(const Conv2dGeometry& g, const Tensor& dy, const 
                                Tensor& dx) {
   DeviceGuard guard(dy.device());
   std::unique_lock<std::mutex> lock;
-  ConvPlan& p = plan_for(g, dx, dy, lock);
+  ConvPlan& p = plan_for(g, dx, dy, weight, lock);
   cudnnHandle_t h = cudnn_handle();
   use_best_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
       p, p.bwd_data, "the input gradient", [&](auto* results, int* count, void* ws) {
@@ -207,7 +214,7 @@ void conv2d_backward_weights_cuda(const Conv2dGeometry& g, const Tensor& x, cons
                                   Tensor& dweight, Tensor& dbias) {
   DeviceGuard guard(x.device());
   std::unique_lock<std::mutex> lock;
-  ConvPlan& p = plan_for(g, x, dy, lock);
+  ConvPlan& p = plan_for(g, x, dy, dweight, lock);
   cudnnHandle_t h = cudnn_handle();
   use_best_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
       p, p.bwd_filter, "the weight gradient", [&](auto* results, int* count, void* ws) {
