@@ -4,6 +4,14 @@
 // kernel may treat them as flat arrays of numel() elements. Undefined tensors mark unused
 // state (no momentum, not centered). Scalars are precomputed in double by the optimizer and
 // passed as the float values PyTorch's kernels use, so results match torch to rounding.
+//
+// The *_multi slots update many parameters of one device in one call (PyTorch's foreach /
+// fused optimizers): on CUDA a step then costs one kernel launch instead of one per parameter.
+// Each item follows the single-tensor rules and gets the single-tensor kernel's per-element
+// math, so results are bitwise equal to calling the single-tensor slot once per item. Items
+// must not share memory. Only CUDA fills them; the CPU runs the single-tensor slots.
+#include <vector>
+
 #include "dpar/tensor/tensor.h"
 #include "tensor/dispatch.h"
 
@@ -20,6 +28,14 @@ struct SgdStepArgs {
 DPAR_KERNEL(sgd_step, void(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                            const SgdStepArgs& args));
 
+struct SgdStepItem {
+  Tensor param;
+  Tensor grad;
+  Tensor momentum_buffer;   // undefined without momentum
+  bool first_step = false;  // per parameter: used instead of args.first_step
+};
+DPAR_KERNEL(sgd_step_multi, void(std::vector<SgdStepItem>& items, const SgdStepArgs& args));
+
 struct RmspropStepArgs {
   float lr = 0;
   float alpha = 0;
@@ -33,6 +49,16 @@ DPAR_KERNEL(rmsprop_step,
             void(Tensor& param, const Tensor& grad, Tensor& square_avg, Tensor& grad_avg,
                  Tensor& momentum_buffer, const RmspropStepArgs& args));
 
+struct RmspropStepItem {
+  Tensor param;
+  Tensor grad;
+  Tensor square_avg;
+  Tensor grad_avg;         // undefined unless centered
+  Tensor momentum_buffer;  // undefined unless momentum > 0
+};
+DPAR_KERNEL(rmsprop_step_multi,
+            void(std::vector<RmspropStepItem>& items, const RmspropStepArgs& args));
+
 struct AdamwStepArgs {
   float decay = 1;  // 1 - lr * weight_decay
   float beta1 = 0;
@@ -45,5 +71,17 @@ struct AdamwStepArgs {
 };
 DPAR_KERNEL(adamw_step, void(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                              const AdamwStepArgs& args));
+
+// The bias corrections depend on each parameter's own step count, so they are per item;
+// args.step_size and args.bias_correction2_sqrt are not read.
+struct AdamwStepItem {
+  Tensor param;
+  Tensor grad;
+  Tensor exp_avg;
+  Tensor exp_avg_sq;
+  float step_size = 0;
+  float bias_correction2_sqrt = 1;
+};
+DPAR_KERNEL(adamw_step_multi, void(std::vector<AdamwStepItem>& items, const AdamwStepArgs& args));
 
 }  // namespace dpar::kernels

@@ -15,6 +15,7 @@ void register_conv_kernels();
 void register_linear_kernels();
 void register_softmax_kernels();
 void register_optim_kernels();
+void register_optim_multi_kernels();
 void register_amp_kernels();
 void register_pinned_memory();
 }  // namespace cuda
@@ -32,6 +33,7 @@ void register_cuda_backend() {
   cuda::register_linear_kernels();
   cuda::register_softmax_kernels();
   cuda::register_optim_kernels();
+  cuda::register_optim_multi_kernels();
   cuda::register_amp_kernels();
   cuda::register_pinned_memory();
 }
