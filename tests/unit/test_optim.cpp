@@ -3,6 +3,9 @@
 // torch.optim are in tests/parity/test_optim_parity.cpp.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <string>
 
 #include "dpar/dpar.h"
 #include "dpar/optim/adamw.h"
@@ -94,6 +97,56 @@ TEST_CASE("parameters without gradients are skipped", "[optim]") {
   // Only parameter 0 has state: step.0, exp_avg.0, exp_avg_sq.0.
   REQUIRE(state.size() == 3);
   for (const auto& [key, t] : state) CHECK(key.back() == '0');
+}
+
+TEST_CASE("a parameter whose first gradient comes late counts its own steps", "[optim]") {
+  // The bias corrections use each parameter's step count; b starts a step after a.
+  Tensor a = param({1, 2});
+  Tensor b = param({3});
+  Tensor b_alone = param({3});
+  AdamW opt({a, b}, AdamWOptions{.lr = 0.1});
+  AdamW ref({b_alone}, AdamWOptions{.lr = 0.1});
+  a.set_grad(Tensor::from_vector(std::vector<float>{1, -1}, {2}));
+  opt.step();
+  b.set_grad(Tensor::from_vector(std::vector<float>{0.5f}, {1}));
+  b_alone.set_grad(b.grad());
+  opt.step();
+  ref.step();
+  CHECK(b.to_float_vector() == b_alone.to_float_vector());
+  std::map<std::string, double> steps;
+  for (const auto& [key, t] : opt.state_dict()) {
+    if (key.rfind("step.", 0) == 0) steps[key] = t.item();
+  }
+  CHECK(steps == std::map<std::string, double>{{"step.0", 2}, {"step.1", 1}});
+}
+
+TEST_CASE("DPAR_OPTIM_MULTI_TENSOR and set_multi_tensor choose the update path", "[optim]") {
+  // The CPU has no multi-tensor kernels, so the switch does not change CPU results; the CUDA
+  // comparison of both paths is tests/gpu/test_cuda_optim_multi.cpp.
+  Tensor w = param({1, 2});
+  ::unsetenv("DPAR_OPTIM_MULTI_TENSOR");
+  CHECK(SGD({w}, SGDOptions{.lr = 0.1}).multi_tensor());
+  ::setenv("DPAR_OPTIM_MULTI_TENSOR", "0", 1);
+  AdamW off({w}, AdamWOptions{.lr = 0.1});
+  CHECK_FALSE(off.multi_tensor());
+  ::setenv("DPAR_OPTIM_MULTI_TENSOR", "1", 1);
+  CHECK(RMSprop({w}).multi_tensor());
+  ::setenv("DPAR_OPTIM_MULTI_TENSOR", "yes", 1);
+  CHECK_THROWS_WITH(SGD({w}, SGDOptions{.lr = 0.1}),
+                    Contains("DPAR_OPTIM_MULTI_TENSOR: expected 0 or 1, got 'yes'"));
+  ::unsetenv("DPAR_OPTIM_MULTI_TENSOR");
+
+  Tensor v = param({1, 2});
+  AdamW on({v}, AdamWOptions{.lr = 0.1});
+  for (int s = 0; s < 2; ++s) {
+    w.set_grad(Tensor::from_vector(std::vector<float>{0.5f, -2}, {2}));
+    v.set_grad(w.grad());
+    off.step();
+    on.step();
+  }
+  CHECK(w.to_float_vector() == v.to_float_vector());
+  off.set_multi_tensor(true);
+  CHECK(off.multi_tensor());
 }
 
 TEST_CASE("optimizer option and parameter checks", "[optim]") {

@@ -1,5 +1,5 @@
 // AdamW: option checks, bias corrections (in double, as torch computes them in Python) and
-// the per-parameter fused update.
+// the fused update (per parameter, or all of a device at once).
 #include "dpar/optim/adamw.h"
 #include "dpar/core/profiler.h"
 
@@ -30,24 +30,38 @@ void AdamW::step() {
   DPAR_PROFILE_SCOPE("optimizer_step");
   NoGradGuard no_grad;
   const AdamWOptions& o = options_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Operands ops;
-    if (!prepare(i, ops, /*zero_init=*/true)) continue;
-    const int64_t step = ++ops.state->step;
-    const double t = static_cast<double>(step);
-    kernels::AdamwStepArgs args;
-    args.decay = static_cast<float>(1.0 - lr_ * o.weight_decay);
-    args.beta1 = static_cast<float>(o.beta1);
-    args.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
-    args.beta2 = static_cast<float>(o.beta2);
-    args.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-    args.step_size = static_cast<float>(lr_ / (1.0 - std::pow(o.beta1, t)));
-    args.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
-    args.eps = static_cast<float>(o.eps);
-    auto& bufs = ops.state->buffers;
-    kernels::adamw_step.get(ops.param.device())(ops.param, ops.grad, bufs.at("exp_avg"),
-                                                bufs.at("exp_avg_sq"), args);
-    finish(ops);
+  kernels::AdamwStepArgs args;
+  args.decay = static_cast<float>(1.0 - lr_ * o.weight_decay);
+  args.beta1 = static_cast<float>(o.beta1);
+  args.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  args.beta2 = static_cast<float>(o.beta2);
+  args.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  args.eps = static_cast<float>(o.eps);
+  for (const auto& [device, indices] : params_by_device()) {
+    const bool multi = multi_tensor_ && kernels::adamw_step_multi.available(device);
+    std::vector<Operands> all;
+    std::vector<kernels::AdamwStepItem> items;
+    for (size_t i : indices) {
+      Operands ops;
+      if (!prepare(i, ops, /*zero_init=*/true)) continue;
+      const double t = static_cast<double>(ops.state->step + 1);
+      args.step_size = static_cast<float>(lr_ / (1.0 - std::pow(o.beta1, t)));
+      args.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+      auto& bufs = ops.state->buffers;
+      if (multi) {
+        items.push_back({ops.param, ops.grad, bufs.at("exp_avg"), bufs.at("exp_avg_sq"),
+                         args.step_size, args.bias_correction2_sqrt});
+        all.push_back(std::move(ops));
+        continue;
+      }
+      kernels::adamw_step.get(device)(ops.param, ops.grad, bufs.at("exp_avg"),
+                                      bufs.at("exp_avg_sq"), args);
+      finish(ops);
+    }
+    // Every parameter of the device in one call; the bias corrections are per item because
+    // each parameter counts its own steps (one that had no gradient at first is behind).
+    if (!items.empty()) kernels::adamw_step_multi.get(device)(items, args);
+    for (const Operands& ops : all) finish(ops);
   }
 }
 

@@ -4,11 +4,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "dpar/autograd/engine.h"
 #include "dpar/autograd/grad_mode.h"
 
 namespace dpar::optim {
+namespace {
+
+// DPAR_OPTIM_MULTI_TENSOR: 0 forces the per-parameter kernels (to compare or bisect), 1 or
+// unset uses the multi-tensor ones where the device has them.
+bool multi_tensor_from_env() {
+  const char* text = std::getenv("DPAR_OPTIM_MULTI_TENSOR");
+  if (text == nullptr || *text == '\0') return true;
+  const std::string value = text;
+  DPAR_CHECK(value == "0" || value == "1", "DPAR_OPTIM_MULTI_TENSOR: expected 0 or 1, got '", value,
+             "'");
+  return value == "1";
+}
+
+}  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   DPAR_CHECK(!params_.empty(), "Optimizer: got an empty parameter list");
@@ -25,6 +41,7 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
     }
   }
   state_.resize(params_.size());
+  multi_tensor_ = multi_tensor_from_env();
 }
 
 void Optimizer::check_lr(double lr) const {
@@ -79,8 +96,21 @@ bool Optimizer::prepare(size_t i, Operands& ops, bool zero_init) {
 
 void Optimizer::finish(const Operands& ops) {
   ops.state->initialized = true;
+  if (counts_steps()) ++ops.state->step;
   Tensor& p = params_[ops.index];
   if (!ops.param.is_same(p)) p.copy_(ops.param);
+}
+
+std::vector<std::pair<Device, std::vector<size_t>>> Optimizer::params_by_device() const {
+  std::vector<std::pair<Device, std::vector<size_t>>> groups;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Device device = params_[i].device();
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == device; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {device, {}});
+    it->second.push_back(i);
+  }
+  return groups;
 }
 
 StateDict Optimizer::state_dict() const {

@@ -1,4 +1,4 @@
-// RMSprop: option checks and the per-parameter fused update.
+// RMSprop: option checks and the fused update (per parameter, or all of a device at once).
 #include "dpar/optim/rmsprop.h"
 #include "dpar/core/profiler.h"
 
@@ -40,16 +40,29 @@ void RMSprop::step() {
   args.eps = static_cast<float>(options_.eps);
   args.weight_decay = static_cast<float>(options_.weight_decay);
   args.momentum = static_cast<float>(options_.momentum);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Operands ops;
-    if (!prepare(i, ops, /*zero_init=*/true)) continue;
-    auto& bufs = ops.state->buffers;
-    Tensor grad_avg = options_.centered ? bufs.at("grad_avg") : Tensor();
-    Tensor momentum = options_.momentum > 0 ? bufs.at("momentum_buffer") : Tensor();
-    ++ops.state->step;
-    kernels::rmsprop_step.get(ops.param.device())(ops.param, ops.grad, bufs.at("square_avg"),
-                                                  grad_avg, momentum, args);
-    finish(ops);
+  for (const auto& [device, indices] : params_by_device()) {
+    const bool multi = multi_tensor_ && kernels::rmsprop_step_multi.available(device);
+    std::vector<Operands> all;
+    std::vector<kernels::RmspropStepItem> items;
+    for (size_t i : indices) {
+      Operands ops;
+      if (!prepare(i, ops, /*zero_init=*/true)) continue;
+      auto& bufs = ops.state->buffers;
+      Tensor grad_avg = options_.centered ? bufs.at("grad_avg") : Tensor();
+      Tensor momentum = options_.momentum > 0 ? bufs.at("momentum_buffer") : Tensor();
+      if (multi) {
+        items.push_back({ops.param, ops.grad, bufs.at("square_avg"), grad_avg, momentum});
+        all.push_back(std::move(ops));
+        continue;
+      }
+      kernels::rmsprop_step.get(device)(ops.param, ops.grad, bufs.at("square_avg"), grad_avg,
+                                        momentum, args);
+      finish(ops);
+    }
+    // Every parameter of the device in one call (no per-parameter scalars: RMSprop's step
+    // count is not part of the update).
+    if (!items.empty()) kernels::rmsprop_step_multi.get(device)(items, args);
+    for (const Operands& ops : all) finish(ops);
   }
 }
 

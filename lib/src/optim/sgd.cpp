@@ -1,4 +1,4 @@
-// SGD: option checks and the per-parameter fused update.
+// SGD: option checks and the fused update (per parameter, or all of a device at once).
 #include "dpar/optim/sgd.h"
 #include "dpar/core/profiler.h"
 
@@ -38,14 +38,28 @@ void SGD::step() {
   args.one_minus_dampening = static_cast<float>(1.0 - options_.dampening);
   args.weight_decay = static_cast<float>(options_.weight_decay);
   args.nesterov = options_.nesterov;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Operands ops;
-    if (!prepare(i, ops, /*zero_init=*/false)) continue;
-    Tensor buf;
-    if (options_.momentum != 0) buf = ops.state->buffers.at("momentum_buffer");
-    args.first_step = !ops.state->initialized;
-    kernels::sgd_step.get(ops.param.device())(ops.param, ops.grad, buf, args);
-    finish(ops);
+  for (const auto& [device, indices] : params_by_device()) {
+    const bool multi = multi_tensor_ && kernels::sgd_step_multi.available(device);
+    std::vector<Operands> all;
+    std::vector<kernels::SgdStepItem> items;
+    for (size_t i : indices) {
+      Operands ops;
+      if (!prepare(i, ops, /*zero_init=*/false)) continue;
+      Tensor buf;
+      if (options_.momentum != 0) buf = ops.state->buffers.at("momentum_buffer");
+      args.first_step = !ops.state->initialized;
+      if (multi) {
+        items.push_back({ops.param, ops.grad, buf, args.first_step});
+        all.push_back(std::move(ops));
+        continue;
+      }
+      kernels::sgd_step.get(device)(ops.param, ops.grad, buf, args);
+      finish(ops);
+    }
+    // Every parameter of the device in one call; first_step is per item because a parameter
+    // whose gradient appears later starts its momentum buffer later.
+    if (!items.empty()) kernels::sgd_step_multi.get(device)(items, args);
+    for (const Operands& ops : all) finish(ops);
   }
 }
 

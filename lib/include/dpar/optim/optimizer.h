@@ -41,6 +41,14 @@ class Optimizer {
   // "SGD", "RMSprop", "AdamW": used in error messages.
   virtual const char* name() const = 0;
 
+  // Whether step() updates all parameters of a device with one multi-tensor kernel call
+  // where the device's backend has one (CUDA: one launch per step instead of one per
+  // parameter, like PyTorch's foreach/fused optimizers; bitwise the same results). The CPU
+  // always updates parameter by parameter. On by default; DPAR_OPTIM_MULTI_TENSOR=0 in the
+  // environment turns it off for optimizers created afterwards (1 or empty: on).
+  bool multi_tensor() const { return multi_tensor_; }
+  void set_multi_tensor(bool enabled) { multi_tensor_ = enabled; }
+
   // The per-parameter state, contiguous. Tensors share memory with the live state when it is
   // already contiguous: clone them to keep a snapshot across later steps.
   virtual StateDict state_dict() const;
@@ -73,14 +81,23 @@ class Optimizer {
   };
   // Prepares parameter i, or returns false when it has no gradient. Creates zero-filled state
   // buffers on first use (zero_init) or leaves them uninitialised for the kernel to fill.
+  // Kernels read the step being taken as state->step + 1.
   bool prepare(size_t i, Operands& ops, bool zero_init);
+  // After the update of ops: marks the state initialised, counts the step and writes a
+  // non-dense parameter back. Nothing is counted for an update that did not run (a
+  // multi-tensor call that threw), so the state stays consistent with the parameters.
   void finish(const Operands& ops);
+
+  // Parameter indices grouped by the parameters' device, in order of first appearance (one
+  // group in the common case): multi-tensor kernels update one device's group per call.
+  std::vector<std::pair<Device, std::vector<size_t>>> params_by_device() const;
 
   void check_lr(double lr) const;
 
   double lr_ = 0;
   std::vector<Tensor> params_;
   std::vector<ParamState> state_;
+  bool multi_tensor_ = true;
 };
 
 }  // namespace dpar::optim
