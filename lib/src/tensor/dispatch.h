@@ -21,6 +21,7 @@ void ensure_backends_registered();
 template <class Fn>
 class KernelSlot {
  public:
+  using Signature = Fn;
   explicit constexpr KernelSlot(const char* name) : name_(name) {}
   void set(DeviceType type, Fn* fn) { table_[static_cast<int>(type)] = fn; }
   Fn* get(Device device) const {
