@@ -4,12 +4,15 @@
 // latency at --infer-batches. The peer (bench/peers/torch_gpu.py) runs eager with
 // channels_last and cudnn.benchmark = True, and torch.compile where it works. fp32 only: dpar
 // has no mixed precision yet, so the AMP columns of the GPU issue are not measured here.
+// --optim also times the optimizer step alone, multi-tensor kernels against per-parameter ones.
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
 
 #include "bench_util.h"
 #include "dpar/dpar.h"
+#include "dpar/optim/adamw.h"
 #include "dpar/optim/sgd.h"
 #include "model/mobilenet_v3.h"
 
@@ -69,6 +72,30 @@ double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup
   return bench::seconds_since(t0) / static_cast<double>(steps) * 1e3;
 }
 
+// Milliseconds per optimizer step over MobileNetV3-small's parameters (gradients set once),
+// with the multi-tensor kernels (one launch per step) or one launch per parameter.
+double optimizer_step_ms(Device gpu, const std::string& which, bool multi, int64_t warmup,
+                         int64_t steps) {
+  manual_seed(0);
+  auto model = models::mobilenet_v3_small(1000);
+  model->to(gpu);
+  std::vector<Tensor> params = model->parameters();
+  for (Tensor& p : params) p.set_grad(Tensor::full(p.shape(), 1e-3, DType::f32, gpu));
+  std::unique_ptr<optim::Optimizer> opt;
+  if (which == "SGD") {
+    opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+  } else {
+    opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-3});
+  }
+  opt->set_multi_tensor(multi);
+  for (int64_t i = 0; i < warmup; ++i) opt->step();
+  synchronize(gpu);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) opt->step();
+  synchronize(gpu);
+  return bench::seconds_since(t0) / static_cast<double>(steps) * 1e3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,6 +109,8 @@ int main(int argc, char** argv) {
     auto& steps = flags.add_int("steps", 20, "timed steps");
     auto& peer = flags.add_bool("peer", true, "also run the PyTorch peer");
     auto& compile = flags.add_bool("compile", true, "the peer also times torch.compile");
+    auto& optim_step = flags.add_bool(
+        "optim", true, "time the optimizer step alone: multi-tensor vs per parameter");
     flags.parse(argc, argv);
     const Device gpu = Device::parse(device);
     check_device_available(gpu);
@@ -124,6 +153,17 @@ int main(int argc, char** argv) {
       if (p.contains("compiled_ms"))
         std::printf("   torch.compile %8.3f ms", p.at("compiled_ms").get<double>());
       std::printf("\n  ratio dpar/pytorch eager: %.2fx latency (target <= 1.0)\n", ours / theirs);
+    }
+    if (optim_step) {
+      const size_t n = models::mobilenet_v3_small(1000)->parameters().size();
+      for (const std::string which : {"SGD", "AdamW"}) {
+        const double multi = optimizer_step_ms(gpu, which, true, warmup, 10 * steps);
+        const double single = optimizer_step_ms(gpu, which, false, warmup, 10 * steps);
+        std::printf(
+            "optimizer step %s (%zu parameters)\n  multi-tensor %8.3f ms   per-parameter %8.3f "
+            "ms   (%.1fx)\n",
+            which.c_str(), n, multi, single, single / multi);
+      }
     }
     return 0;
   });
