@@ -16,6 +16,10 @@ struct ReportFacts {
   double preprocess_ms = 0;  // per image
   double inference_ms = 0;
   double postprocess_ms = 0;
+  // GPU runs (--use-gpu=True): the device and the most device memory the allocator handed
+  // out; empty device: the CPU.
+  std::string gpu_device;
+  double gpu_peak_mb = 0;
 };
 
 std::string benchmark_report(const ReportFacts& facts);

@@ -143,14 +143,18 @@ expect_error 1 "broken.jpg" -- --model-dir "$work/model" --img-path "$work/mixed
 if [ -n "$(grep -F broken "$work/err.out")" ]; then
   echo "FAIL: a line was printed for the undecodable image"; fail=1
 fi
-# "dpar was built without CUDA" in a CPU-only build, "no GPU found" in a CUDA build.
-expect_error 1 "--use-gpu=True: " -- --model-dir "$work/model" --img-path "$work/imgs" --use-gpu=True
+# Without a usable GPU: "device cuda:0 is not available: dpar was built without CUDA" in a
+# CPU-only build, "...: no NVIDIA driver ..." / "no CUDA device" in a CUDA build.
+if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" = 0 ]; then
+  expect_error 2 "--use-gpu=True: device cuda:0 is not available: " -- --model-dir "$work/model" \
+    --img-path "$work/imgs" --use-gpu=True
+fi
 expect_error 1 "--model-dir $work/nothing: no such file or directory" -- \
   --model-dir "$work/nothing" --img-path "$work/imgs"
 mkdir "$work/truncated"
 head -c 100000 "$work/model/inference.onnx" >"$work/truncated/inference.onnx"
 expect_error 1 "$work/truncated/inference.onnx: " -- --model-dir "$work/truncated" --img-path "$work/imgs"
-expect_error 2 "--precision=fp16: only fp32" -- --model-dir "$work/model" --img-path "$work/imgs" --precision fp16
+expect_error 2 "--precision=fp16: expected fp32 or int8" -- --model-dir "$work/model" --img-path "$work/imgs" --precision fp16
 expect_error 2 "--precision=int8: $work/model/inference.onnx is an fp32 model" -- --model-dir "$work/model" --img-path "$work/imgs" --precision int8
 expect_error 2 "--batch-size=0: expected >= 1" -- --model-dir "$work/model" --img-path "$work/imgs" --batch-size 0
 mkdir "$work/empty"

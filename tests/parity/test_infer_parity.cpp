@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "dpar/infer/runtime.h"
+#include "infer/graph.h"
+#include "infer/op_executor.h"
 #include "mobilenetv3/model/mobilenet_v3_onnx.h"
 #include "parity/parity_util.h"
 
@@ -144,6 +146,37 @@ TEST_CASE("every supported op and fusion pattern matches PyTorch (opset 14 and 1
     CHECK(count_steps(plan, "inner_product ") == 2);
   }
   table.print("infer ops net");
+}
+
+TEST_CASE("the op executor (dpar::infer's GPU path) matches PyTorch when run on the CPU") {
+  // The same lowered program the oneDNN plan executes, run with dpar's tensor ops: on a GPU
+  // these are the CUDA kernels; here the CPU ones check the executor's own logic.
+  ErrorTable table;
+  const Fixture mobilenet("infer/mobilenet.safetensors");
+  const Fixture ops("infer/ops.safetensors");
+  struct Case {
+    const char* file;
+    const Fixture& ref;
+    const char* x;
+    const char* y;
+  };
+  for (const Case& c : {Case{"mobilenet_v3_small.onnx", mobilenet, "x4", "logits4"},
+                        Case{"mobilenet_v3_small_bn.onnx", mobilenet, "x1", "probs1"},
+                        Case{"ops.onnx", ops, "x", "y"}, Case{"ops_opset12.onnx", ops, "x", "y"}}) {
+    const infer::detail::Program program =
+        infer::detail::lower(infer::detail::load_onnx(model_path(c.file)));
+    const infer::detail::OpExecutor executor(program, Device::cpu());
+    check_close(executor.run(c.ref[c.x]), c.ref[c.y], kTolerance, c.file, table, "op executor");
+  }
+  table.print("op executor on the CPU");
+  // Through the public API, the CPU device keeps the oneDNN plan and a missing GPU is refused.
+  infer::Model model = infer::Model::load(model_path("ops.onnx"));
+  model.set_device(Device::cpu());
+  CHECK(model.device().is_cpu());
+  if (cuda_device_count() == 0) {
+    CHECK_THAT(error_of([&] { model.set_device(Device::cuda(0)); }),
+               Catch::Contains("cuda:0 is not available"));
+  }
 }
 
 // Moves BatchNorm statistics / affine parameters and biases off their init values (1, 0) so

@@ -35,6 +35,7 @@ int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() { return "dpar was built without CUDA"; }
 void synchronize(Device) {}
 std::string cuda_device_summary(Device) { return {}; }
+CudaDeviceInfo cuda_device_info(Device) { return {}; }
 #endif
 
 void check_device_available(Device device) {

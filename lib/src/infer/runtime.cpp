@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "infer/graph.h"
+#include "infer/op_executor.h"
 #include "infer/plan.h"
 
 namespace dpar::infer {
@@ -24,6 +25,7 @@ struct Model::Impl {
   std::map<std::pair<Shape, int>, std::unique_ptr<Plan>> plans;  // (input shape, threads)
   std::mutex mutex;
   int threads = 0;
+  std::unique_ptr<detail::OpExecutor> on_device;  // set_device(cuda:N); null on the CPU
 
   // Call with mutex held and the thread count in effect.
   Plan& plan_for(const Shape& shape) {
@@ -39,8 +41,9 @@ struct Model::Impl {
 
   void check_input(const Tensor& x) const {
     DPAR_CHECK(x.defined(), info.path, ": run() got an undefined tensor");
-    DPAR_CHECK(x.device().is_cpu(), info.path, ": inference runs on the CPU, got a tensor on ",
-               x.device().str());
+    const Device where = on_device ? on_device->device() : Device::cpu();
+    DPAR_CHECK(x.device().is_cpu() || x.device() == where, info.path, ": the model runs on ",
+               where.str(), ", got an input on ", x.device().str());
     DPAR_CHECK(x.dtype() == DType::f32, info.path, ": expected a float32 input, got ",
                dtype_name(x.dtype()));
     check_shape(x.shape());
@@ -201,6 +204,10 @@ const ModelInfo& Model::info() const { return impl_->info; }
 
 Tensor Model::run(const Tensor& input) {
   impl_->check_input(input);
+  if (impl_->on_device) {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    return impl_->on_device->run(input);
+  }
   const Tensor x = input.is_contiguous() ? input : input.contiguous();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ThreadScope threads(impl_->threads);
@@ -219,6 +226,17 @@ std::vector<std::string> Model::plan_summary(const Shape& input_shape) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ThreadScope threads(impl_->threads);
   return impl_->plan_for(input_shape).summary();
+}
+
+void Model::set_device(Device device) {
+  check_device_available(device);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->on_device =
+      device.is_cpu() ? nullptr : std::make_unique<detail::OpExecutor>(impl_->program, device);
+}
+
+Device Model::device() const {
+  return impl_->on_device ? impl_->on_device->device() : Device::cpu();
 }
 
 void Model::set_num_threads(int n) {

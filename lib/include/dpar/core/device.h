@@ -45,5 +45,14 @@ void synchronize(Device device);
 // "CUDA runtime 13.0, driver 13.0, cuDNN 9.x, NVIDIA H100 80GB HBM3, 79.2 GiB" for reports;
 // empty without a device.
 std::string cuda_device_summary(Device device);
+// The same facts one by one (all empty / 0 without a device).
+struct CudaDeviceInfo {
+  std::string runtime_version;  // "13.0"
+  std::string driver_version;   // "13.0" (the CUDA version the driver supports)
+  std::string cudnn_version;    // "9.10.2"
+  std::string name;             // "NVIDIA H100 80GB HBM3"
+  double memory_gib = 0;
+};
+CudaDeviceInfo cuda_device_info(Device device);
 
 }  // namespace dpar

@@ -84,6 +84,15 @@ class Model {
   // implementation, output shape, and the ONNX nodes fused into it.
   std::vector<std::string> plan_summary(const Shape& input_shape);
 
+  // Where run() computes: the CPU (the oneDNN plan, the default) or a CUDA device, where the
+  // lowered graph runs on dpar's CUDA ops (cuDNN convolutions, cuBLAS Gemm; weights copied
+  // there once, convolution weights channels-last). On a GPU run() takes a CPU or device input
+  // and returns the output on the device; fp32 models only (an int8 model is an error naming
+  // its first int8 op), symmetric convolution padding only. Throws dpar::Error naming the
+  // device when it cannot be used.
+  void set_device(Device device);
+  Device device() const;
+
   // Intra-op threads for this model's runs (0: the process default, see dpar::set_num_threads).
   void set_num_threads(int n);
   int num_threads() const;

@@ -139,8 +139,9 @@ void synchronize(Device device) {
   cuda::synchronize(device.index);
 }
 
-std::string cuda_device_summary(Device device) {
-  if (device.is_cpu() || cuda_device_count() <= device.index) return {};
+CudaDeviceInfo cuda_device_info(Device device) {
+  CudaDeviceInfo info;
+  if (device.is_cpu() || cuda_device_count() <= device.index) return info;
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
@@ -150,12 +151,22 @@ std::string cuda_device_summary(Device device) {
     return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
   };
   const size_t cudnn = cudnnGetVersion();
+  info.runtime_version = version(runtime);
+  info.driver_version = version(driver);
+  info.cudnn_version = std::to_string(cudnn / 10000) + "." + std::to_string((cudnn % 10000) / 100) +
+                       "." + std::to_string(cudnn % 100);
+  info.name = prop.name;
+  info.memory_gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+  return info;
+}
+
+std::string cuda_device_summary(Device device) {
+  const CudaDeviceInfo info = cuda_device_info(device);
+  if (info.name.empty()) return {};
   char memory[32];
-  std::snprintf(memory, sizeof(memory), "%.1f GiB",
-                static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
-  return "CUDA runtime " + version(runtime) + ", driver " + version(driver) + ", cuDNN " +
-         std::to_string(cudnn / 10000) + "." + std::to_string((cudnn % 10000) / 100) + "." +
-         std::to_string(cudnn % 100) + ", " + prop.name + ", " + memory;
+  std::snprintf(memory, sizeof(memory), "%.1f GiB", info.memory_gib);
+  return "CUDA runtime " + info.runtime_version + ", driver " + info.driver_version + ", cuDNN " +
+         info.cudnn_version + ", " + info.name + ", " + memory;
 }
 
 }  // namespace dpar
