@@ -164,8 +164,10 @@ int main(int argc, char** argv) {
         flags.add_string("dist-backend", "",
                          "collectives for GPU tensors: nccl, or gloo through host memory (default: "
                          "$DPAR_DIST_BACKEND, else nccl)");
-    auto& amp = flags.add_bool("amp", false,
-                               "mixed precision; not built yet: refused with one line");
+    auto& amp = flags.add_string(
+        "amp", "",
+        "mixed precision on the GPU: fp16 (with dynamic loss scaling) or bf16; convolutions and "
+        "linear layers compute in that dtype, weights, BN statistics and the loss stay f32");
     mobilenetv3::PsFlags ps_flags(flags);
     flags.parse(argc, argv);
 
@@ -190,9 +192,15 @@ int main(int argc, char** argv) {
     // (gpu:<local rank>), else GPU 0. The device is checked once the environment is read.
     const bool on_gpu = device == "gpu" || device == "cuda" || device.rfind("gpu:", 0) == 0 ||
                         device.rfind("cuda:", 0) == 0;
+    if (!amp.empty() && amp != "fp16" && amp != "bf16") {
+      throw FlagError("train: --amp=" + amp + ": expected fp16 or bf16");
+    }
     // Refused rather than silently training in fp32: a user who asked for AMP would otherwise
     // compare fp32 speed and memory against their fp16 expectations.
-    if (amp) throw FlagError("train: --amp: mixed precision is not built yet; train without --amp (fp32)");
+    if (!amp.empty() && !on_gpu) {
+      throw FlagError("train: --amp=" + amp +
+                      ": mixed precision runs on a GPU (--device gpu); on the CPU train in fp32");
+    }
     if (!on_gpu && device != "cpu") {
       throw FlagError("train: --device=" + device + ": expected cpu, gpu or gpu:<index>");
     }
@@ -297,6 +305,8 @@ int main(int argc, char** argv) {
     }
 
     auto opt = make_optimizer(opt_name, *model, lr, momentum, weight_decay);
+    const DType amp_dtype = amp == "bf16" ? DType::bf16 : DType::f16;
+    amp::GradScaler scaler({.enabled = amp == "fp16"});
     std::unique_ptr<optim::LRScheduler> sched;
     if (scheduler == "cosine") {
       sched = std::make_unique<optim::CosineWarmupLR>(
@@ -480,13 +490,21 @@ int main(int argc, char** argv) {
         // previous step's kernels finish; the compute stream waits for it.
         batch.images = batch.images.to(train_device, /*non_blocking=*/true);
         batch.labels = batch.labels.to(train_device, /*non_blocking=*/true);
-        Tensor logits = dp.forward(batch.images);
-        Tensor loss = cross_entropy(logits, batch.labels, label_smoothing);
-        loss.backward();
+        Tensor logits, loss;
+        {
+          amp::Autocast autocast(amp_dtype, !amp.empty());
+          logits = dp.forward(batch.images);
+          loss = cross_entropy(logits, batch.labels, label_smoothing);
+        }
         if (ps_trainer) {
+          loss.backward();
           ps_trainer->step(batch.labels.numel());  // push gradients, pull the servers' update
         } else {
-          opt->step();
+          // fp16: the loss is scaled so small gradients survive f16; a step whose gradients
+          // overflowed is skipped and the scale lowered (bf16 and fp32: the scaler is off).
+          scaler.scale(loss).backward();
+          scaler.step(*opt);
+          scaler.update();
         }
         const double loss_value = loss.item();
         DPAR_CHECK(std::isfinite(loss_value), "train: loss became ", loss_value, " at epoch ", epoch,
@@ -524,6 +542,10 @@ int main(int argc, char** argv) {
           const auto t0 = Clock::now();
           note_saved(checkpoints->save_step(checkpoint_at(epoch, iter)), t0);
         }
+      }
+      if (scaler.is_enabled() && rank == 0) {
+        std::printf("amp fp16: loss scale %g, %lld step(s) skipped so far (inf/nan gradients)\n",
+                    scaler.get_scale(), static_cast<long long>(scaler.skipped_steps()));
       }
       last_eval = evaluate(dp, val_loader, train_device, rank == 0);
       evaluated = true;

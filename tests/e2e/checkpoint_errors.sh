@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bad checkpoints and resume flags: one clear line on stderr, a non-zero exit, no crash, and
-# the files involved left exactly as they were. Also --device gpu on this GPU-less machine, --amp (not built)
+# the files involved left exactly as they were. Also --device gpu on this GPU-less machine, --amp on the CPU
 # and --test-only.
 # Usage: checkpoint_errors.sh <train>
 set -uo pipefail
@@ -96,8 +96,9 @@ if "$train" "${small[@]}" --test-only --resume "$work/ck/latest.ckpt" \
 else
   echo "FAIL: --test-only exited non-zero"; cat "$work/err"; fail=1
 fi
-# --amp is not built: one line, exit 2, nothing trained in its place.
-expect 2 "train: --amp: mixed precision is not built yet" -- "${small[@]}" --amp
+# --amp on the CPU, or an unknown precision: one line, exit 2, nothing trained in its place.
+expect 2 "train: --amp=fp16: mixed precision runs on a GPU (--device gpu)" -- "${small[@]}" --amp fp16
+expect 2 "train: --amp=fp8: expected fp16 or bf16" -- "${small[@]}" --amp fp8
 # --device gpu without a usable GPU (these machines): one line saying why, before any data is
 # read ("built without CUDA" in a CPU-only build, "no CUDA device" in a CUDA build).
 expect 2 "train: --device gpu: device cuda:0 is not available: " -- "${small[@]}" --device gpu

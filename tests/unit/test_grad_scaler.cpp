@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "dpar/dpar.h"
 #include "dpar/optim/grad_scaler.h"
@@ -339,4 +340,32 @@ TEST_CASE("unscale_and_check_finite: one pass, flag only ever set", "[amp]") {
   Tensor big = vec({3e38f, 1.0f});
   kernel(big, 2.0f, small);
   CHECK(small.item() == 1.0);
+}
+
+TEST_CASE("amp::Autocast scopes nest per thread and leave CPU ops in f32") {
+  CHECK(dpar::amp::autocast_dtype() == dpar::DType::f32);
+  const dpar::Tensor a = dpar::Tensor::full({4, 6}, 0.1), b = dpar::Tensor::full({6, 3}, 0.3);
+  const std::vector<float> plain = dpar::matmul(a, b).to_float_vector();
+  {
+    dpar::amp::Autocast outer(dpar::DType::bf16);
+    CHECK(dpar::amp::autocast_dtype() == dpar::DType::bf16);
+    {
+      dpar::amp::Autocast inner(dpar::DType::f16);
+      CHECK(dpar::amp::autocast_dtype() == dpar::DType::f16);
+      dpar::amp::Autocast off(dpar::DType::f32, /*enabled=*/false);
+      CHECK(dpar::amp::autocast_dtype() == dpar::DType::f16);
+    }
+    CHECK(dpar::amp::autocast_dtype() == dpar::DType::bf16);
+    // Another thread has its own setting.
+    dpar::DType seen = dpar::DType::u8;
+    std::thread([&] { seen = dpar::amp::autocast_dtype(); }).join();
+    CHECK(seen == dpar::DType::f32);
+    // CPU ops are unaffected: f32, bitwise the result without autocast.
+    const dpar::Tensor y = dpar::matmul(a, b);
+    CHECK(y.dtype() == dpar::DType::f32);
+    CHECK(y.to_float_vector() == plain);
+  }
+  CHECK(dpar::amp::autocast_dtype() == dpar::DType::f32);
+  CHECK_THROWS_WITH(dpar::amp::Autocast(dpar::DType::i64),
+                    Catch::Contains("amp::Autocast: expected f16, bf16 or f32, got i64"));
 }

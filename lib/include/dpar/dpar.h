@@ -25,5 +25,6 @@
 #include "dpar/optim/rmsprop.h"
 #include "dpar/optim/sgd.h"
 #include "dpar/tensor/allocator.h"
+#include "dpar/tensor/autocast.h"
 #include "dpar/tensor/ops.h"
 #include "dpar/tensor/tensor.h"

@@ -4,6 +4,7 @@
 // here; kernels only compute.
 #include <cstdint>
 
+#include "dpar/autograd/grad_mode.h"
 #include "dpar/tensor/ops.h"
 #include "dpar/tensor/tensor.h"
 #include "tensor/dispatch.h"
@@ -77,6 +78,17 @@ namespace dpar::detail {
 
 // t itself when it already has the layout, else a copy in that layout. Not recorded by
 // autograd: the nn ops record themselves against their original inputs.
+// The dtype an autocast-eligible op (conv2d, linear, matmul) computes in on `device`: the
+// autocast dtype on CUDA, else f32.
+DType autocast_compute_dtype(Device device);
+
+// t in `dtype`, keeping its layout; no autograd record (the op records its own backward).
+inline Tensor cast_for_compute(const Tensor& t, DType dtype) {
+  if (!t.defined() || t.dtype() == dtype) return t;
+  NoGradGuard no_grad;
+  return t.to(dtype);
+}
+
 inline Tensor nn_layout_copy(const Tensor& t, MemoryFormat format) {
   if (t.is_contiguous(format)) return t;
   Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device(), format);

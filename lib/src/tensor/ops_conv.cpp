@@ -94,25 +94,34 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Tensor xc = detail::nn_layout_copy(x, MemoryFormat::ChannelsLast);
   const MemoryFormat weight_format =
       device.is_cuda() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  const Tensor wc = detail::nn_layout_copy(weight, weight_format);
-  const Tensor bc =
-      bias.defined() ? detail::nn_layout_copy(bias, MemoryFormat::Contiguous) : Tensor();
-  Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, DType::f32, device, MemoryFormat::ChannelsLast);
+  // Under autocast (CUDA) the convolution runs in f16/bf16 on casts of the f32 operands and
+  // its result comes back as f32; the backward uses the same dtype (amp::Autocast).
+  const DType compute = detail::autocast_compute_dtype(device);
+  const Tensor xh = detail::cast_for_compute(xc, compute);
+  const Tensor wc =
+      detail::cast_for_compute(detail::nn_layout_copy(weight, weight_format), compute);
+  const Tensor bc = bias.defined()
+                        ? detail::cast_for_compute(
+                              detail::nn_layout_copy(bias, MemoryFormat::Contiguous), compute)
+                        : Tensor();
+  Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, compute, device, MemoryFormat::ChannelsLast);
   const bool grad = autograd::needs_grad({x, weight, bias});
-  if (g.N > 0) kernels::conv2d_forward.get(device)(g, xc, wc, bc, y, grad);
+  if (g.N > 0) kernels::conv2d_forward.get(device)(g, xh, wc, bc, y, grad);
+  y = detail::cast_for_compute(y, DType::f32);
   if (!grad) return y;
 
   // Save only what the needed gradients read: dx needs the weights, dweight/dbias the input.
   const bool params_need_grad = weight.requires_grad() || (bias.defined() && bias.requires_grad());
   autograd::record(
       "conv2d", {x, weight, bias}, {y},
-      [g, xs = params_need_grad ? xc.detach() : Tensor(),
-       ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format,
+      [g, xs = params_need_grad ? xh.detach() : Tensor(),
+       ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format, compute,
        device](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
-        const Tensor dy = detail::nn_layout_copy(grads[0], MemoryFormat::ChannelsLast);
+        const Tensor dy = detail::cast_for_compute(
+            detail::nn_layout_copy(grads[0], MemoryFormat::ChannelsLast), compute);
         Tensor dx, dw, db;
         if (need[0]) {
-          dx = Tensor::empty({g.N, g.C, g.H, g.W}, DType::f32, device, MemoryFormat::ChannelsLast);
+          dx = Tensor::empty({g.N, g.C, g.H, g.W}, compute, device, MemoryFormat::ChannelsLast);
           if (g.N > 0) {
             kernels::conv2d_backward_data.get(device)(g, dy, ws, dx);
           } else {
@@ -120,8 +129,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
           }
         }
         if (need[1] || (g.has_bias && need[2])) {
-          dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, DType::f32, device, weight_format);
-          if (g.has_bias) db = Tensor::empty({g.O}, DType::f32, device);
+          dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, compute, device, weight_format);
+          if (g.has_bias) db = Tensor::empty({g.O}, compute, device);
           if (g.N > 0) {
             kernels::conv2d_backward_weights.get(device)(g, xs, dy, dw, db);
           } else {
@@ -129,7 +138,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
             if (db.defined()) db.zero_();
           }
         }
-        return autograd::GradList{dx, need[1] ? dw : Tensor(), need[2] ? db : Tensor()};
+        // Gradients reach the f32 inputs and master weights in f32.
+        return autograd::GradList{detail::cast_for_compute(dx, DType::f32),
+                                  need[1] ? detail::cast_for_compute(dw, DType::f32) : Tensor(),
+                                  need[2] ? detail::cast_for_compute(db, DType::f32) : Tensor()};
       });
   return y;
 }

@@ -4,6 +4,7 @@
 #include "dpar/tensor/ops.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/linear_kernels.h"
+#include "tensor/nn_kernels.h"
 
 namespace dpar {
 namespace {
@@ -14,13 +15,17 @@ void check_matrix(const Tensor& t, const char* op, const char* which) {
   DPAR_CHECK(t.dim() == 2, op, ": ", which, " must be 2-D, got shape ", t.shape());
 }
 
-// op(a) * op(b) (+ bias) into a new contiguous matrix.
-Tensor gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias = {}) {
+// op(a) * op(b) (+ bias) into a new contiguous f32 matrix, computed in `compute` (f16/bf16 under
+// autocast on CUDA: the operands are cast, cuBLAS accumulates in f32, the result is cast back).
+Tensor gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+            DType compute) {
   const int64_t m = trans_a ? a.size(1) : a.size(0);
   const int64_t n = trans_b ? b.size(0) : b.size(1);
-  Tensor c = Tensor::empty({m, n}, DType::f32, a.device());
-  kernels::gemm.get(a.device())(a, trans_a, b, trans_b, bias, c);
-  return c;
+  Tensor c = Tensor::empty({m, n}, compute, a.device());
+  kernels::gemm.get(a.device())(detail::cast_for_compute(a, compute), trans_a,
+                                detail::cast_for_compute(b, compute), trans_b,
+                                detail::cast_for_compute(bias, compute), c);
+  return detail::cast_for_compute(c, DType::f32);
 }
 
 }  // namespace
@@ -33,14 +38,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
              b.shape());
   DPAR_CHECK(a.device() == b.device(), "matmul: operands on different devices (", a.device(),
              " and ", b.device(), ")");
-  Tensor out = gemm(a, false, b, false);
+  const DType compute = detail::autocast_compute_dtype(a.device());
+  Tensor out = gemm(a, false, b, false, {}, compute);
   if (autograd::needs_grad({a, b})) {
     autograd::record("matmul", {a, b}, {out},
-                     [ad = a.detach(), bd = b.detach()](const autograd::GradList& g,
-                                                        const autograd::NeedsGrad& need) {
+                     [ad = a.detach(), bd = b.detach(), compute](const autograd::GradList& g,
+                                                                 const autograd::NeedsGrad& need) {
                        // dA = G B^T, dB = A^T G
-                       return autograd::GradList{need[0] ? gemm(g[0], false, bd, true) : Tensor(),
-                                                 need[1] ? gemm(ad, true, g[0], false) : Tensor()};
+                       return autograd::GradList{
+                           need[0] ? gemm(g[0], false, bd, true, {}, compute) : Tensor(),
+                           need[1] ? gemm(ad, true, g[0], false, {}, compute) : Tensor()};
                      });
   }
   return out;
@@ -62,14 +69,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     DPAR_CHECK(bias.device() == x.device(), "linear: input on ", x.device(), " but bias on ",
                bias.device());
   }
-  Tensor out = gemm(x, false, weight, true, bias);
+  const DType compute = detail::autocast_compute_dtype(x.device());
+  Tensor out = gemm(x, false, weight, true, bias, compute);
   if (autograd::needs_grad({x, weight, bias})) {
     autograd::record("linear", {x, weight, bias}, {out},
-                     [xd = x.detach(), wd = weight.detach()](const autograd::GradList& g,
-                                                             const autograd::NeedsGrad& need) {
+                     [xd = x.detach(), wd = weight.detach(), compute](
+                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
                        Tensor gx, gw, gb;
-                       if (need[0]) gx = gemm(g[0], false, wd, false);  // G W
-                       if (need[1]) gw = gemm(g[0], true, xd, false);   // G^T X
+                       if (need[0]) gx = gemm(g[0], false, wd, false, {}, compute);  // G W
+                       if (need[1]) gw = gemm(g[0], true, xd, false, {}, compute);   // G^T X
                        if (need[2]) {
                          // Column sums of G, accumulated in a fixed order (deterministic).
                          gb = Tensor::empty({1, g[0].size(1)}, DType::f32, g[0].device());
