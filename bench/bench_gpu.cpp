@@ -2,8 +2,8 @@
 // throughput (SGD momentum, random data) at each --batches size, peak GPU memory per training
 // step (dpar's allocator peak vs torch.cuda.max_memory_allocated), and eval-mode forward
 // latency at --infer-batches. The peer (bench/peers/torch_gpu.py) runs eager with
-// channels_last and cudnn.benchmark = True, and torch.compile where it works. fp32 only: dpar
-// has no mixed precision yet, so the AMP columns of the GPU issue are not measured here.
+// channels_last and cudnn.benchmark = True, and torch.compile where it works. Training runs in
+// each of --precisions: fp32, fp16 (autocast + GradScaler on both sides) and bf16 (autocast).
 // --optim also times the optimizer step alone, multi-tensor kernels against per-parameter ones.
 #include <cstdio>
 #include <cstdlib>
@@ -31,8 +31,8 @@ struct TrainResult {
   double img_per_s = 0, ms_per_step = 0, peak_mb = 0;
 };
 
-TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t warmup,
-                             int64_t steps) {
+TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t warmup, int64_t steps,
+                             const std::string& precision) {
   manual_seed(0);
   auto model = models::mobilenet_v3_small(1000);
   model->train();
@@ -40,15 +40,23 @@ TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t war
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
   auto [xc, yc] = bench::random_batch(batch, img, 1000, 1);
   const Tensor x = xc.to(gpu), y = yc.to(gpu);
+  const bool amp = precision != "fp32";
+  amp::GradScaler scaler({.enabled = precision == "fp16"});
   auto step = [&] {
     opt.zero_grad();
-    Tensor loss = cross_entropy(model->forward(x), y);
-    loss.backward();
-    opt.step();
+    Tensor loss;
+    {
+      amp::Autocast autocast(precision == "bf16" ? DType::bf16 : DType::f16, amp);
+      loss = cross_entropy(model->forward(x), y);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   synchronize(gpu);
   Allocator& alloc = allocator_for(gpu);
+  alloc.reset_peak_stats();  // the timed steps' peak, as the peer's reset_peak_memory_stats
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) step();
   synchronize(gpu);
@@ -103,6 +111,8 @@ int main(int argc, char** argv) {
     Flags flags("bench_gpu", "MobileNetV3-small on one GPU: dpar vs PyTorch");
     auto& device = flags.add_string("device", "gpu:0", "the GPU");
     auto& batches = flags.add_string("batches", "128,256", "training batch sizes");
+    auto& precisions =
+        flags.add_string("precisions", "fp32,fp16,bf16", "training precisions: fp32, fp16, bf16");
     auto& infer_batches = flags.add_string("infer-batches", "1,64", "inference batch sizes");
     auto& img = flags.add_int("img", 224, "image side");
     auto& warmup = flags.add_int("warmup", 5, "untimed steps");
@@ -116,31 +126,47 @@ int main(int argc, char** argv) {
     check_device_available(gpu);
     // The peer needs the GPU machine's PyTorch: the python3 on PATH unless told otherwise.
     setenv("DPAR_PEER_PYTHON", "python3", /*overwrite=*/0);
-    std::printf("bench_gpu: mobilenet_v3_small %lldpx fp32, %lld timed steps | %s\n",
+    std::printf("bench_gpu: mobilenet_v3_small %lldpx, %lld timed steps | %s\n",
                 static_cast<long long>(img), static_cast<long long>(steps),
                 cuda_device_summary(gpu).c_str());
     const std::string common = " --img " + std::to_string(img) + " --warmup " +
                                std::to_string(warmup) + " --steps " + std::to_string(steps) +
                                (compile ? " --compile" : "");
-    for (int64_t batch : parse_list(batches)) {
-      const TrainResult ours = train_throughput(gpu, batch, img, warmup, steps);
-      std::printf(
-          "train batch %lld\n  dpar     %9.1f img/s (%7.2f ms/step)  peak GPU memory %8.1f MB\n",
-          static_cast<long long>(batch), ours.img_per_s, ours.ms_per_step, ours.peak_mb);
-      if (!peer) continue;
-      const auto p = bench::run_peer("torch_gpu.py",
-                                     "--mode train --batch " + std::to_string(batch) + common, 1);
-      const double theirs = p.at("img_per_s").get<double>();
-      std::printf("  pytorch  %9.1f img/s (%7.2f ms/step)  peak GPU memory %8.1f MB  (torch %s)\n",
-                  theirs, p.at("ms_per_step").get<double>(), p.at("peak_mb").get<double>(),
-                  p.at("torch").get<std::string>().c_str());
-      if (p.contains("compiled_img_per_s")) {
-        std::printf("  torch.compile %9.1f img/s\n", p.at("compiled_img_per_s").get<double>());
+    std::vector<std::string> precision_list;
+    {
+      std::stringstream in(precisions);
+      for (std::string item; std::getline(in, item, ',');) {
+        DPAR_CHECK(item == "fp32" || item == "fp16" || item == "bf16", "bench_gpu: --precisions: '",
+                   item, "' is not fp32, fp16 or bf16");
+        precision_list.push_back(item);
       }
-      std::printf(
-          "  ratio dpar/pytorch eager: %.2fx img/s (target >= 1.0); peak memory %.2fx "
-          "(target <= 1.0)\n",
-          ours.img_per_s / theirs, ours.peak_mb / p.at("peak_mb").get<double>());
+    }
+    for (int64_t batch : parse_list(batches)) {
+      for (const std::string& precision : precision_list) {
+        const TrainResult ours = train_throughput(gpu, batch, img, warmup, steps, precision);
+        std::printf(
+            "train batch %lld %s\n  dpar     %9.1f img/s (%7.2f ms/step)  peak GPU memory %8.1f "
+            "MB\n",
+            static_cast<long long>(batch), precision.c_str(), ours.img_per_s, ours.ms_per_step,
+            ours.peak_mb);
+        if (!peer) continue;
+        const auto p = bench::run_peer(
+            "torch_gpu.py",
+            "--mode train --batch " + std::to_string(batch) + " --precision " + precision + common,
+            1);
+        const double theirs = p.at("img_per_s").get<double>();
+        std::printf(
+            "  pytorch  %9.1f img/s (%7.2f ms/step)  peak GPU memory %8.1f MB  (torch %s)\n",
+            theirs, p.at("ms_per_step").get<double>(), p.at("peak_mb").get<double>(),
+            p.at("torch").get<std::string>().c_str());
+        if (p.contains("compiled_img_per_s")) {
+          std::printf("  torch.compile %9.1f img/s\n", p.at("compiled_img_per_s").get<double>());
+        }
+        std::printf(
+            "  ratio dpar/pytorch eager: %.2fx img/s (target >= 1.0); peak memory %.2fx "
+            "(target <= 1.0)\n",
+            ours.img_per_s / theirs, ours.peak_mb / p.at("peak_mb").get<double>());
+      }
     }
     for (int64_t batch : parse_list(infer_batches)) {
       const double ours = forward_latency_ms(gpu, batch, img, warmup, steps);

@@ -32,6 +32,7 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
     a = p.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
@@ -47,12 +48,18 @@ def main():
         y = torch.randint(0, 1000, (a.batch,), device=dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
         loss_fn = torch.nn.CrossEntropyLoss()
+        amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.precision)
+        scaler = torch.amp.GradScaler("cuda", enabled=a.precision == "fp16")
 
         def make_step(m):
             def step():
                 opt.zero_grad()
-                loss_fn(m(x), y).backward()
-                opt.step()
+                with torch.autocast("cuda", dtype=amp_dtype or torch.float32,
+                                    enabled=amp_dtype is not None):
+                    loss = loss_fn(m(x), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
             return step
 
         step = make_step(model)

@@ -69,6 +69,11 @@ class CpuCachingAllocator final : public Allocator {
     stats_.cached_bytes = 0;
   }
 
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  }
+
   AllocatorStats stats() const override {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_;

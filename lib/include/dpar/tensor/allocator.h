@@ -25,6 +25,9 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t nbytes) = 0;
   virtual void empty_cache() = 0;  // return cached blocks to the system
   virtual AllocatorStats stats() const = 0;
+  // Starts a new high-water mark at what is allocated now (torch.cuda.reset_peak_memory_stats),
+  // so a benchmark can report the peak of one phase.
+  virtual void reset_peak_stats() = 0;
 };
 
 // The allocator for a device type; throws dpar::Error when the backend is not built.

@@ -116,6 +116,11 @@ class StreamOrderedAllocator final : public Allocator {
     }
   }
 
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  }
+
   AllocatorStats stats() const override {
     AllocatorStats s;
     {
