@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
     auto& use_gpu = flags.add_bool("use-gpu", false, "run on the GPU (needs a CUDA build)");
     auto& precision = flags.add_string(
         "precision", "fp32",
-        "fp32, or int8 for an int8 (QDQ) model from export_model --precision int8");
+        "fp32; fp16 on the GPU (convolutions and Gemm in f16); or int8 on the CPU for an int8 "
+        "(QDQ) model from export_model --precision int8");
     auto& cpu_threads =
         flags.add_int("cpu-threads", 0, "intra-op threads (0: OMP_NUM_THREADS, else all cores)");
     auto& benchmark =
@@ -140,14 +141,18 @@ int main(int argc, char** argv) {
     at_least("cpu-threads", cpu_threads, 0);
     at_least("warmup", warmup, 0);
     at_least("topk", topk, 1);
-    if (precision != "fp32" && precision != "int8") {
-      throw FlagError("--precision=" + precision + ": expected fp32 or int8 (fp16 needs " +
-                      "half-precision kernels, which dpar does not have yet)");
+    if (precision != "fp32" && precision != "int8" && precision != "fp16") {
+      throw FlagError("--precision=" + precision + ": expected fp32, fp16 (GPU) or int8 (CPU)");
+    }
+    if (precision == "fp16" && !use_gpu) {
+      throw FlagError(
+          "--precision=fp16: half-precision inference runs on the GPU "
+          "(--use-gpu=True)");
     }
     const Device device = use_gpu ? Device::cuda(0) : Device::cpu();
     if (use_gpu) {
-      if (precision != "fp32") {
-        throw FlagError("--precision=" + precision + ": on the GPU dpar::infer runs fp32 models");
+      if (precision == "int8") {
+        throw FlagError("--precision=int8: int8 models run on the CPU (--use-gpu=False)");
       }
       try {
         check_device_available(device);
@@ -161,10 +166,11 @@ int main(int argc, char** argv) {
     infer::Model model = infer::Model::load(model_path);
     const infer::ModelInfo& info = model.info();
     model.set_num_threads(static_cast<int>(cpu_threads));
-    model.set_device(device);
+    // fp16 is how the GPU computes an fp32 model (convolutions and Gemm in f16), not a file kind.
+    model.set_device(device, precision == "fp16" ? DType::f16 : DType::f32);
     // The precision is the model's: an int8 model runs its Conv/Gemm in int8 whatever the
     // flag says, so the flag must agree with the file (and the report tells the truth).
-    if (precision != info.precision) {
+    if (precision != "fp16" && precision != info.precision) {
       throw FlagError("--precision=" + precision + ": " + model_path + " is an " + info.precision +
                       " model" +
                       (precision == "int8" ? " (export one with export_model --precision int8)"

@@ -154,7 +154,8 @@ expect_error 1 "--model-dir $work/nothing: no such file or directory" -- \
 mkdir "$work/truncated"
 head -c 100000 "$work/model/inference.onnx" >"$work/truncated/inference.onnx"
 expect_error 1 "$work/truncated/inference.onnx: " -- --model-dir "$work/truncated" --img-path "$work/imgs"
-expect_error 2 "--precision=fp16: expected fp32 or int8" -- --model-dir "$work/model" --img-path "$work/imgs" --precision fp16
+expect_error 2 "--precision=fp16: half-precision inference runs on the GPU" -- --model-dir "$work/model" --img-path "$work/imgs" --precision fp16
+expect_error 2 "--precision=fp8: expected fp32, fp16 (GPU) or int8 (CPU)" -- --model-dir "$work/model" --img-path "$work/imgs" --precision fp8
 expect_error 2 "--precision=int8: $work/model/inference.onnx is an fp32 model" -- --model-dir "$work/model" --img-path "$work/imgs" --precision int8
 expect_error 2 "--batch-size=0: expected >= 1" -- --model-dir "$work/model" --img-path "$work/imgs" --batch-size 0
 mkdir "$work/empty"

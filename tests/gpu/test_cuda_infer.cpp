@@ -38,3 +38,25 @@ TEST_CASE("an exported MobileNetV3-small runs on the GPU like on the CPU") {
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("fp16 inference on the GPU stays within half precision of fp32") {
+  DPAR_REQUIRE_GPU();
+  manual_seed(4);
+  auto net = models::mobilenet_v3("mobilenet_v3_small", 10);
+  net->eval();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("dpar_gpu_infer16_" + std::to_string(::getpid())))
+          .string();
+  io::OnnxExportOptions options;
+  options.model_name = "mobilenet_v3_small";
+  options.height = options.width = 64;
+  models::export_mobilenet_v3(*net, dir, options);
+  infer::Model fp32 = infer::Model::load(dir + "/inference.onnx");
+  infer::Model fp16 = infer::Model::load(dir + "/inference.onnx");
+  fp16.set_device(kGpu, DType::f16);
+  CHECK(fp16.compute_dtype() == DType::f16);
+  const Tensor x = random_tensor({4, 3, 64, 64}, 21);
+  // Through ~50 layers f16 rounding (2^-11) accumulates: a stated bound of 2e-2 relative.
+  CHECK(relative_error(fp32.run(x), fp16.run(x)) <= 2e-2);
+  std::filesystem::remove_all(dir);
+}

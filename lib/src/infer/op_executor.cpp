@@ -2,6 +2,7 @@
 #include "infer/op_executor.h"
 
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/tensor/autocast.h"
 #include "dpar/tensor/ops.h"
 
 namespace dpar::infer::detail {
@@ -53,7 +54,10 @@ Tensor apply_all(const std::vector<Eltwise>& acts, Tensor x) {
 
 }  // namespace
 
-OpExecutor::OpExecutor(const Program& program, Device device) : program_(program), device_(device) {
+OpExecutor::OpExecutor(const Program& program, Device device, DType compute)
+    : program_(program), device_(device), compute_(compute) {
+  DPAR_CHECK(compute == DType::f32 || device.is_cuda(), program.path, ": ", dtype_name(compute),
+             " inference runs on a GPU; ", device.str(), " computes in f32");
   constants_.resize(program.constants.size());
   for (size_t v = 0; v < program.constants.size(); ++v) {
     constants_[v] = on(program.constants[v], device, false);
@@ -79,6 +83,8 @@ OpExecutor::OpExecutor(const Program& program, Device device) : program_(program
 
 Tensor OpExecutor::run(const Tensor& input) const {
   NoGradGuard no_grad;
+  // f16/bf16: convolutions and Gemm on the tensor cores, everything else in f32.
+  amp::Autocast autocast(compute_, compute_ != DType::f32);
   std::vector<Tensor> values = constants_;
   values[static_cast<size_t>(program_.input)] = input.to(device_);
   for (size_t i = 0; i < program_.ops.size(); ++i) {

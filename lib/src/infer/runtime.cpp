@@ -228,11 +228,21 @@ std::vector<std::string> Model::plan_summary(const Shape& input_shape) {
   return impl_->plan_for(input_shape).summary();
 }
 
-void Model::set_device(Device device) {
+void Model::set_device(Device device, DType compute) {
   check_device_available(device);
+  DPAR_CHECK(compute == DType::f32 || compute == DType::f16 || compute == DType::bf16,
+             "infer::Model::set_device: compute dtype ", dtype_name(compute),
+             " is not f32, f16 or bf16");
+  DPAR_CHECK(compute == DType::f32 || device.is_cuda(), impl_->info.path, ": ", dtype_name(compute),
+             " inference runs on a GPU, not on ", device.str());
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->on_device =
-      device.is_cpu() ? nullptr : std::make_unique<detail::OpExecutor>(impl_->program, device);
+  impl_->on_device = device.is_cpu()
+                         ? nullptr
+                         : std::make_unique<detail::OpExecutor>(impl_->program, device, compute);
+}
+
+DType Model::compute_dtype() const {
+  return impl_->on_device ? impl_->on_device->compute() : DType::f32;
 }
 
 Device Model::device() const {

@@ -90,7 +90,10 @@ class Model {
   // and returns the output on the device; fp32 models only (an int8 model is an error naming
   // its first int8 op), symmetric convolution padding only. Throws dpar::Error naming the
   // device when it cannot be used.
-  void set_device(Device device);
+  // compute f16 or bf16 (GPU only): convolutions and Gemm run in that dtype under
+  // amp::Autocast, the rest in f32 (infer --precision fp16).
+  void set_device(Device device, DType compute = DType::f32);
+  DType compute_dtype() const;
   Device device() const;
 
   // Intra-op threads for this model's runs (0: the process default, see dpar::set_num_threads).
