@@ -137,7 +137,8 @@ combo_value() {
   IFS=$'\x1f' read -r -a items <<<"$combo"
   for item in "${items[@]}"; do
     if [ "${item%%=*}" = "$key" ]; then
-      printf '%s' "${item#*=}"
+      # "null" among alternatives (--amp:null|fp16) leaves the flag out, as a whole-line null.
+      [ "${item#*=}" = null ] || printf '%s' "${item#*=}"
       return 0
     fi
   done
@@ -187,6 +188,19 @@ for combo in "${train_combos[@]}"; do
   [ -z "$data" ] || [ -d "$data" ] ||
     tipc_die "$params:$(tipc_line train_params --data-path): --data-path $data: no such folder (in $tipc_dir); run prepare.sh $1 $mode first"
 done
+# A config that trains on GPUs (gpu_list with GPU ids) or infers with --use-gpu:True needs a
+# usable GPU; without one the chain is skipped (77), like nodes:netns without CAP_NET_ADMIN.
+needs_gpu=0
+for combo in "${train_combos[@]}"; do
+  [[ $(combo_value "$combo" train_params gpu_list) =~ (^|;)[0-9] ]] && needs_gpu=1
+done
+for combo in "${infer_combos[@]}"; do
+  [ "$(combo_value "$combo" infer_params --use-gpu)" = True ] && needs_gpu=1
+done
+if [ "$needs_gpu" = 1 ] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "SKIPPED: $(basename "$params") trains or infers on a GPU, and this machine has none (nvidia-smi -L lists no GPU)"
+  exit 77
+fi
 for combo in "${infer_combos[@]}"; do
   img=$(combo_value "$combo" infer_params --img-path)
   [ -z "$img" ] || [ -e "$img" ] ||
