@@ -192,7 +192,9 @@ done
 # usable GPU; without one the chain is skipped (77), like nodes:netns without CAP_NET_ADMIN.
 needs_gpu=0
 for combo in "${train_combos[@]}"; do
-  [[ $(combo_value "$combo" train_params gpu_list) =~ (^|;)[0-9] ]] && needs_gpu=1
+  entry=$(combo_value "$combo" train_params gpu_list)
+  # `ips;devices` or `devices`; GPU ids are digits (0,1), unlike -1, cpu:N and ps:S,T.
+  [[ ${entry##*;} =~ ^[0-9] ]] && needs_gpu=1
 done
 for combo in "${infer_combos[@]}"; do
   [ "$(combo_value "$combo" infer_params --use-gpu)" = True ] && needs_gpu=1
