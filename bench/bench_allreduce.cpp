@@ -80,16 +80,6 @@ struct Options {
 
 // ---- worker ----------------------------------------------------------------------------------
 
-std::string size_text(size_t bytes) {
-  char buf[32];
-  if (bytes >= (1u << 20)) {
-    std::snprintf(buf, sizeof buf, "%g MB", static_cast<double>(bytes) / (1 << 20));
-  } else {
-    std::snprintf(buf, sizeof buf, "%g KB", static_cast<double>(bytes) / 1024);
-  }
-  return buf;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
@@ -234,8 +224,8 @@ int run_worker(const Options& opt) {
       const float* p = t.data<float>();
       for (size_t i = 0; i < n; ++i) {
         DPAR_CHECK(p[i] == expect && buf[i] == expect, "bench_allreduce: wrong sum at element ", i,
-                   " of ", size_text(bytes), ": dpar ", p[i], ", gloo ", buf[i], ", expected ",
-                   expect);
+                   " of ", bench::size_text(bytes), ": dpar ", p[i], ", gloo ", buf[i],
+                   ", expected ", expect);
       }
     }
     // Zeros stay zeros under repeated sums: no overflow or denormals skew the timing.
@@ -299,8 +289,8 @@ int run_worker(const Options& opt) {
       const double raw_bw = static_cast<double>(bytes) / row.raw_s / 1e9;
       const double bus = 2.0 * (world - 1) / world;
       std::printf("%8s %7lld | %9.1fus %8.3f %8.3f | %9.1fus %8.3f | %6.3f %8.1f%% %8.1f",
-                  size_text(bytes).c_str(), static_cast<long long>(iters), row.ours_s * 1e6, algbw,
-                  algbw * bus, row.raw_s * 1e6, raw_bw, 1 / row.time_ratio,
+                  bench::size_text(bytes).c_str(), static_cast<long long>(iters), row.ours_s * 1e6,
+                  algbw, algbw * bus, row.raw_s * 1e6, raw_bw, 1 / row.time_ratio,
                   (row.time_ratio - 1) * 100, (row.ours_s - row.raw_s) * 1e6);
       if (opt.diag) {
         std::printf(" | %5.1f %5.1f %8.1f %8.1f", row.ours_csw, row.raw_csw, row.ours_cpu_s * 1e6,
@@ -327,13 +317,13 @@ int run_worker(const Options& opt) {
         small_pct.push_back((r.time_ratio - 1) * 100);
       }
       if (r.bytes >= (64u << 10) && r.time_ratio > 1.05) {
-        over += (over.empty() ? "" : ", ") + size_text(r.bytes);
+        over += (over.empty() ? "" : ", ") + bench::size_text(r.bytes);
       }
     }
     std::printf("\n");
     if (min_at) {
       std::printf("  min ratio dpar/gloo (bandwidth) over sizes >= 1 MB: %.3fx (at %s)\n",
-                  min_ratio, size_text(min_at).c_str());
+                  min_ratio, bench::size_text(min_at).c_str());
     }
     if (!small_us.empty()) {
       std::printf("  overhead at sizes <= 16 KB: median %.1f us per call (%.1f%%)\n",

@@ -67,16 +67,6 @@ class RawNccl {
   cudaStream_t stream_ = nullptr;
 };
 
-std::string size_text(size_t bytes) {
-  char buf[32];
-  if (bytes >= (1u << 20)) {
-    std::snprintf(buf, sizeof buf, "%g MB", static_cast<double>(bytes) / (1 << 20));
-  } else {
-    std::snprintf(buf, sizeof buf, "%g KB", static_cast<double>(bytes) / 1024);
-  }
-  return buf;
-}
-
 }  // namespace
 
 int run_gpu_allreduce_worker(const GpuAllreduceOptions& opt) {

@@ -112,6 +112,17 @@ inline bool loopback_port_free(int port) {
   return ok;
 }
 
+// A message size as the all-reduce tables print it: "64 KB", "1 MB", "256 MB".
+inline std::string size_text(size_t bytes) {
+  char buf[32];
+  if (bytes >= (1u << 20)) {
+    std::snprintf(buf, sizeof buf, "%g MB", static_cast<double>(bytes) / (1 << 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%g KB", static_cast<double>(bytes) / 1024);
+  }
+  return buf;
+}
+
 // The first of `count` consecutive loopback ports that are all free now, from a random start in
 // 30000-55000, so concurrent runs (tests, other benchmarks) do not collide.
 inline int pick_free_ports(int count) {

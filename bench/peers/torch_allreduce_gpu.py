@@ -8,7 +8,6 @@ line: {"torch": version, "seconds": {"<bytes>": seconds per call}}.
 """
 import argparse
 import json
-import os
 import socket
 import statistics
 import time
@@ -16,6 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from shared_gpu import share_one_gpu
 
 
 def free_port():
@@ -26,10 +27,7 @@ def free_port():
 
 def rank_main(rank, a, port, queue):
     if a.shared_gpu >= 0:
-        os.environ["NCCL_HOSTID"] = "torch-bench-host-%d" % rank
-        for k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
-            os.environ.setdefault(k, "1")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        share_one_gpu(rank, "torch-bench-host")
         device = torch.device("cuda", a.shared_gpu)
     else:
         device = torch.device("cuda", rank)

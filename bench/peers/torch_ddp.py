@@ -17,6 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torchvision
 
+from shared_gpu import share_one_gpu
+
 
 def free_port():
     with socket.socket() as s:
@@ -51,10 +53,7 @@ def pick_device(a, rank):
     if a.device != "cuda":
         return torch.device("cpu")
     if a.gpu_index >= 0:
-        os.environ["NCCL_HOSTID"] = "torch-bench-host-%d" % rank
-        for k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
-            os.environ.setdefault(k, "1")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        share_one_gpu(rank, "torch-bench-host")
         device = torch.device("cuda", a.gpu_index)
     else:
         device = torch.device("cuda", rank)

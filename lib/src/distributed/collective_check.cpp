@@ -149,4 +149,9 @@ std::string find_mismatch(const std::vector<Fingerprint>& all) {
   return {};
 }
 
+std::string format_duration(Millis t) {
+  if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
+  return std::to_string(t.count()) + " ms";
+}
+
 }  // namespace dpar::dist::detail

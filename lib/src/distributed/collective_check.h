@@ -36,6 +36,9 @@ struct CollectiveInfo {
 CollectiveInfo describe_call(CollectiveKind kind, const std::vector<Tensor>& tensors, ReduceOp op,
                              int root);
 
+// "3 s", "1500 ms": a timeout as the failure lines print it.
+std::string format_duration(Millis t);
+
 // Fixed-size, trivially copyable summary exchanged between ranks.
 struct Fingerprint {
   static constexpr int kMaxDims = 8;

@@ -33,11 +33,6 @@ std::string clean_gloo_message(const std::string& what) {
   return text;
 }
 
-std::string format_duration(Millis t) {
-  if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
-  return std::to_string(t.count()) + " ms";
-}
-
 std::exception_ptr make_error(const std::string& message) {
   try {
     DPAR_FAIL(message);

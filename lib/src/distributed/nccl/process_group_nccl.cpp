@@ -15,11 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string format_duration(Millis t) {
-  if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
-  return std::to_string(t.count()) + " ms";
-}
-
 // "unhandled system error (Connection closed by remote peer ...)": the result's name plus
 // NCCL's last message for this thread, on one line.
 std::string nccl_error_text(ncclResult_t result) {
