@@ -1,5 +1,5 @@
-// CPU kernels for pointwise unary ops, activations and dropout masks. Formulas (including the
-// value at kinks and the order of float operations) follow PyTorch's CPU kernels.
+// CPU kernels for pointwise unary ops, activations and dropout masks. The per-element formulas
+// (PyTorch's CPU ones) are shared with the CUDA kernels: tensor/unary_math.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -7,45 +7,12 @@
 
 #include "tensor/activation_kernels.h"
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/unary_math.h"
 
 namespace dpar::cpu {
 namespace {
 
 using kernels::UnaryOp;
-
-template <UnaryOp Op>
-inline float forward(float x) {
-  if constexpr (Op == UnaryOp::exp) return std::exp(x);
-  if constexpr (Op == UnaryOp::log) return std::log(x);
-  if constexpr (Op == UnaryOp::sqrt) return std::sqrt(x);
-  if constexpr (Op == UnaryOp::square) return x * x;
-  // Written so that NaN propagates, as in PyTorch.
-  if constexpr (Op == UnaryOp::relu) return x < 0.f ? 0.f : x;
-  if constexpr (Op == UnaryOp::hardswish) return x * std::min(std::max(x + 3.f, 0.f), 6.f) / 6.f;
-  if constexpr (Op == UnaryOp::hardsigmoid) return std::min(std::max(x + 3.f, 0.f), 6.f) / 6.f;
-  if constexpr (Op == UnaryOp::sigmoid) return 1.f / (1.f + std::exp(-x));
-}
-
-// g: incoming gradient; s: the saved tensor (output or input, see unary_saves_output).
-template <UnaryOp Op>
-inline float backward(float g, float s) {
-  if constexpr (Op == UnaryOp::exp) return g * s;
-  if constexpr (Op == UnaryOp::log) return g / s;
-  if constexpr (Op == UnaryOp::sqrt) return g / (2.f * s);
-  if constexpr (Op == UnaryOp::square) return g * (2.f * s);
-  // Gradient 0 where the output is 0 (so at x == 0 too).
-  if constexpr (Op == UnaryOp::relu) return s <= 0.f ? 0.f : g;
-  // PyTorch: 0 below -3, x/3 + 1/2 on [-3, 3], 1 above.
-  // The middle piece is computed unconditionally so the loop vectorises (a division in one
-  // branch only is not speculated).
-  if constexpr (Op == UnaryOp::hardswish) {
-    const float mid = g * (s / 3.f + 0.5f);
-    return s < -3.f ? 0.f : (s <= 3.f ? mid : g);
-  }
-  // PyTorch: 1/6 strictly inside (-3, 3), 0 elsewhere (including the kinks).
-  if constexpr (Op == UnaryOp::hardsigmoid) return s > -3.f && s < 3.f ? g * (1.f / 6.f) : 0.f;
-  if constexpr (Op == UnaryOp::sigmoid) return g * (1.f - s) * s;
-}
 
 constexpr int64_t kParallelThreshold = 65536;
 
@@ -56,7 +23,7 @@ void unary_typed(const Tensor& x, Tensor& out) {
   if (x.strides() == out.strides() && out.is_dense()) {
     const int64_t n = out.numel();
 #pragma omp parallel for schedule(static) if (n > kParallelThreshold)
-    for (int64_t i = 0; i < n; ++i) po[i] = forward<Op>(px[i]);
+    for (int64_t i = 0; i < n; ++i) po[i] = kernels::unary_value<Op>(px[i]);
     return;
   }
   for_each_row<2>(
@@ -65,9 +32,9 @@ void unary_typed(const Tensor& x, Tensor& out) {
         float* o = po + off[0];
         const float* xi = px + off[1];
         if (st[0] == 1 && st[1] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = forward<Op>(xi[i]);
+          for (int64_t i = 0; i < n; ++i) o[i] = kernels::unary_value<Op>(xi[i]);
         } else {
-          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = forward<Op>(xi[i * st[1]]);
+          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = kernels::unary_value<Op>(xi[i * st[1]]);
         }
       });
 }
@@ -81,7 +48,7 @@ void unary_backward_typed(const Tensor& grad, const Tensor& saved, Tensor& grad_
       grad_in.is_dense()) {
     const int64_t n = grad_in.numel();
 #pragma omp parallel for schedule(static) if (n > kParallelThreshold)
-    for (int64_t i = 0; i < n; ++i) po[i] = backward<Op>(pg[i], ps[i]);
+    for (int64_t i = 0; i < n; ++i) po[i] = kernels::unary_grad<Op>(pg[i], ps[i]);
     return;
   }
   for_each_row<3>(
@@ -91,42 +58,21 @@ void unary_backward_typed(const Tensor& grad, const Tensor& saved, Tensor& grad_
         const float* g = pg + off[1];
         const float* s = ps + off[2];
         if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = backward<Op>(g[i], s[i]);
+          for (int64_t i = 0; i < n; ++i) o[i] = kernels::unary_grad<Op>(g[i], s[i]);
         } else {
-          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = backward<Op>(g[i * st[1]], s[i * st[2]]);
+          for (int64_t i = 0; i < n; ++i)
+            o[i * st[0]] = kernels::unary_grad<Op>(g[i * st[1]], s[i * st[2]]);
         }
       });
 }
 
-// Calls fn(std::integral_constant<UnaryOp, op>) so kernels are instantiated per op.
-template <class Fn>
-void dispatch(UnaryOp op, Fn&& fn) {
-  switch (op) {
-    case UnaryOp::exp:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::exp>{});
-    case UnaryOp::log:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::log>{});
-    case UnaryOp::sqrt:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::sqrt>{});
-    case UnaryOp::square:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::square>{});
-    case UnaryOp::relu:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::relu>{});
-    case UnaryOp::hardswish:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::hardswish>{});
-    case UnaryOp::hardsigmoid:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::hardsigmoid>{});
-    case UnaryOp::sigmoid:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::sigmoid>{});
-  }
-}
-
 void unary_cpu(UnaryOp op, const Tensor& x, Tensor& out) {
-  dispatch(op, [&](auto tag) { unary_typed<decltype(tag)::value>(x, out); });
+  kernels::dispatch_unary(op, [&](auto tag) { unary_typed<decltype(tag)::value>(x, out); });
 }
 
 void unary_backward_cpu(UnaryOp op, const Tensor& grad, const Tensor& saved, Tensor& grad_in) {
-  dispatch(op, [&](auto tag) { unary_backward_typed<decltype(tag)::value>(grad, saved, grad_in); });
+  kernels::dispatch_unary(
+      op, [&](auto tag) { unary_backward_typed<decltype(tag)::value>(grad, saved, grad_in); });
 }
 
 // out = x * (mask * scale): a dropped NaN stays NaN, as with PyTorch's x * noise.

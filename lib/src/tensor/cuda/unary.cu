@@ -1,73 +1,23 @@
-// CUDA kernels for pointwise unary ops, activations and dropout masks (f32). The formulas are
-// the CPU backend's (tensor/cpu/unary_kernels.cpp), including NaN propagation and the values
-// at the kinks; only exp/log may differ from the host's libm by an ulp or two.
+// CUDA kernels for pointwise unary ops, activations and dropout masks (f32). The per-element
+// formulas are the CPU backend's, from one header (tensor/unary_math.h), including NaN
+// propagation and the values at the kinks; only exp/log may differ from the host's libm by an
+// ulp or two.
 #include <cstdint>
 #include <type_traits>
 
 #include "tensor/activation_kernels.h"
 #include "tensor/cuda/cuda_context.h"
 #include "tensor/cuda/strided_indexer.cuh"
+#include "tensor/unary_math.h"
 
 namespace dpar::cuda {
 namespace {
 
 using kernels::UnaryOp;
 
-// std::max/std::min exactly (not fmaxf/fminf, which drop a NaN operand): hardswish of NaN is
-// NaN on the CPU.
-__device__ __forceinline__ float std_max(float a, float b) { return a < b ? b : a; }
-__device__ __forceinline__ float std_min(float a, float b) { return b < a ? b : a; }
-
-template <UnaryOp Op>
-__device__ __forceinline__ float forward(float x) {
-  if constexpr (Op == UnaryOp::exp) {
-    return expf(x);
-  } else if constexpr (Op == UnaryOp::log) {
-    return logf(x);
-  } else if constexpr (Op == UnaryOp::sqrt) {
-    return sqrtf(x);
-  } else if constexpr (Op == UnaryOp::square) {
-    return x * x;
-  } else if constexpr (Op == UnaryOp::relu) {
-    return x < 0.f ? 0.f : x;
-  } else if constexpr (Op == UnaryOp::hardswish) {
-    return x * std_min(std_max(x + 3.f, 0.f), 6.f) / 6.f;
-  } else if constexpr (Op == UnaryOp::hardsigmoid) {
-    return std_min(std_max(x + 3.f, 0.f), 6.f) / 6.f;
-  } else {
-    static_assert(Op == UnaryOp::sigmoid);
-    return 1.f / (1.f + expf(-x));
-  }
-}
-
-// g: incoming gradient; s: the saved tensor (output or input, see unary_saves_output).
-template <UnaryOp Op>
-__device__ __forceinline__ float backward(float g, float s) {
-  if constexpr (Op == UnaryOp::exp) {
-    return g * s;
-  } else if constexpr (Op == UnaryOp::log) {
-    return g / s;
-  } else if constexpr (Op == UnaryOp::sqrt) {
-    return g / (2.f * s);
-  } else if constexpr (Op == UnaryOp::square) {
-    return g * (2.f * s);
-  } else if constexpr (Op == UnaryOp::relu) {
-    return s <= 0.f ? 0.f : g;
-  } else if constexpr (Op == UnaryOp::hardswish) {
-    // 0 below -3, x/3 + 1/2 on [-3, 3] (kinks included), 1 above.
-    return s < -3.f ? 0.f : (s <= 3.f ? g * (s / 3.f + 0.5f) : g);
-  } else if constexpr (Op == UnaryOp::hardsigmoid) {
-    // 1/6 strictly inside (-3, 3), 0 elsewhere, kinks included.
-    return s > -3.f && s < 3.f ? g * (1.f / 6.f) : 0.f;
-  } else {
-    static_assert(Op == UnaryOp::sigmoid);
-    return g * (1.f - s) * s;
-  }
-}
-
 template <UnaryOp Op>
 __global__ void unary_flat_kernel(const float* x, float* out, int64_t n) {
-  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = forward<Op>(x[i]); }
+  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = kernels::unary_value<Op>(x[i]); }
 }
 
 template <UnaryOp Op>
@@ -75,13 +25,13 @@ __global__ void unary_strided_kernel(const float* x, float* out, StridedIndexer<
   DPAR_CUDA_KERNEL_LOOP(i, n) {
     int64_t off[2];
     ix.offsets(i, off);
-    out[off[0]] = forward<Op>(x[off[1]]);
+    out[off[0]] = kernels::unary_value<Op>(x[off[1]]);
   }
 }
 
 template <UnaryOp Op>
 __global__ void unary_backward_flat_kernel(const float* g, const float* s, float* out, int64_t n) {
-  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = backward<Op>(g[i], s[i]); }
+  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = kernels::unary_grad<Op>(g[i], s[i]); }
 }
 
 template <UnaryOp Op>
@@ -90,32 +40,8 @@ __global__ void unary_backward_strided_kernel(const float* g, const float* s, fl
   DPAR_CUDA_KERNEL_LOOP(i, n) {
     int64_t off[3];
     ix.offsets(i, off);
-    out[off[0]] = backward<Op>(g[off[1]], s[off[2]]);
+    out[off[0]] = kernels::unary_grad<Op>(g[off[1]], s[off[2]]);
   }
-}
-
-// Calls fn(std::integral_constant<UnaryOp, op>) so kernels are instantiated per op.
-template <class Fn>
-void dispatch(UnaryOp op, Fn&& fn) {
-  switch (op) {
-    case UnaryOp::exp:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::exp>{});
-    case UnaryOp::log:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::log>{});
-    case UnaryOp::sqrt:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::sqrt>{});
-    case UnaryOp::square:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::square>{});
-    case UnaryOp::relu:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::relu>{});
-    case UnaryOp::hardswish:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::hardswish>{});
-    case UnaryOp::hardsigmoid:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::hardsigmoid>{});
-    case UnaryOp::sigmoid:
-      return fn(std::integral_constant<UnaryOp, UnaryOp::sigmoid>{});
-  }
-  DPAR_FAIL("unary on CUDA: unknown op ", static_cast<int>(op));
 }
 
 void require_f32(const Tensor& t, const char* op, const char* which) {
@@ -135,7 +61,7 @@ void unary_cuda(UnaryOp op, const Tensor& x, Tensor& out) {
   const Shape* strides[2] = {&out.strides(), &x.strides()};
   const StridedIndexer<2> ix = flat ? StridedIndexer<2>{} : make_indexer<2>(out.shape(), strides);
   const cudaStream_t stream = current_stream();
-  dispatch(op, [&](auto tag) {
+  kernels::dispatch_unary(op, [&](auto tag) {
     constexpr UnaryOp kOp = decltype(tag)::value;
     if (flat) {
       unary_flat_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(px, po, n);
@@ -162,7 +88,7 @@ void unary_backward_cuda(UnaryOp op, const Tensor& grad, const Tensor& saved, Te
   const StridedIndexer<3> ix =
       flat ? StridedIndexer<3>{} : make_indexer<3>(grad_in.shape(), strides);
   const cudaStream_t stream = current_stream();
-  dispatch(op, [&](auto tag) {
+  kernels::dispatch_unary(op, [&](auto tag) {
     constexpr UnaryOp kOp = decltype(tag)::value;
     if (flat) {
       unary_backward_flat_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(pg, ps, po, n);
