@@ -309,10 +309,6 @@ void ProcessGroupNccl::fail(const std::string& line) {
       for (auto& [device, c] : comms_) to_abort.push_back(c->comm);
     }
   }
-  // Printed at once: the training thread may be busy with compute and learn of it only at its
-  // next wait or collective.
-  std::fprintf(stderr, "dpar: %s\n", line.c_str());
-  std::fflush(stderr);
   // Aborting releases kernels that wait for a peer which will never come.
   for (ncclComm_t comm : to_abort) (void)ncclCommAbort(comm);
   watchdog_cv_.notify_all();
@@ -370,8 +366,11 @@ void ProcessGroupNccl::watchdog_loop() {
     // The aborted kernels let this rank's streams run on with buffers the peers never filled;
     // training on would silently diverge from the other ranks, and the training thread may
     // not call the group again for a long time. Like PyTorch's default NCCL error handling,
-    // end the process: the line above says why, and the launcher tears the job down.
+    // end the process with the failure line, and the launcher tears the job down. (A failure
+    // on the issuing thread is thrown instead, and reported once by whoever catches it.)
     std::fflush(stdout);
+    std::fprintf(stderr, "dpar: %s\n", failure().c_str());
+    std::fflush(stderr);
     std::_Exit(1);
   }
 }

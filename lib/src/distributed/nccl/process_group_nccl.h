@@ -88,8 +88,8 @@ class ProcessGroupNccl final : public ProcessGroup,
   void check(ncclResult_t result, ncclComm_t comm, const CollectiveInfo& info, const char* call);
   void check_fingerprints(const CollectiveInfo& info);
   void throw_if_failed(const CollectiveInfo& info);
-  // Records the first failure, aborts every communicator, prints the line, fails the
-  // outstanding works. Safe from any thread; later failures only add nothing.
+  // Records the first failure and aborts every communicator; later waits and collectives throw
+  // it. Safe from any thread; later failures change nothing.
   void fail(const std::string& line);
   std::string failure_line(const CollectiveInfo& info, const std::string& what, bool timed_out);
   void watchdog_loop();
