@@ -55,7 +55,8 @@ DPAR_KERNEL(batch_norm_backward,
 // for the division (the op checks). dz is the gradient of act(y) (of y itself for
 // Activation::none); the activation's gradient is formed on the fly. y, dz and dx share one
 // layout (contiguous or channels-last); var is the forward's (batch or running; the mean
-// enters only through y).
+// enters only through y). CPU only: the weight check reads the weights on the host, which on a
+// GPU would synchronise every layer and step, so GPUs keep the input and use the above.
 DPAR_KERNEL(batch_norm_backward_from_output,
             void(const Tensor& y, const Tensor& dz, const Tensor& weight, const Tensor& bias,
                  const Tensor& var, bool use_batch_stats, double eps, Activation act, Tensor& dx,

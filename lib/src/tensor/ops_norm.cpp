@@ -119,9 +119,7 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // Both activations' backward can start from y (ReLU's y <= 0 is its output's z <= 0).
   // The weight check reads the weights on the host: free on the CPU, a synchronisation per
   // layer and step on a GPU, so there the input is kept, as PyTorch always does.
-  const bool from_output = device.is_cpu() &&
-                           kernels::batch_norm_backward_from_output.available(device) &&
-                           weights_invertible(wc);
+  const bool from_output = device.is_cpu() && weights_invertible(wc);
   autograd::record(
       act == Activation::none ? "batch_norm" : "batch_norm_act", {x, weight, bias}, {z},
       [ys = y.detach(), xs = from_output ? Tensor() : xc.detach(), act,

@@ -91,24 +91,7 @@ struct MomentSums {
   }
 };
 
-// The activation's gradient at its input y from the gradient dz at its output, with the CPU
-// kernel's float operations (cpu/norm_kernels.cpp), so the fused backward equals the separate
-// ops.
-template <Activation Act>
-__device__ __forceinline__ float act_grad(float dz, float y) {
-  if constexpr (Act == Activation::relu) {
-    return y <= 0.f ? 0.f : dz;
-  } else if constexpr (Act == Activation::hardswish) {
-    const float mid = dz * (y / 3.f + 0.5f);
-    return y < -3.f ? 0.f : (y <= 3.f ? mid : dz);
-  } else {
-    return dz;
-  }
-}
-
-// Backward: (dy, dy * x_hat) with x_hat = (src - shift) * inv_scale; src is x (shift = mean,
-// inv_scale = 1/std) or y (shift = bias, inv_scale = 1/weight); coef from bn_backward_coef.
-template <Activation Act>
+// Backward: (dy, dy * x_hat) with x_hat = (x - mean) * inv_std; coef from bn_backward_coef.
 struct GradSums {
   const float* src;
   const float* dz;
@@ -116,7 +99,7 @@ struct GradSums {
   int64_t C;
   __device__ Sums2 operator()(int64_t i, int64_t c) const {
     const float v = src[i];
-    const float dy = act_grad<Act>(dz[i], v);
+    const float dy = dz[i];
     const float xh = (v - coef[c]) * coef[C + c];
     return {static_cast<double>(dy), static_cast<double>(dy * xh)};
   }
@@ -335,25 +318,18 @@ void batch_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor
 
 // ---- backward --------------------------------------------------------------------------------
 
-// coef layout for the backward: [shift, inv_scale, gain, mean_dy, mean_dy_xhat] per channel;
-// x_hat = (src - shift) * inv_scale, dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat).
-// From x:      shift = mean, inv_scale = 1/sqrt(var+eps), gain = weight * inv_scale.
-// From output: shift = bias, inv_scale = 1/weight,        gain = weight / sqrt(var+eps).
-__global__ void bn_backward_coef(bool from_output, int64_t C, const float* mean, int64_t ms,
-                                 const float* var, int64_t vs, const float* w, const float* b,
-                                 float eps, float* coef) {
+// coef layout for the backward: [mean, inv_std, gain, mean_dy, mean_dy_xhat] per channel;
+// x_hat = (x - mean) * inv_std, dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat) with
+// gain = weight * inv_std. (The backward from the output, which the CPU uses to free the input,
+// needs a host check of the weights; on a GPU the input is kept instead: see ops_norm.cpp.)
+__global__ void bn_backward_coef(int64_t C, const float* mean, int64_t ms, const float* var,
+                                 int64_t vs, const float* w, float eps, float* coef) {
   DPAR_CUDA_KERNEL_LOOP(c, C) {
     const float scale = w ? w[c] : 1.f;
-    if (from_output) {
-      coef[c] = b ? b[c] : 0.f;
-      coef[C + c] = 1.f / scale;
-      coef[2 * C + c] = scale / sqrtf(var[c * vs] + eps);
-    } else {
-      const float inv_std = 1.f / sqrtf(var[c * vs] + eps);
-      coef[c] = mean[c * ms];
-      coef[C + c] = inv_std;
-      coef[2 * C + c] = scale * inv_std;
-    }
+    const float inv_std = 1.f / sqrtf(var[c * vs] + eps);
+    coef[c] = mean[c * ms];
+    coef[C + c] = inv_std;
+    coef[2 * C + c] = scale * inv_std;
   }
 }
 
@@ -371,8 +347,7 @@ __global__ void bn_backward_finish(const double* partial, int64_t splits, double
   }
 }
 
-// dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat), dy formed again from dz and src.
-template <Activation Act>
+// dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat).
 struct BackwardApply {
   const float* src;
   const float* dz;
@@ -383,38 +358,9 @@ struct BackwardApply {
   __device__ void operator()(Idx i, Idx c) const {
     const float v = src[i];
     const float xh = (v - coef[c]) * coef[C + c];
-    dx[i] = coef[2 * C + c] * (act_grad<Act>(dz[i], v) - coef[3 * C + c] - xh * coef[4 * C + c]);
+    dx[i] = coef[2 * C + c] * (dz[i] - coef[3 * C + c] - xh * coef[4 * C + c]);
   }
 };
-
-// The shared backward: coef, step 1 on (dy, dy * x_hat), finish, dx.
-template <Activation Act>
-void bn_backward_pass(const char* op, bool from_output, const BnLayout& L, const Tensor& src,
-                      const Tensor& dz, const Tensor& weight, const Tensor& bias,
-                      const Tensor* mean, const Tensor& var, bool use_batch_stats, double eps,
-                      Tensor& dx, Tensor& dweight, Tensor& dbias) {
-  const Device device = src.device();
-  cudaStream_t stream = current_stream(device.index);
-  Tensor coef = Tensor::empty({5 * L.C}, DType::f32, device);
-  auto* pc = static_cast<float*>(coef.raw_data());
-  bn_backward_coef<<<blocks_for(L.C), kThreads, 0, stream>>>(
-      from_output, L.C, mean ? static_cast<const float*>(mean->raw_data()) : nullptr,
-      mean ? mean->stride(0) : 0, static_cast<const float*>(var.raw_data()), var.stride(0),
-      f32_or_null(weight), f32_or_null(bias), static_cast<float>(eps), pc);
-  check_launch(op);
-  const auto* ps = static_cast<const float*>(src.raw_data());
-  const auto* pd = static_cast<const float*>(dz.raw_data());
-  int64_t splits = 0;
-  const Tensor partial =
-      channel_sums(GradSums<Act>{ps, pd, pc, L.C}, L, device, stream, op, splits);
-  bn_backward_finish<<<blocks_for(L.C), kThreads, 0, stream>>>(
-      static_cast<const double*>(partial.raw_data()), splits, static_cast<double>(L.count()), L.C,
-      use_batch_stats, f32_mut_or_null(dweight), f32_mut_or_null(dbias), pc);
-  check_launch(op);
-  launch_channel_elementwise(
-      BackwardApply<Act>{ps, pd, static_cast<float*>(dx.raw_data()), pc, L.C}, L, stream);
-  check_launch(op);
-}
 
 void check_param_grads(const Tensor& weight, const Tensor& bias, const Tensor& dweight,
                        const Tensor& dbias, int64_t C, const char* op) {
@@ -439,34 +385,27 @@ void batch_norm_backward_cuda(const Tensor& x, const Tensor& dy, const Tensor& w
   check_channels(var, L.C, false, op, "var");
   check_param_grads(weight, bias, dweight, dbias, L.C, op);
   if (L.numel() == 0) return;
-  bn_backward_pass<Activation::none>(op, false, L, x, dy, weight, bias, &mean, var, use_batch_stats,
-                                     eps, dx, dweight, dbias);
-}
-
-void batch_norm_backward_from_output_cuda(const Tensor& y, const Tensor& dz, const Tensor& weight,
-                                          const Tensor& bias, const Tensor& var,
-                                          bool use_batch_stats, double eps, Activation act,
-                                          Tensor& dx, Tensor& dweight, Tensor& dbias) {
-  DeviceGuard guard(y.device());
-  constexpr const char* op = "batch_norm_backward_from_output";
-  const BnLayout L = bn_layout(y, op);
-  check_like(dz, y, L, op, "dz");
-  check_like(dx, y, L, op, "dx");
-  check_channels(var, L.C, false, op, "var");
-  check_param_grads(weight, bias, dweight, dbias, L.C, op);
-  if (L.numel() == 0) return;
-  switch (act) {
-    case Activation::none:
-      return bn_backward_pass<Activation::none>(op, true, L, y, dz, weight, bias, nullptr, var,
-                                                use_batch_stats, eps, dx, dweight, dbias);
-    case Activation::relu:
-      return bn_backward_pass<Activation::relu>(op, true, L, y, dz, weight, bias, nullptr, var,
-                                                use_batch_stats, eps, dx, dweight, dbias);
-    case Activation::hardswish:
-      return bn_backward_pass<Activation::hardswish>(op, true, L, y, dz, weight, bias, nullptr, var,
-                                                     use_batch_stats, eps, dx, dweight, dbias);
-  }
-  DPAR_FAIL(op, " on CUDA: unsupported activation ", static_cast<int>(act));
+  // coef, then the per-channel sums of (dy, dy * x_hat), then the finish, then dx.
+  const Device device = x.device();
+  cudaStream_t stream = current_stream(device.index);
+  Tensor coef = Tensor::empty({5 * L.C}, DType::f32, device);
+  auto* pc = static_cast<float*>(coef.raw_data());
+  bn_backward_coef<<<blocks_for(L.C), kThreads, 0, stream>>>(
+      L.C, static_cast<const float*>(mean.raw_data()), mean.stride(0),
+      static_cast<const float*>(var.raw_data()), var.stride(0), f32_or_null(weight),
+      static_cast<float>(eps), pc);
+  check_launch(op);
+  const auto* px = static_cast<const float*>(x.raw_data());
+  const auto* pd = static_cast<const float*>(dy.raw_data());
+  int64_t splits = 0;
+  const Tensor partial = channel_sums(GradSums{px, pd, pc, L.C}, L, device, stream, op, splits);
+  bn_backward_finish<<<blocks_for(L.C), kThreads, 0, stream>>>(
+      static_cast<const double*>(partial.raw_data()), splits, static_cast<double>(L.count()), L.C,
+      use_batch_stats, f32_mut_or_null(dweight), f32_mut_or_null(dbias), pc);
+  check_launch(op);
+  launch_channel_elementwise(BackwardApply{px, pd, static_cast<float*>(dx.raw_data()), pc, L.C}, L,
+                             stream);
+  check_launch(op);
 }
 
 // ---- running statistics ----------------------------------------------------------------------
@@ -510,8 +449,6 @@ void batch_norm_update_stats_cuda(Tensor& running_mean, Tensor& running_var,
 void register_norm_kernels() {
   kernels::batch_norm_forward.set(DeviceType::CUDA, &batch_norm_forward_cuda);
   kernels::batch_norm_backward.set(DeviceType::CUDA, &batch_norm_backward_cuda);
-  kernels::batch_norm_backward_from_output.set(DeviceType::CUDA,
-                                               &batch_norm_backward_from_output_cuda);
   kernels::batch_norm_update_stats.set(DeviceType::CUDA, &batch_norm_update_stats_cuda);
 }
 
