@@ -142,6 +142,26 @@ TEST_CASE("convolutions match the CPU: dense, strided, dilated, grouped, depthwi
   }
 }
 
+// MobileNetV3's squeeze-and-excitation block: 1x1 convolutions with bias on the [N,C,1,1]
+// output of global pooling, whose size-1 dimensions leave its layout ambiguous to cuDNN; and
+// the same convolution on a [N,C,1,1] tensor allocated contiguous.
+TEST_CASE("convolutions on [N,C,1,1] (the SE block) match the CPU") {
+  DPAR_REQUIRE_GPU();
+  const Tensor x = random_tensor({4, 16, 7, 7}, 31);
+  const Tensor w1 = random_tensor({8, 16, 1, 1}, 32, -0.3f, 0.3f), b1 = random_tensor({8}, 33);
+  const Tensor w2 = random_tensor({16, 8, 1, 1}, 34, -0.3f, 0.3f), b2 = random_tensor({16}, 35);
+  compare_op("SE block",
+             [](auto& t) {
+               const Tensor pooled = global_avg_pool2d(channels_last(t[0]));
+               const Tensor squeeze = relu(conv2d(pooled, t[1], t[2]));
+               return mul(t[0], hardsigmoid(conv2d(squeeze, t[3], t[4])));
+             },
+             {x, w1, b1, w2, b2});
+  compare_op("1x1 on a contiguous [N,C,1,1]",
+             [](auto& t) { return conv2d(t[0].contiguous(), t[1], t[2]); },
+             {random_tensor({4, 16, 1, 1}, 36), w1, b1});
+}
+
 TEST_CASE("batch norm (training and eval, both layouts, fused activations) matches the CPU") {
   DPAR_REQUIRE_GPU();
   const Tensor x = random_tensor({4, 6, 5, 5}, 16, -2, 3);

@@ -1,7 +1,9 @@
+#include <array>
 #include <catch2/catch.hpp>
 #include <cstring>
 
 #include "gradcheck.h"
+#include "tensor/conv_layout.h"
 
 using namespace dpar;
 using dpar::testing::gradcheck;
@@ -224,4 +226,31 @@ TEST_CASE("conv2d argument errors name the op and shapes", "[conv]") {
                     Contains("conv2d: bias must have shape [6]") && Contains("[5]"));
   CHECK_THROWS_WITH(conv2d(x.to(DType::f16), w), Contains("conv2d: input has dtype"));
   CHECK_THROWS_WITH(conv2d(x, w.to(DType::i64)), Contains("conv2d: weight has dtype"));
+}
+
+TEST_CASE("cuDNN is given canonical strides for activations with size-1 dimensions", "[conv]") {
+  using detail::cudnn_activation_strides;
+  using Strides = std::array<int64_t, 4>;
+  // Global pooling's output [N,C,1,1] is channels-last, and reads as both layouts: beside an
+  // NHWC filter (the SE block's 1x1 convolutions on the GPU) it is described as NHWC.
+  Generator gen(31);
+  const Tensor pooled = global_avg_pool2d(random_tensor({2, 8, 5, 5}, gen));
+  CHECK(pooled.is_contiguous(MemoryFormat::ChannelsLast));
+  CHECK(cudnn_activation_strides(pooled, true) == Strides{8, 1, 8, 8});
+  CHECK(cudnn_activation_strides(pooled, false) == Strides{8, 1, 1, 1});
+  // The same shape allocated contiguous (strides (8,1,1,1)) is described the same way.
+  const Tensor plain = Tensor::empty({2, 8, 1, 1});
+  CHECK(cudnn_activation_strides(plain, true) == Strides{8, 1, 8, 8});
+  // Layouts without ambiguity keep theirs, whatever the filter.
+  const Tensor cl =
+      Tensor::empty({2, 3, 4, 5}, DType::f32, Device::cpu(), MemoryFormat::ChannelsLast);
+  CHECK(cudnn_activation_strides(cl, false) == Strides{60, 1, 15, 3});
+  const Tensor nchw = Tensor::empty({2, 3, 4, 5});
+  CHECK(cudnn_activation_strides(nchw, true) == Strides{60, 20, 5, 1});
+  // A strided view (every other column) is described with its own strides.
+  const Tensor view = Tensor::empty({2, 3, 4, 10}).slice(3, 0, 10, 2);
+  CHECK(cudnn_activation_strides(view, true) == Strides{120, 40, 10, 2});
+  // A size-1 channel dimension: channels-last canonical beside an NHWC filter.
+  const Tensor one_channel = Tensor::empty({2, 1, 4, 5});
+  CHECK(cudnn_activation_strides(one_channel, true) == Strides{20, 1, 5, 1});
 }

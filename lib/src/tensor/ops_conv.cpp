@@ -5,6 +5,8 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/broadcast.h"
+#include "tensor/elementwise_kernels.h"
 #include "tensor/nn_kernels.h"
 
 namespace dpar {
@@ -84,6 +86,17 @@ kernels::Conv2dGeometry make_geometry(const Tensor& x, const Tensor& weight, con
   return g;
 }
 
+// On CUDA the bias is added, and its gradient reduced, by dpar's own f32 kernels after cuDNN's
+// convolution, as PyTorch does: cudnnAddTensor / cudnnConvolutionBackwardBias may refuse bf16,
+// and under autocast they would round in f16/bf16. oneDNN fuses the bias on the CPU.
+bool bias_in_conv_kernel(Device device) { return !device.is_cuda(); }
+
+// y[n, o, h, w] += bias[o], all f32.
+void add_channel_bias(Tensor& y, const Tensor& bias) {
+  const Tensor b = bias.detach().reshape({1, bias.size(0), 1, 1});
+  kernels::binary.get(y.device())(kernels::BinaryOp::add, y, detail::expand_to(b, y.shape()), y);
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -91,6 +104,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   DPAR_PROFILE_SCOPE("conv2d");
   const kernels::Conv2dGeometry g = make_geometry(x, weight, bias, options);
   const Device device = x.device();
+  // The geometry the kernels see: without the bias where the op adds it itself.
+  kernels::Conv2dGeometry kg = g;
+  kg.has_bias = g.has_bias && bias_in_conv_kernel(device);
   const Tensor xc = detail::nn_layout_copy(x, MemoryFormat::ChannelsLast);
   const MemoryFormat weight_format =
       device.is_cuda() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
@@ -100,21 +116,22 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Tensor xh = detail::cast_for_compute(xc, compute);
   const Tensor wc =
       detail::cast_for_compute(detail::nn_layout_copy(weight, weight_format), compute);
-  const Tensor bc = bias.defined()
+  const Tensor bc = kg.has_bias
                         ? detail::cast_for_compute(
                               detail::nn_layout_copy(bias, MemoryFormat::Contiguous), compute)
                         : Tensor();
   Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, compute, device, MemoryFormat::ChannelsLast);
   const bool grad = autograd::needs_grad({x, weight, bias});
-  if (g.N > 0) kernels::conv2d_forward.get(device)(g, xh, wc, bc, y, grad);
+  if (g.N > 0) kernels::conv2d_forward.get(device)(kg, xh, wc, bc, y, grad);
   y = detail::cast_for_compute(y, DType::f32);
+  if (g.has_bias && !kg.has_bias) add_channel_bias(y, bias);
   if (!grad) return y;
 
   // Save only what the needed gradients read: dx needs the weights, dweight/dbias the input.
-  const bool params_need_grad = weight.requires_grad() || (bias.defined() && bias.requires_grad());
+  const bool params_need_grad = weight.requires_grad() || (kg.has_bias && bias.requires_grad());
   autograd::record(
       "conv2d", {x, weight, bias}, {y},
-      [g, xs = params_need_grad ? xh.detach() : Tensor(),
+      [g, kg, xs = params_need_grad ? xh.detach() : Tensor(),
        ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format, compute,
        device](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
         const Tensor dy = detail::cast_for_compute(
@@ -123,20 +140,24 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
         if (need[0]) {
           dx = Tensor::empty({g.N, g.C, g.H, g.W}, compute, device, MemoryFormat::ChannelsLast);
           if (g.N > 0) {
-            kernels::conv2d_backward_data.get(device)(g, dy, ws, dx);
+            kernels::conv2d_backward_data.get(device)(kg, dy, ws, dx);
           } else {
             dx.zero_();
           }
         }
-        if (need[1] || (g.has_bias && need[2])) {
+        if (need[1] || (kg.has_bias && need[2])) {
           dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, compute, device, weight_format);
-          if (g.has_bias) db = Tensor::empty({g.O}, compute, device);
+          if (kg.has_bias) db = Tensor::empty({g.O}, compute, device);
           if (g.N > 0) {
-            kernels::conv2d_backward_weights.get(device)(g, xs, dy, dw, db);
+            kernels::conv2d_backward_weights.get(device)(kg, xs, dy, dw, db);
           } else {
             dw.zero_();
             if (db.defined()) db.zero_();
           }
+        }
+        // The bias gradient the op owns: the f32 output gradient summed over N, H and W.
+        if (g.has_bias && !kg.has_bias && need[2]) {
+          db = detail::sum_to_shape(grads[0], {1, g.O, 1, 1}).reshape({g.O});
         }
         // Gradients reach the f32 inputs and master weights in f32.
         return autograd::GradList{detail::cast_for_compute(dx, DType::f32),

@@ -19,8 +19,10 @@ Tensor global_avg_pool2d(const Tensor& x) {
                                   ? MemoryFormat::ChannelsLast
                                   : MemoryFormat::Contiguous;
   const Tensor xc = detail::nn_layout_copy(x, format);
-  // [N,C,1,1] contiguous is also channels-last, so the output suits either layout.
-  Tensor y = Tensor::empty({x.size(0), x.size(1), 1, 1}, DType::f32, device);
+  // Channels-last, like the activations around it: [N,C,1,1] then has channels-last strides
+  // (C,1,C,C), the layout the SE block's 1x1 convolutions read.
+  Tensor y =
+      Tensor::empty({x.size(0), x.size(1), 1, 1}, DType::f32, device, MemoryFormat::ChannelsLast);
   if (y.numel() > 0) kernels::global_avg_pool2d_forward.get(device)(xc, y);
   if (autograd::needs_grad({x})) {
     autograd::record("global_avg_pool2d", {x}, {y},

@@ -1,8 +1,10 @@
-// Convolutions on cuDNN (legacy descriptor API). For each shape the descriptors are built once
-// and each direction's algorithm is chosen once by timing the candidates on the real buffers
-// (cudnnFind*, PyTorch's cudnn.benchmark = True), then cached with its workspace size.
+// Convolutions on cuDNN (legacy descriptor API), without bias (conv2d adds it in f32). For each
+// shape the descriptors are built once and each direction's algorithm is chosen once by timing the
+// candidates on the real buffers (cudnnFind*, PyTorch's cudnn.benchmark = True), then cached with
+// its workspace size.
 #include <cudnn.h>
 
+#include <array>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -10,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tensor/conv_layout.h"
 #include "tensor/cuda/cuda_context.h"
 #include "tensor/cuda/cuda_libraries.h"
 #include "tensor/nn_kernels.h"
@@ -43,7 +46,8 @@ cudnnMathType_t math_type(DType t) {
   return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
-// The key of one convolution problem: geometry, dtype, device and the activation layout.
+// The key of one convolution problem: geometry, the strides cuDNN is given for input, output
+// and filter layout, dtype and device.
 using PlanKey = std::tuple<std::vector<int64_t>, int, int>;
 
 // One direction's algorithm as the search chose it: with the workspace it needs and the math
@@ -57,7 +61,7 @@ struct ChosenAlgo {
 };
 
 struct ConvPlan {
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   ChosenAlgo<cudnnConvolutionFwdAlgo_t> fwd;
@@ -66,22 +70,10 @@ struct ConvPlan {
   ~ConvPlan() {
     if (x) cudnnDestroyTensorDescriptor(x);
     if (y) cudnnDestroyTensorDescriptor(y);
-    if (bias) cudnnDestroyTensorDescriptor(bias);
     if (w) cudnnDestroyFilterDescriptor(w);
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
   }
 };
-
-void set_activation_desc(cudnnTensorDescriptor_t d, DType t, int64_t n, int64_t c, int64_t h,
-                         int64_t w, const Tensor& like) {
-  // Strides from the tensor itself: channels-last and contiguous both describe exactly.
-  check_cudnn(
-      cudnnSetTensor4dDescriptorEx(
-          d, cudnn_type(t), static_cast<int>(n), static_cast<int>(c), static_cast<int>(h),
-          static_cast<int>(w), static_cast<int>(like.stride(0)), static_cast<int>(like.stride(1)),
-          static_cast<int>(like.stride(2)), static_cast<int>(like.stride(3))),
-      "cudnnSetTensor4dDescriptorEx");
-}
 
 // The filter layout: NHWC (KRSC) when the weights are laid out channels-last, as conv2d does on
 // CUDA so that filter and activations match (mixed layouts leave cuDNN few, slow kernels). A
@@ -89,15 +81,26 @@ void set_activation_desc(cudnnTensorDescriptor_t d, DType t, int64_t n, int64_t 
 // described as NHWC too.
 bool nhwc_filter(const Tensor& w) { return w.is_contiguous(MemoryFormat::ChannelsLast); }
 
+void set_activation_desc(cudnnTensorDescriptor_t d, DType t, const Tensor& like,
+                         const std::array<int64_t, 4>& strides) {
+  check_cudnn(cudnnSetTensor4dDescriptorEx(
+                  d, cudnn_type(t), static_cast<int>(like.size(0)), static_cast<int>(like.size(1)),
+                  static_cast<int>(like.size(2)), static_cast<int>(like.size(3)),
+                  static_cast<int>(strides[0]), static_cast<int>(strides[1]),
+                  static_cast<int>(strides[2]), static_cast<int>(strides[3])),
+              "cudnnSetTensor4dDescriptorEx");
+}
+
 std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tensor& x,
-                                    const Tensor& y, bool nhwc) {
+                                    const std::array<int64_t, 4>& x_strides, const Tensor& y,
+                                    const std::array<int64_t, 4>& y_strides, bool nhwc) {
   auto p = std::make_unique<ConvPlan>();
   check_cudnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
   check_cudnn(cudnnCreateTensorDescriptor(&p->y), "cudnnCreateTensorDescriptor");
   check_cudnn(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
   check_cudnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
-  set_activation_desc(p->x, t, g.N, g.C, g.H, g.W, x);
-  set_activation_desc(p->y, t, g.N, g.O, g.OH, g.OW, y);
+  set_activation_desc(p->x, t, x, x_strides);
+  set_activation_desc(p->y, t, y, y_strides);
   check_cudnn(
       cudnnSetFilter4dDescriptor(p->w, cudnn_type(t), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
                                  static_cast<int>(g.O), static_cast<int>(g.C / g.groups),
@@ -112,31 +115,31 @@ std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tens
   check_cudnn(cudnnSetConvolutionGroupCount(p->conv, static_cast<int>(g.groups)),
               "cudnnSetConvolutionGroupCount");
   check_cudnn(cudnnSetConvolutionMathType(p->conv, math_type(t)), "cudnnSetConvolutionMathType");
-  if (g.has_bias) {
-    check_cudnn(cudnnCreateTensorDescriptor(&p->bias), "cudnnCreateTensorDescriptor");
-    check_cudnn(cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, cudnn_type(t), 1,
-                                           static_cast<int>(g.O), 1, 1),
-                "cudnnSetTensor4dDescriptor(bias)");
-  }
   return p;
 }
 
-// One plan per (geometry, dtype, device, layout); plans are shared by all threads, the
+// One plan per (geometry, layouts, dtype, device); plans are shared by all threads, the
 // algorithm search runs under the lock once.
 ConvPlan& plan_for(const Conv2dGeometry& g, const Tensor& x, const Tensor& y, const Tensor& w,
                    std::unique_lock<std::mutex>& lock) {
   static std::mutex mutex;
   static std::map<PlanKey, std::unique_ptr<ConvPlan>> plans;
+  // The bias is the op's (ops_conv.cpp adds it in f32), never cuDNN's.
+  DPAR_CHECK(!g.has_bias, "conv2d on CUDA: the kernel takes no bias; conv2d adds it");
+  const bool nhwc = nhwc_filter(w);
+  const std::array<int64_t, 4> xs = detail::cudnn_activation_strides(x, nhwc),
+                               ys = detail::cudnn_activation_strides(y, nhwc);
   lock = std::unique_lock<std::mutex>(mutex);
-  std::vector<int64_t> geometry = {
-      g.N,           g.C,      g.H,         g.W,         g.O,          g.kH,          g.kW,
-      g.OH,          g.OW,     g.stride[0], g.stride[1], g.padding[0], g.padding[1],  g.dilation[0],
-      g.dilation[1], g.groups, g.has_bias,  x.stride(1), y.stride(1),  nhwc_filter(w)};
+  std::vector<int64_t> key_values = {
+      g.N,           g.C,      g.H,         g.W,         g.O,          g.kH,         g.kW,
+      g.OH,          g.OW,     g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0],
+      g.dilation[1], g.groups, nhwc,        xs[0],       xs[1],        xs[2],        xs[3],
+      ys[0],         ys[1],    ys[2],       ys[3]};
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  PlanKey key{std::move(geometry), static_cast<int>(x.dtype()), device};
+  PlanKey key{std::move(key_values), static_cast<int>(x.dtype()), device};
   auto& slot = plans[key];
-  if (!slot) slot = make_plan(g, x.dtype(), x, y, nhwc_filter(w));
+  if (!slot) slot = make_plan(g, x.dtype(), x, xs, y, ys, nhwc);
   return *slot;
 }
 
@@ -166,7 +169,7 @@ void use_best_algo(ConvPlan& p, ChosenAlgo<Algo>& chosen, const char* what, Find
 }
 
 void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
-                         const Tensor& bias, Tensor& y, bool /*training*/) {
+                         const Tensor& /*bias: added by conv2d*/, Tensor& y, bool /*training*/) {
   DeviceGuard guard(x.device());
   std::unique_lock<std::mutex> lock;
   ConvPlan& p = plan_for(g, x, y, weight, lock);
@@ -183,10 +186,6 @@ void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor&
                                       p.fwd.algo, workspace(p.fwd.workspace), p.fwd.workspace,
                                       &zero, p.y, y.raw_data()),
               "cudnnConvolutionForward");
-  if (g.has_bias) {
-    check_cudnn(cudnnAddTensor(h, &one, p.bias, bias.raw_data(), &one, p.y, y.raw_data()),
-                "cudnnAddTensor(bias)");
-  }
 }
 
 void conv2d_backward_data_cuda(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
@@ -204,14 +203,13 @@ void conv2d_backward_data_cuda(const Conv2dGeometry& g, const Tensor& dy, const 
       });
   const float one = 1.f, zero = 0.f;
   check_cudnn(cudnnConvolutionBackwardData(h, &one, p.w, weight.raw_data(), p.y, dy.raw_data(),
-                                           p.conv, p.bwd_data.algo,
-                                           workspace(p.bwd_data.workspace), p.bwd_data.workspace,
-                                           &zero, p.x, dx.raw_data()),
+                                           p.conv, p.bwd_data.algo, workspace(p.bwd_data.workspace),
+                                           p.bwd_data.workspace, &zero, p.x, dx.raw_data()),
               "cudnnConvolutionBackwardData");
 }
 
 void conv2d_backward_weights_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
-                                  Tensor& dweight, Tensor& dbias) {
+                                  Tensor& dweight, Tensor& /*dbias: reduced by conv2d*/) {
   DeviceGuard guard(x.device());
   std::unique_lock<std::mutex> lock;
   ConvPlan& p = plan_for(g, x, dy, dweight, lock);
@@ -219,22 +217,16 @@ void conv2d_backward_weights_cuda(const Conv2dGeometry& g, const Tensor& x, cons
   use_best_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
       p, p.bwd_filter, "the weight gradient", [&](auto* results, int* count, void* ws) {
         check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                        h, p.x, x.raw_data(), p.y, dy.raw_data(), p.conv, p.w,
-                        dweight.raw_data(), kMaxAlgos, count, results, ws, kSearchWorkspace),
+                        h, p.x, x.raw_data(), p.y, dy.raw_data(), p.conv, p.w, dweight.raw_data(),
+                        kMaxAlgos, count, results, ws, kSearchWorkspace),
                     "cudnnFindConvolutionBackwardFilterAlgorithmEx");
       });
   const float one = 1.f, zero = 0.f;
-  check_cudnn(cudnnConvolutionBackwardFilter(h, &one, p.x, x.raw_data(), p.y, dy.raw_data(),
-                                             p.conv, p.bwd_filter.algo,
-                                             workspace(p.bwd_filter.workspace),
-                                             p.bwd_filter.workspace, &zero, p.w,
-                                             dweight.raw_data()),
-              "cudnnConvolutionBackwardFilter");
-  if (g.has_bias && dbias.defined()) {
-    check_cudnn(
-        cudnnConvolutionBackwardBias(h, &one, p.y, dy.raw_data(), &zero, p.bias, dbias.raw_data()),
-        "cudnnConvolutionBackwardBias");
-  }
+  check_cudnn(
+      cudnnConvolutionBackwardFilter(h, &one, p.x, x.raw_data(), p.y, dy.raw_data(), p.conv,
+                                     p.bwd_filter.algo, workspace(p.bwd_filter.workspace),
+                                     p.bwd_filter.workspace, &zero, p.w, dweight.raw_data()),
+      "cudnnConvolutionBackwardFilter");
 }
 
 }  // namespace
