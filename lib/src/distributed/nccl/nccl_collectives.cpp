@@ -101,9 +101,10 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(std::vector<Tensor> tensors, R
     const bool in_place = tensors.size() == 1 && tensors[0].is_dense();
     Tensor flat = in_place ? tensors[0] : flatten_into_new(tensors, dtype, device);
     if (flat.numel() > 0) {
-      check(ncclAllReduce(flat.raw_data(), flat.raw_data(), static_cast<size_t>(flat.numel()),
-                          nccl_dtype(dtype), nccl_op(op), comm, stream),
-            comm, info, "ncclAllReduce");
+      call_nccl(comm, info, "ncclAllReduce", [&] {
+        return ncclAllReduce(flat.raw_data(), flat.raw_data(), static_cast<size_t>(flat.numel()),
+                             nccl_dtype(dtype), nccl_op(op), comm, stream);
+      });
     }
     if (!in_place) unflatten_from(flat, tensors);
   };
@@ -122,14 +123,15 @@ std::shared_ptr<Work> ProcessGroupNccl::broadcast(std::vector<Tensor> tensors, i
       dense[i] = tensors[i].is_dense() ? tensors[i] : tensors[i].contiguous();
     }
     // One group call: NCCL fuses the broadcasts into one launch.
-    check(ncclGroupStart(), comm, info, "ncclGroupStart");
+    call_nccl(comm, info, "ncclGroupStart", [&] { return ncclGroupStart(); });
     for (const Tensor& t : dense) {
       if (t.numel() == 0) continue;
-      check(ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
-                          nccl_dtype(t.dtype()), root, comm, stream),
-            comm, info, "ncclBroadcast");
+      call_nccl(comm, info, "ncclBroadcast", [&] {
+        return ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
+                             nccl_dtype(t.dtype()), root, comm, stream);
+      });
     }
-    check(ncclGroupEnd(), comm, info, "ncclGroupEnd");
+    call_nccl(comm, info, "ncclGroupEnd", [&] { return ncclGroupEnd(); });
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (!dense[i].is_same(tensors[i])) tensors[i].copy_(dense[i]);
     }
@@ -155,9 +157,10 @@ std::shared_ptr<Work> ProcessGroupNccl::allgather(std::vector<Tensor> outputs, T
     if (n == 0) return;
     Tensor source = input.is_contiguous() ? input : input.contiguous();
     Tensor gathered = Tensor::empty({n * size_}, input.dtype(), device);
-    check(ncclAllGather(source.raw_data(), gathered.raw_data(), static_cast<size_t>(n),
-                        nccl_dtype(input.dtype()), comm, stream),
-          comm, info, "ncclAllGather");
+    call_nccl(comm, info, "ncclAllGather", [&] {
+      return ncclAllGather(source.raw_data(), gathered.raw_data(), static_cast<size_t>(n),
+                           nccl_dtype(input.dtype()), comm, stream);
+    });
     unflatten_from(gathered, outputs);
   };
   return run(info, device, all, body, async_op);
@@ -184,24 +187,26 @@ std::shared_ptr<Work> ProcessGroupNccl::reduce_scatter(Tensor output, std::vecto
       // Equal pieces: one ncclReduceScatter over the pieces laid end to end.
       Tensor flat = flatten_into_new(inputs, output.dtype(), device);
       if (output.numel() > 0) {
-        check(ncclReduceScatter(flat.raw_data(), result.raw_data(),
-                                static_cast<size_t>(output.numel()), dtype, nccl_op(op), comm,
-                                stream),
-              comm, info, "ncclReduceScatter");
+        call_nccl(comm, info, "ncclReduceScatter", [&] {
+          return ncclReduceScatter(flat.raw_data(), result.raw_data(),
+                                   static_cast<size_t>(output.numel()), dtype, nccl_op(op), comm,
+                                   stream);
+        });
       }
     } else {
       // Uneven pieces (a buffer split by size): piece r is reduced onto rank r.
       std::vector<Tensor> pieces(inputs.size());
-      check(ncclGroupStart(), comm, info, "ncclGroupStart");
+      call_nccl(comm, info, "ncclGroupStart", [&] { return ncclGroupStart(); });
       for (size_t r = 0; r < inputs.size(); ++r) {
         pieces[r] = inputs[r].is_contiguous() ? inputs[r] : inputs[r].contiguous();
         if (pieces[r].numel() == 0) continue;
         void* receive = static_cast<int>(r) == rank_ ? result.raw_data() : pieces[r].raw_data();
-        check(ncclReduce(pieces[r].raw_data(), receive, static_cast<size_t>(pieces[r].numel()),
-                         dtype, nccl_op(op), static_cast<int>(r), comm, stream),
-              comm, info, "ncclReduce");
+        call_nccl(comm, info, "ncclReduce", [&] {
+          return ncclReduce(pieces[r].raw_data(), receive, static_cast<size_t>(pieces[r].numel()),
+                            dtype, nccl_op(op), static_cast<int>(r), comm, stream);
+        });
       }
-      check(ncclGroupEnd(), comm, info, "ncclGroupEnd");
+      call_nccl(comm, info, "ncclGroupEnd", [&] { return ncclGroupEnd(); });
     }
     if (!result.is_same(output)) output.copy_(result.view(output.shape()));
   };

@@ -131,8 +131,8 @@ ProcessGroupNccl::~ProcessGroupNccl() {
         (void)ncclCommDestroy(c->comm);
       }
     }
+    // The stream stays (cuda::communication_stream): buffers recorded on it are freed later.
     if (c->ready != nullptr) (void)cudaEventDestroy(c->ready);
-    if (c->stream != nullptr) (void)cudaStreamDestroy(c->stream);
   }
   comms_.clear();
   detail_group_.reset();
@@ -160,7 +160,7 @@ ProcessGroupNccl::Comm& ProcessGroupNccl::comm_for(Device device, const Collecti
 
   ncclUniqueId id;
   if (rank_ == 0) {
-    check(ncclGetUniqueId(&id), nullptr, info, "ncclGetUniqueId");
+    call_nccl(nullptr, info, "ncclGetUniqueId", [&] { return ncclGetUniqueId(&id); });
     if (store_) {
       const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
       store_->set(key, Bytes(bytes, bytes + sizeof(id)));
@@ -204,12 +204,7 @@ ProcessGroupNccl::Comm& ProcessGroupNccl::comm_for(Device device, const Collecti
               ", nccl): cannot create the NCCL communicator of ", device.str(), ": ",
               nccl_error_text(result));
   }
-  // The highest priority lets a bucket's all-reduce start while backward kernels queue up.
-  int least = 0, greatest = 0;
-  cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest),
-              "cudaDeviceGetStreamPriorityRange");
-  cuda::check(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, greatest),
-              "cudaStreamCreateWithPriority");
+  c->stream = cuda::communication_stream(device.index);
   cuda::check(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming), "cudaEventCreate");
   lock.lock();
   Comm& slot = *c;
@@ -217,19 +212,28 @@ ProcessGroupNccl::Comm& ProcessGroupNccl::comm_for(Device device, const Collecti
   return slot;
 }
 
-void ProcessGroupNccl::check(ncclResult_t result, ncclComm_t comm, const CollectiveInfo& info,
-                             const char* call) {
+void ProcessGroupNccl::call_nccl(ncclComm_t comm, const CollectiveInfo& info, const char* name,
+                                 const std::function<ncclResult_t()>& nccl_call) {
+  ncclResult_t result = ncclSuccess;
+  {
+    std::lock_guard<std::timed_mutex> use(comm_use_mutex_);
+    if (aborting_) throw_if_failed(info);
+    result = nccl_call();
+  }
   const auto deadline = Clock::now() + options_.timeout;
   while (result == ncclInProgress && comm != nullptr) {
     if (Clock::now() >= deadline) {
-      fail(failure_line(info, std::string(call) + " did not return", /*timed_out=*/true));
+      fail(failure_line(info, std::string(name) + " did not return", /*timed_out=*/true));
       throw_if_failed(info);
     }
     std::this_thread::yield();
+    std::lock_guard<std::timed_mutex> use(comm_use_mutex_);
+    // Aborted by the watchdog meanwhile: the communicator is gone; report the group's failure.
+    if (aborting_) throw_if_failed(info);
     (void)ncclCommGetAsyncError(comm, &result);
   }
   if (result == ncclSuccess) return;
-  fail(failure_line(info, std::string(call) + ": " + nccl_error_text(result), false));
+  fail(failure_line(info, std::string(name) + ": " + nccl_error_text(result), false));
   throw_if_failed(info);
 }
 
@@ -304,13 +308,20 @@ void ProcessGroupNccl::fail(const std::string& line) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failed_.empty()) return;
     failed_ = line;
+    aborting_ = true;
     if (!aborted_) {
       aborted_ = true;
       for (auto& [device, c] : comms_) to_abort.push_back(c->comm);
     }
   }
-  // Aborting releases kernels that wait for a peer which will never come.
-  for (ncclComm_t comm : to_abort) (void)ncclCommAbort(comm);
+  // Aborting releases kernels that wait for a peer which will never come. It frees the
+  // communicators: wait until the issuing thread is out of NCCL (it makes no call or poll
+  // after aborting_), but not forever, since a wedged call must not hang the abort.
+  if (!to_abort.empty()) {
+    std::unique_lock<std::timed_mutex> use(comm_use_mutex_, std::defer_lock);
+    (void)use.try_lock_for(std::chrono::seconds(10));
+    for (ncclComm_t comm : to_abort) (void)ncclCommAbort(comm);
+  }
   watchdog_cv_.notify_all();
 }
 

@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -83,13 +84,16 @@ class ProcessGroupNccl final : public ProcessGroup,
   std::shared_ptr<Work> run(CollectiveInfo info, Device device, const std::vector<Tensor>& used,
                             const Body& body, bool async_op);
   Comm& comm_for(Device device, const CollectiveInfo& info);
-  // Checks an NCCL call; ncclInProgress (non-blocking communicators) is polled until done,
-  // bounded by the timeout. Failures mark the group failed and throw.
-  void check(ncclResult_t result, ncclComm_t comm, const CollectiveInfo& info, const char* call);
+  // Makes an NCCL call on comm and polls ncclInProgress (non-blocking communicators) until done,
+  // bounded by the timeout. The call and each poll hold comm_use_mutex_ and are not made once
+  // the group is aborting, so fail()'s ncclCommAbort, which frees the communicator, never
+  // runs while this thread is inside NCCL with it. Failures mark the group failed and throw.
+  void call_nccl(ncclComm_t comm, const CollectiveInfo& info, const char* name,
+                 const std::function<ncclResult_t()>& nccl_call);
   void check_fingerprints(const CollectiveInfo& info);
   void throw_if_failed(const CollectiveInfo& info);
   // Records the first failure and aborts every communicator; later waits and collectives throw
-  // it. Safe from any thread; later failures change nothing.
+  // it. Safe from any thread except one holding comm_use_mutex_; later failures change nothing.
   void fail(const std::string& line);
   std::string failure_line(const CollectiveInfo& info, const std::string& what, bool timed_out);
   void watchdog_loop();
@@ -102,6 +106,11 @@ class ProcessGroupNccl final : public ProcessGroup,
   // Held while a collective is issued: NCCL needs every rank to issue in one order, and the
   // sequence numbers, communicator creation and stream protocol must not interleave.
   std::mutex issue_mutex_;
+  // Held by the issuing thread inside an NCCL call or poll on a communicator in comms_, and by
+  // fail() while it aborts them. Non-blocking communicators return at once, so it is held
+  // briefly; fail() waits for it a bounded time (a wedged call must not hang the abort).
+  std::timed_mutex comm_use_mutex_;
+  std::atomic<bool> aborting_{false};           // set with failed_; calls and polls stop
   mutable std::mutex mutex_;                    // guards everything below
   std::map<int, std::unique_ptr<Comm>> comms_;  // by device index
   int64_t next_seq_ = 1;

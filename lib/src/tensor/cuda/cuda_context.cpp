@@ -61,6 +61,28 @@ cudaStream_t current_stream() {
   return current_stream(device);
 }
 
+cudaStream_t communication_stream(int device) {
+  DPAR_CHECK(device >= 0 && device < kMaxDevices, "CUDA device index ", device, " out of range");
+  constexpr size_t kPoolSize = 4;
+  static std::mutex mutex;
+  static std::array<std::array<cudaStream_t, kPoolSize>, kMaxDevices> pools{};
+  static std::array<size_t, kMaxDevices> handed_out{};
+  std::lock_guard<std::mutex> lock(mutex);
+  const size_t d = static_cast<size_t>(device);
+  cudaStream_t& slot = pools[d][handed_out[d]++ % kPoolSize];
+  if (slot == nullptr) {
+    int previous = 0, least = 0, greatest = 0;
+    check(cudaGetDevice(&previous), "cudaGetDevice");
+    check(cudaSetDevice(device), "cudaSetDevice");
+    // The highest priority lets a bucket's all-reduce start while backward kernels queue up.
+    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    check(cudaStreamCreateWithPriority(&slot, cudaStreamNonBlocking, greatest),
+          "cudaStreamCreateWithPriority");
+    check(cudaSetDevice(previous), "cudaSetDevice");
+  }
+  return slot;
+}
+
 StreamGuard::StreamGuard(int device, cudaStream_t stream)
     : device_(device), previous_(tls_stream.at(static_cast<size_t>(device))) {
   tls_stream[static_cast<size_t>(device)] = stream;

@@ -20,6 +20,11 @@ inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel)
 // device, non-blocking so it never serialises against the legacy default stream).
 cudaStream_t current_stream(int device);
 cudaStream_t current_stream();  // of the current device
+// A high-priority non-blocking stream for collectives on `device`, from a per-device pool of a
+// few handed out in turn (so two process groups rarely share one and cannot order each other's
+// collectives). Never destroyed: memory allocated on a communication stream or recorded on it
+// (record_stream) is freed on it, which can happen long after the group that used it is gone.
+cudaStream_t communication_stream(int device);
 // Makes `stream` current for `device` on this thread until the guard goes out of scope (side
 // streams: data copies, communication).
 class StreamGuard {
