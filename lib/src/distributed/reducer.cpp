@@ -18,12 +18,16 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-// A view of `bytes_offset` into storage with t's shape and dtype, contiguous.
+// A view of `bytes_offset` into buffer with like's shape, dtype and layout: a dense tensor
+// (contiguous, or channels-last as GPU convolution weights are) keeps its strides, so its
+// gradient accumulates into the view and copies to and from it run over flat memory; anything
+// else gets contiguous strides. Either way the view fills numel elements from the offset.
 Tensor view_at(const Tensor& buffer, size_t bytes_offset, const Tensor& like) {
   const size_t base = static_cast<size_t>(buffer.storage_offset()) * dtype_size(buffer.dtype());
+  const Shape strides = like.is_dense() ? like.strides() : contiguous_strides(like.shape());
   return Tensor::from_storage(
       buffer.storage(), static_cast<int64_t>((base + bytes_offset) / dtype_size(like.dtype())),
-      like.shape(), contiguous_strides(like.shape()), like.dtype());
+      like.shape(), strides, like.dtype());
 }
 
 double seconds(std::chrono::steady_clock::duration d) {
@@ -174,7 +178,7 @@ void Reducer::install_buckets(const std::vector<std::vector<size_t>>& partition)
     }
     for (size_t k = 0; k < b.params.size(); ++k) {
       Param& p = params_[b.params[k]];
-      // Contiguous strides whatever the parameter's layout: the bucket is flat memory.
+      // In the parameter's layout (view_at): the bucket is flat memory either way.
       Tensor view = view_at(b.buffer, static_cast<size_t>(b.offsets[k]) * dtype_size(first.dtype()),
                             p.tensor);
       Tensor g = p.tensor.grad();
