@@ -38,12 +38,26 @@ inline std::string peer_python() {
   return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
 }
 
+// The loader path a peer runs with: DPAR_PEER_LD_LIBRARY_PATH where set (scripts/gpu-run.sh sets
+// it to the machine's own path, before it puts the bundle's libraries first: PyTorch must not
+// load the bundle's libstdc++, libssl or libz), else the inherited one.
+inline std::string peer_environment() {
+  const char* path = std::getenv("DPAR_PEER_LD_LIBRARY_PATH");
+  if (path == nullptr) return "";
+  if (*path == '\0') return "env -u LD_LIBRARY_PATH ";
+  std::string quoted = "'";
+  for (const char* c = path; *c; ++c)
+    quoted += *c == '\'' ? std::string("'\\''") : std::string(1, *c);
+  return "env LD_LIBRARY_PATH=" + quoted + "' ";
+}
+
 // Runs `<python> <peer dir>/<script> <args>` with OMP_NUM_THREADS=threads and returns the JSON
-// object printed on its last stdout line.
+// object printed on its last stdout line. The peer's stderr goes to ours, so its warnings and
+// tracebacks stay in the benchmark's log.
 inline nlohmann::json run_peer(const std::string& script, const std::string& args, int threads) {
-  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) +
+  const std::string cmd = peer_environment() + "OMP_NUM_THREADS=" + std::to_string(threads) +
                           " MKL_NUM_THREADS=" + std::to_string(threads) + " " + peer_python() +
-                          " " + peer_dir() + "/" + script + " " + args + " 2>/dev/null";
+                          " " + peer_dir() + "/" + script + " " + args;
   FILE* pipe = popen(cmd.c_str(), "r");
   DPAR_CHECK(pipe != nullptr, "bench: cannot start the PyTorch peer: ", cmd);
   std::string out, last;

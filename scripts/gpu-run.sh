@@ -6,6 +6,7 @@
 #   scripts/gpu-run.sh BUNDLE [DIR]                 unpack to DIR (default /tmp/dpar-gpu), test
 #   scripts/gpu-run.sh BUNDLE DIR -- CMD ARGS...    ... then run CMD (e.g. bin paths under DIR)
 #   DPAR_GPU_SKIP_TESTS=1 scripts/gpu-run.sh ...    run only CMD
+#   DPAR_GPU_SKIP_TESTS=1 scripts/gpu-run.sh BUNDLE DIR -- ./gpu-probe.sh OUT   the staged probe
 # Exit status: the tests' (and CMD's) failure, non-zero when anything failed.
 set -uo pipefail
 bundle=${1:?usage: gpu-run.sh BUNDLE [DIR] [-- CMD ARGS...]}
@@ -45,9 +46,17 @@ dirs = sorted({os.path.dirname(p) for r in roots for p in glob.glob(os.path.join
 print(":".join(dirs))
 PY
 )
+# The benchmarks' PyTorch peers run with the machine's own loader path (bench_util.h), not with
+# the bundle's Debian libstdc++/libssl/libz first.
+export DPAR_PEER_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH="$root/lib${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "gpu-run: bundle in $root; CUDA libraries from ${cuda_libs:-nowhere (no nvidia wheels found)}"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# Where nvidia-smi lists a GPU, a GPU test that skips is a failure (tests/gpu/gpu_helpers.h,
+# gpu_mp.sh): a run that tested nothing must not pass.
+if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  export DPAR_GPU_REQUIRED=1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+fi
 
 status=0
 if [ "${DPAR_GPU_SKIP_TESTS:-0}" != 1 ]; then
