@@ -4,18 +4,27 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "dpar/dpar.h"
 
 // Without a usable GPU the test prints the reason (ctest's SKIP_REGULAR_EXPRESSION turns it
-// into "skipped") and returns.
-#define DPAR_REQUIRE_GPU()                                                                 \
-  do {                                                                                     \
-    if (dpar::cuda_device_count() == 0) {                                                  \
-      std::printf("dpar-gpu-test-skipped: %s\n", dpar::cuda_unavailable_reason().c_str()); \
-      return;                                                                              \
-    }                                                                                      \
+// into "skipped") and returns. Where a GPU must be there (DPAR_GPU_REQUIRED=1, which
+// scripts/gpu-run.sh sets on a machine whose nvidia-smi lists one) that is a failure instead:
+// a GPU run where every test skipped must not read as passed.
+inline bool gpu_required() {
+  const char* v = std::getenv("DPAR_GPU_REQUIRED");
+  return v != nullptr && std::string(v) == "1";
+}
+#define DPAR_REQUIRE_GPU()                                                                     \
+  do {                                                                                         \
+    if (dpar::cuda_device_count() == 0) {                                                      \
+      if (gpu_required()) FAIL("DPAR_GPU_REQUIRED=1 but " << dpar::cuda_unavailable_reason()); \
+      std::printf("dpar-gpu-test-skipped: %s\n", dpar::cuda_unavailable_reason().c_str());     \
+      return;                                                                                  \
+    }                                                                                          \
   } while (0)
 
 inline const dpar::Device kGpu = dpar::Device::cuda(0);

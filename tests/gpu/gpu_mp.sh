@@ -6,7 +6,8 @@
 # host memory (DPAR_DIST_BACKEND=gloo). NCCL refuses two ranks on one device of one host, so
 # each rank takes its own NCCL_HOSTID (DPAR_TEST_NCCL_HOST_PER_RANK, see
 # tests/multiproc/worker_device.h) and the ranks talk over NCCL's socket transport on lo.
-# Without a usable GPU it prints the reason with the marker ctest reports as skipped.
+# Without a usable GPU it prints the reason with the marker ctest reports as skipped, or fails
+# where a GPU must be there (DPAR_GPU_REQUIRED=1, set by scripts/gpu-run.sh on a GPU machine).
 set -u
 case_name=$1
 launcher=$2
@@ -14,12 +15,25 @@ coll=$3
 ddp=$4
 here=$(cd "$(dirname "$0")" && pwd)
 
-state=$("$coll" --gpu-check 2>&1)
+# stdout only: a driver or loader warning on stderr must not turn a usable GPU into a skip.
+state=$("$coll" --gpu-check 2>"${TMPDIR:-/tmp}/gpu_mp_check.$$")
+check_rc=$?
 if [ "$state" != "gpu ok" ]; then
+  [ -s "${TMPDIR:-/tmp}/gpu_mp_check.$$" ] && sed 's/^/  gpu-check stderr: /' "${TMPDIR:-/tmp}/gpu_mp_check.$$"
+  rm -f "${TMPDIR:-/tmp}/gpu_mp_check.$$"
+  [ -n "$state" ] || state="collectives_worker --gpu-check printed nothing (exit $check_rc)"
+  if [ "${DPAR_GPU_REQUIRED:-0}" = 1 ]; then
+    echo "FAIL: DPAR_GPU_REQUIRED=1 but $state"
+    exit 1
+  fi
   echo "dpar-gpu-test-skipped: $state"
   exit 0
 fi
+rm -f "${TMPDIR:-/tmp}/gpu_mp_check.$$"
 export DPAR_TEST_DEVICE=gpu:0 DPAR_TEST_NCCL_HOST_PER_RANK=1
+# Ranks time-slicing one GPU are slow: a stuck collective is named by dpar's own timeout well
+# before ctest's (300 s) kills the case; the timeout drill gets a longer collective timeout too.
+export DPAR_TIMEOUT=${DPAR_TIMEOUT:-120} DPAR_DRILL_TIMEOUT=${DPAR_DRILL_TIMEOUT:-30}
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
   NCCL_IB_DISABLE=1
 case $case_name in

@@ -7,6 +7,7 @@
 // itself),
 // --skip-rank (skips one all-reduce), --mismatch-rank (all-reduces a different shape).
 // --device gpu:N (or $DPAR_TEST_DEVICE) runs model, data, buckets and the reference there.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -118,7 +119,13 @@ int main(int argc, char** argv) {
     const int micro_batches = no_sync ? 2 : 1;
     for (int s = 0; s < steps; ++s) {
       if (rank == die_rank && s == die_step) {
-        std::printf("rank %d: killing myself with SIGKILL at step %d\n", rank, s);
+        // The epoch time lets the drill time the teardown from the kill itself, not from the
+        // launch (on a GPU, CUDA start-up and NCCL set-up come first and take seconds).
+        const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+        std::printf("rank %d: killing myself with SIGKILL at step %d (epoch ms %lld)\n", rank, s,
+                    static_cast<long long>(now_ms));
         std::fflush(stdout);
         std::raise(SIGKILL);
       }
