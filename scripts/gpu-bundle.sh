@@ -75,7 +75,7 @@ done | sort -u | while read -r name path; do
   cp -L "$path" "$root/lib/$name"
   strip --strip-unneeded "$root/lib/$name" 2>/dev/null || true
 done
-cp scripts/gpu-run.sh "$root/"
+cp scripts/gpu-run.sh scripts/gpu-probe.sh "$root/"
 
 mkdir -p "$(dirname "$out")"
 tar -C "$stage" -cf - dpar-gpu | xz -T0 -6 >"$out"

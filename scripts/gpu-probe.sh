@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# The most one short call on the GPU machine can tell: a staged run of the GPU tests, drills and
+# tools, each stage under its own time limit, later stages skipped when the budget runs low.
+# Runs from the root of an unpacked bundle inside scripts/gpu-run.sh's environment:
+#
+#   DPAR_GPU_SKIP_TESTS=1 scripts/gpu-run.sh gpu-bundle/dpar-gpu.tar.gz /tmp/d -- \
+#     ./gpu-probe.sh OUT_DIR [BUDGET_SECONDS]          (budget default 540 s, 9 min)
+#   DPAR_PROBE_STAGES="ops train" ... ./gpu-probe.sh OUT_DIR   only the named stages
+#
+# OUT_DIR gets at most 8 files: summary.txt (one row per stage: name, result, seconds, first
+# error line), facts.txt, tests.log, cudnn.log, drills.log, sanitizer.log, bench.log.
+# Results: pass, FAIL, TIMEOUT (its own limit), SKIPPED-TEST (a test said it skipped: with a
+# GPU present that is a failure), budget (not run, too little time left).
+# Exit status: 0 when every stage that ran passed.
+set -u
+out=${1:?usage: gpu-probe.sh OUT_DIR [BUDGET_SECONDS]}
+budget=${2:-540}
+mkdir -p "$out"
+root=$(pwd)
+start=$SECONDS
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+summary=$out/summary.txt
+printf '%-26s %-12s %7s  %s\n' stage result seconds "first error line" >"$summary"
+failed=0
+
+launcher=$root/launch/dpar-launch
+coll=$root/tests/multiproc/collectives_worker
+ddp=$root/tests/multiproc/ddp_worker
+drill=$root/src/tests/gpu/gpu_mp.sh
+export DPAR_GPU_REQUIRED=${DPAR_GPU_REQUIRED:-1}
+
+wanted() {  # wanted NAME: whether DPAR_PROBE_STAGES (when set) names this stage
+  [ -z "${DPAR_PROBE_STAGES:-}" ] && return 0
+  case " $DPAR_PROBE_STAGES " in *" $1 "*) return 0 ;; esac
+  return 1
+}
+
+first_error() {  # the first line of FILE that reads like a failure
+  grep -v '^=================== ' "$1" |
+    grep -m1 -E 'FAILED|FAIL:|[Ee]rror|what\(\)|Segmentation|Aborted|terminate called|core dumped|not found|refused|timed out|No such file|dpar-gpu-test-skipped' |
+    cut -c1-160
+}
+
+# stage NAME LIMIT LOG CMD...: runs CMD under min(LIMIT, budget left) seconds, appends its
+# output to LOG and one row to the summary.
+stage() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  wanted "$name" || return 0
+  local left=$((budget - (SECONDS - start)))
+  if [ "$left" -lt 15 ]; then
+    printf '%-26s %-12s %7s  %s\n' "$name" budget - "$left s of the budget left" >>"$summary"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local tmp=$scratch/stage.log t0=$SECONDS rc result
+  echo "=================== $name (limit ${limit}s): $*" >"$tmp"
+  # timeout(1) runs programs, not shell functions: a child bash runs the (exported) functions.
+  timeout -k 5 "$limit" bash -c '"$@"' _ "$@" >>"$tmp" 2>&1
+  rc=$?
+  echo "=================== $name: exit $rc after $((SECONDS - t0)) s" >>"$tmp"
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then result=TIMEOUT
+  elif grep -q 'dpar-gpu-test-skipped' "$tmp"; then result=SKIPPED-TEST
+  elif [ "$rc" = 0 ]; then result=pass
+  else result=FAIL
+  fi
+  [ "$result" = pass ] || failed=1
+  local err=""
+  [ "$result" = pass ] || err=$(first_error "$tmp")
+  [ "$result" != pass ] && [ -z "$err" ] && err="exit $rc"
+  printf '%-26s %-12s %7s  %s\n' "$name" "$result" "$((SECONDS - t0))" "$err" >>"$summary"
+  cat "$tmp" >>"$log"
+}
+
+# A Catch2 test program: all its cases in one process; if that process dies before Catch2's
+# summary (a crash or the limit), each case again in its own process, so one crash does not
+# hide the rest.
+catch_test() {
+  local program=$1
+  shift
+  local log=$scratch/catch.log
+  "$root/tests/gpu/$program" --durations yes "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  if grep -qE 'All tests passed|test cases:' "$log"; then return "$rc"; fi
+  echo "--- $program died before its summary (exit $rc): each unfinished case on its own"
+  # --durations prints "<seconds> s: <name>" as each case finishes.
+  "$root/tests/gpu/$program" --list-test-names-only | sed '/^$/d' | while IFS= read -r name; do
+    grep -qF " s: $name" "$log" && continue
+    echo "--- case: $name"
+    "$root/tests/gpu/$program" "$name" 2>&1 | tail -n 30
+    echo "--- case exit ${PIPESTATUS[0]}"
+  done
+  return 1
+}
+
+facts() {
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  nvidia-smi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,compute_cap --format=csv
+  echo "--- glibc: $(ldd --version 2>&1 | head -n 1)"
+  echo "--- cores: $(nproc); $(grep MemTotal /proc/meminfo)"
+  echo "--- python: $(command -v python3)"
+  env ${DPAR_PEER_LD_LIBRARY_PATH+LD_LIBRARY_PATH="$DPAR_PEER_LD_LIBRARY_PATH"} python3 -c '
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+      "nccl", ".".join(map(str, torch.cuda.nccl.version())), "device", torch.cuda.get_device_name(0))
+try:
+    import onnxruntime, torchvision
+    print("onnxruntime", onnxruntime.__version__, onnxruntime.get_available_providers(), "torchvision", torchvision.__version__)
+except Exception as e:
+    print("import failed:", e)'
+  echo "--- LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "--- libraries the GPU tests resolve (not found = missing from the bundle):"
+  ldd "$root/tests/gpu/test_cuda_ops" | grep -E 'not found|cud|nccl|cublas|dpar|stdc\+\+'
+  local missing
+  missing=$(for f in "$root"/tests/gpu/test_* "$root"/tests/multiproc/* "$root"/examples/mobilenetv3/* \
+    "$root"/bench/bench_* "$root"/launch/dpar-launch; do
+    [ -x "$f" ] && [ -f "$f" ] && ldd "$f" 2>/dev/null | grep 'not found' | sed "s#^#$(basename "$f"): #"
+  done)
+  [ -n "$missing" ] && { echo "FAIL: unresolved libraries:"; echo "$missing"; }
+  echo "--- CUDA start-up (collectives_worker --gpu-check), three times:"
+  local i t0
+  for i in 1 2 3; do
+    t0=$(date +%s%N)
+    "$coll" --gpu-check
+    echo "    $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+  done
+  [ -z "$missing" ] && [ "$("$coll" --gpu-check 2>/dev/null)" = "gpu ok" ]
+}
+
+cudnn_logged() {  # cudnn_logged NAME CMD...: CMD with cuDNN's warning/error log kept
+  local name=$1
+  shift
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=$scratch/cudnn_$name.log "$@"
+  local rc=$?
+  if [ -s "$scratch/cudnn_$name.log" ]; then
+    { echo "=================== $name"; head -c 4000000 "$scratch/cudnn_$name.log"; } >>"$out/cudnn.log"
+  fi
+  return $rc
+}
+
+mp() { "$drill" "$1" "$launcher" "$coll" "$ddp"; }
+nccl_verbose() { NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV "$@"; }
+
+peer_imports() {
+  env ${DPAR_PEER_LD_LIBRARY_PATH+LD_LIBRARY_PATH="$DPAR_PEER_LD_LIBRARY_PATH"} python3 -c '
+import torch, torchvision, onnxruntime, numpy, torch.distributed as dist
+x = torch.randn(8, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
+m = torchvision.models.mobilenet_v3_small(num_classes=10).cuda().to(memory_format=torch.channels_last)
+print("peer forward ok", m(x).shape, "nccl available", dist.is_nccl_available())'
+}
+
+export root out scratch launcher coll ddp drill
+export -f catch_test facts cudnn_logged mp nccl_verbose peer_imports
+
+stage facts 60 "$out/facts.txt" facts
+stage test_cuda_errors 90 "$out/tests.log" catch_test test_cuda_errors
+stage test_cuda_ops 180 "$out/tests.log" cudnn_logged ops catch_test test_cuda_ops
+stage test_cuda_train 180 "$out/tests.log" cudnn_logged train catch_test test_cuda_train
+stage mp_collectives2 150 "$out/drills.log" nccl_verbose mp collectives2
+stage test_cuda_infer 120 "$out/tests.log" catch_test test_cuda_infer
+stage test_cuda_autocast 180 "$out/tests.log" cudnn_logged autocast catch_test test_cuda_autocast
+stage mp_ddp 120 "$out/drills.log" mp ddp
+stage mp_kill9 120 "$out/drills.log" mp kill9
+stage mp_gloo_collectives2 120 "$out/drills.log" mp gloo_collectives2
+for t in "$root"/tests/gpu/test_*; do
+  case $(basename "$t") in
+    *.cmake | test_cuda_errors | test_cuda_ops | test_cuda_train | test_cuda_infer | test_cuda_autocast) continue ;;
+  esac
+  stage "$(basename "$t")" 120 "$out/tests.log" catch_test "$(basename "$t")"
+done
+for c in collectives4 gloo_collectives4 ddp_no_sync ddp_unequal ddp_buckets ddp_bf16 gloo_ddp \
+  timeout detail_mismatch; do
+  stage "mp_$c" 120 "$out/drills.log" mp "$c"
+done
+memcheck() {  # compute-sanitizer's memcheck over dpar's kernels (the op tests)
+  local tool
+  tool=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+  [ -n "$tool" ] || { echo "FAIL: compute-sanitizer not found"; return 1; }
+  "$tool" --tool memcheck --error-exitcode 1 --print-limit 50 "$root/tests/gpu/test_cuda_ops" "$@"
+}
+export -f memcheck
+stage memcheck_ops 150 "$out/sanitizer.log" memcheck
+stage peer_imports 60 "$out/bench.log" peer_imports
+stage bench_gpu_short 150 "$out/bench.log" "$root/bench/bench_gpu" --batches 64 --precisions fp32,bf16 \
+  --infer-batches 1 --warmup 3 --steps 5 --compile false
+
+echo "=== probe took $((SECONDS - start)) s of a $budget s budget" >>"$summary"
+cat "$summary"
+exit $failed
