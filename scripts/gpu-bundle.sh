@@ -30,6 +30,9 @@ if [ ! -f "$build/tests/gpu/CTestTestfile.cmake" ]; then
   echo "gpu-bundle: $build is not a CUDA build (no tests/gpu); build with DPAR_WITH_CUDA=ON" >&2
   exit 1
 fi
+# Absolute: ldd prints a library found through a relative LD_LIBRARY_PATH entry as a relative
+# path, which the library scan below would miss (libdpar itself, once).
+build=$(cd "$build" && pwd)
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -70,11 +73,13 @@ skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libutil\.
 for f in "${binaries[@]}"; do
   LD_LIBRARY_PATH="$build/lib:${LD_LIBRARY_PATH:-}" ldd "$build/$f" | awk '/=> \//{print $1, $3}'
 done | sort -u | while read -r name path; do
+  [ -f "$path" ] || { echo "gpu-bundle: $name resolves to $path, not a file" >&2; exit 1; }
   if [[ "$name" =~ $skip ]]; then continue; fi
   [ -e "$root/lib/$name" ] && continue
   cp -L "$path" "$root/lib/$name"
   strip --strip-unneeded "$root/lib/$name" 2>/dev/null || true
 done
+[ -e "$root/lib/libdpar.so.0" ] || { echo "gpu-bundle: libdpar.so.0 was not packed" >&2; exit 1; }
 cp scripts/gpu-run.sh scripts/gpu-probe.sh "$root/"
 
 mkdir -p "$(dirname "$out")"
