@@ -32,7 +32,7 @@ struct TrainResult {
 };
 
 TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t warmup, int64_t steps,
-                             const std::string& precision) {
+                             const std::string& precision, bool profile) {
   manual_seed(0);
   auto model = models::mobilenet_v3_small(1000);
   model->train();
@@ -61,8 +61,19 @@ TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t war
   for (int64_t i = 0; i < steps; ++i) step();
   synchronize(gpu);
   const double s = bench::seconds_since(t0) / static_cast<double>(steps);
-  return {static_cast<double>(batch) / s, s * 1e3,
-          static_cast<double>(alloc.stats().peak_allocated_bytes) / 1048576.0};
+  const TrainResult result{static_cast<double>(batch) / s, s * 1e3,
+                           static_cast<double>(alloc.stats().peak_allocated_bytes) / 1048576.0};
+  if (profile) {
+    // One more step with every op timed on the device (the profiler waits for the GPU at each
+    // op's start and end): where the step's time goes, op by op.
+    profiler::reset();
+    profiler::set_enabled(true);
+    step();
+    profiler::set_enabled(false);
+    std::printf("  profile of one %s step at batch %lld (device time per op, synchronised):\n%s",
+                precision.c_str(), static_cast<long long>(batch), profiler::report().c_str());
+  }
+  return result;
 }
 
 double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup, int64_t steps) {
@@ -121,6 +132,9 @@ int main(int argc, char** argv) {
     auto& compile = flags.add_bool("compile", true, "the peer also times torch.compile");
     auto& optim_step = flags.add_bool(
         "optim", true, "time the optimizer step alone: multi-tensor vs per parameter");
+    auto& profile =
+        flags.add_bool("profile", false,
+                       "after each training measurement, one step timed op by op (DPAR_PROFILE)");
     flags.parse(argc, argv);
     const Device gpu = Device::parse(device);
     check_device_available(gpu);
@@ -143,7 +157,8 @@ int main(int argc, char** argv) {
     }
     for (int64_t batch : parse_list(batches)) {
       for (const std::string& precision : precision_list) {
-        const TrainResult ours = train_throughput(gpu, batch, img, warmup, steps, precision);
+        const TrainResult ours =
+            train_throughput(gpu, batch, img, warmup, steps, precision, profile);
         std::printf(
             "train batch %lld %s\n  dpar     %9.1f img/s (%7.2f ms/step)  peak GPU memory %8.1f "
             "MB\n",

@@ -5,7 +5,17 @@
 #
 #   DPAR_GPU_SKIP_TESTS=1 scripts/gpu-run.sh gpu-bundle/dpar-gpu.tar.gz /tmp/d -- \
 #     ./gpu-probe.sh OUT_DIR [BUDGET_SECONDS]          (budget default 540 s, 9 min)
-#   DPAR_PROBE_STAGES="ops train" ... ./gpu-probe.sh OUT_DIR   only the named stages
+#   DPAR_PROBE_STAGES="test_cuda_ops mp_ddp" ... ./gpu-probe.sh OUT_DIR   only the named stages
+#
+# Without DPAR_PROBE_STAGES: the first-call stages (facts, every GPU test program, the drills,
+# memcheck, the peer's imports, a short bench_gpu). These run only when named:
+#   ctest_gpu              ctest -L gpu, as CI would on a GPU machine
+#   bench_gpu              bench_gpu in full (batches 128,256; fp32, fp16, bf16; inference 1, 64)
+#   bench_gpu_profile      one step per precision timed op by op, and the cuDNN algorithms chosen
+#   bench_allreduce_gpu    bench_allreduce --device gpu (dpar vs raw ncclAllReduce vs torch)
+#   bench_ddp_gpu          bench_ddp --device gpu (vs PyTorch DDP on nccl)
+#   bench_ddp_cpu_w2t4     bench_ddp on the CPU, 2 ranks x 4 threads (vs DDP gloo, the ceiling)
+#   bench_ddp_cpu_w4t2     the same, 4 ranks x 2 threads
 #
 # OUT_DIR gets at most 8 files: summary.txt (one row per stage: name, result, seconds, first
 # error line), facts.txt, tests.log, cudnn.log, drills.log, sanitizer.log, bench.log.
@@ -30,8 +40,12 @@ ddp=$root/tests/multiproc/ddp_worker
 drill=$root/src/tests/gpu/gpu_mp.sh
 export DPAR_GPU_REQUIRED=${DPAR_GPU_REQUIRED:-1}
 
-wanted() {  # wanted NAME: whether DPAR_PROBE_STAGES (when set) names this stage
-  [ -z "${DPAR_PROBE_STAGES:-}" ] && return 0
+optional_stages=" ctest_gpu bench_gpu bench_gpu_profile bench_allreduce_gpu bench_ddp_gpu bench_ddp_cpu_w2t4 bench_ddp_cpu_w4t2 "
+wanted() {  # wanted NAME: named in DPAR_PROBE_STAGES, or (when unset) a first-call stage
+  if [ -z "${DPAR_PROBE_STAGES:-}" ]; then
+    case $optional_stages in *" $1 "*) return 1 ;; esac
+    return 0
+  fi
   case " $DPAR_PROBE_STAGES " in *" $1 "*) return 0 ;; esac
   return 1
 }
@@ -185,6 +199,20 @@ stage memcheck_ops 150 "$out/sanitizer.log" memcheck
 stage peer_imports 60 "$out/bench.log" peer_imports
 stage bench_gpu_short 150 "$out/bench.log" "$root/bench/bench_gpu" --batches 64 --precisions fp32,bf16 \
   --infer-batches 1 --warmup 3 --steps 5 --compile false
+
+stage ctest_gpu 300 "$out/tests.log" ctest --test-dir "$root" -L gpu --output-on-failure --timeout 280
+bench="$root/bench"
+stage bench_gpu_profile 150 "$out/bench.log" env DPAR_CUDNN_LOG_ALGOS=1 "$bench/bench_gpu" \
+  --batches 128 --precisions fp32,fp16,bf16 --infer-batches "" --peer false --optim false \
+  --warmup 3 --steps 5 --profile
+stage bench_gpu 300 "$out/bench.log" "$bench/bench_gpu" --compile false --optim false
+stage bench_allreduce_gpu 150 "$out/bench.log" "$bench/bench_allreduce" --device gpu --max-mb 64 \
+  --reps 3 --launcher "$launcher"
+stage bench_ddp_gpu 120 "$out/bench.log" "$bench/bench_ddp" --device gpu --launcher "$launcher"
+stage bench_ddp_cpu_w2t4 150 "$out/bench.log" "$bench/bench_ddp" --rounds 3 --world 2 --threads 4 \
+  --launcher "$launcher"
+stage bench_ddp_cpu_w4t2 150 "$out/bench.log" "$bench/bench_ddp" --rounds 3 --world 4 --threads 2 \
+  --launcher "$launcher"
 
 echo "=== probe took $((SECONDS - start)) s of a $budget s budget" >>"$summary"
 cat "$summary"

@@ -31,6 +31,15 @@ std::mutex& table_mutex() {
 
 thread_local int scope_depth = 0;
 
+std::atomic<void (*)()>& device_sync() {
+  static std::atomic<void (*)()> hook{nullptr};
+  return hook;
+}
+
+void sync_device() {
+  if (auto* sync = device_sync().load(std::memory_order_relaxed)) sync();
+}
+
 std::map<std::string, Entry>& table() {
   static std::map<std::string, Entry> t;
   return t;
@@ -43,6 +52,7 @@ void Scope::begin(std::string name) {
   outermost_ = scope_depth++ == 0;
   if (outermost_) {
     name_ = std::move(name);
+    sync_device();
     start_ = std::chrono::steady_clock::now();
   }
 }
@@ -50,6 +60,7 @@ void Scope::begin(std::string name) {
 void Scope::end() {
   --scope_depth;
   if (outermost_) {
+    sync_device();
     record(name_, std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now() - start_)
                       .count());
@@ -58,6 +69,7 @@ void Scope::end() {
 
 bool enabled() { return flag().load(std::memory_order_relaxed); }
 void set_enabled(bool on) { flag().store(on); }
+void set_device_sync(void (*sync)()) { device_sync().store(sync); }
 
 void reset() {
   std::lock_guard<std::mutex> lock(table_mutex());
@@ -79,14 +91,16 @@ std::string report() {
     rows.assign(table().begin(), table().end());
   }
   for (const auto& r : rows) total += r.second.nanoseconds;
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.second.nanoseconds > b.second.nanoseconds; });
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.second.nanoseconds > b.second.nanoseconds;
+  });
   std::string out = "op                                    calls    total ms   share\n";
   char line[160];
   for (const auto& [name, e] : rows) {
-    std::snprintf(line, sizeof line, "%-36s %7lld %11.2f %6.1f%%\n", name.c_str(),
-                  static_cast<long long>(e.calls), e.nanoseconds / 1e6,
-                  total ? 100.0 * static_cast<double>(e.nanoseconds) / static_cast<double>(total) : 0.0);
+    std::snprintf(
+        line, sizeof line, "%-36s %7lld %11.2f %6.1f%%\n", name.c_str(),
+        static_cast<long long>(e.calls), e.nanoseconds / 1e6,
+        total ? 100.0 * static_cast<double>(e.nanoseconds) / static_cast<double>(total) : 0.0);
     out += line;
   }
   return out;

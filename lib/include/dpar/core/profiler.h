@@ -15,6 +15,10 @@ void reset();
 void record(const std::string& name, int64_t nanoseconds);
 // A table sorted by total time: name, calls, total ms, share of all recorded time.
 std::string report();
+// Called at the start and the end of every recorded region while profiling: a device backend
+// whose kernels run asynchronously (CUDA) installs a wait for its queued work here, so that a
+// region is charged with the device time of what it enqueued rather than the launch alone.
+void set_device_sync(void (*sync)());
 
 // Times one region. Only the outermost region on a thread is recorded, so ops called inside
 // a backward node (e.g. mul inside mul_backward) are not counted twice and shares add up.

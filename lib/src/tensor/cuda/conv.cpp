@@ -5,10 +5,12 @@
 #include <cudnn.h>
 
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -67,6 +69,7 @@ struct ConvPlan {
   ChosenAlgo<cudnnConvolutionFwdAlgo_t> fwd;
   ChosenAlgo<cudnnConvolutionBwdDataAlgo_t> bwd_data;
   ChosenAlgo<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
+  std::string description;  // for DPAR_CUDNN_LOG_ALGOS
   ~ConvPlan() {
     if (x) cudnnDestroyTensorDescriptor(x);
     if (y) cudnnDestroyTensorDescriptor(y);
@@ -95,6 +98,12 @@ std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tens
                                     const std::array<int64_t, 4>& x_strides, const Tensor& y,
                                     const std::array<int64_t, 4>& y_strides, bool nhwc) {
   auto p = std::make_unique<ConvPlan>();
+  p->description = std::string(dtype_name(t)) + " [" + std::to_string(g.N) + "," +
+                   std::to_string(g.C) + "," + std::to_string(g.H) + "," + std::to_string(g.W) +
+                   "] -> " + std::to_string(g.O) + " k" + std::to_string(g.kH) + "x" +
+                   std::to_string(g.kW) + " s" + std::to_string(g.stride[0]) + " g" +
+                   std::to_string(g.groups) + (x_strides[1] == 1 ? " nhwc" : " nchw") +
+                   (nhwc ? " filter nhwc" : " filter nchw");
   check_cudnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
   check_cudnn(cudnnCreateTensorDescriptor(&p->y), "cudnnCreateTensorDescriptor");
   check_cudnn(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
@@ -163,6 +172,17 @@ void use_best_algo(ConvPlan& p, ChosenAlgo<Algo>& chosen, const char* what, Find
     }
     if (!best) DPAR_FAIL("conv2d on CUDA: cuDNN found no algorithm for ", what);
     chosen = {true, best->algo, best->memory, best->mathType};
+    // DPAR_CUDNN_LOG_ALGOS=1: one line per search, to see where a step's convolution time goes.
+    static const bool log = [] {
+      const char* v = std::getenv("DPAR_CUDNN_LOG_ALGOS");
+      return v && *v && *v != '0';
+    }();
+    if (log) {
+      std::fprintf(
+          stderr, "cudnn: %s, %s: algo %d, %.3f ms, workspace %.1f MB, math %d (%d found)\n",
+          p.description.c_str(), what, static_cast<int>(best->algo), best->time,
+          static_cast<double>(best->memory) / 1048576.0, static_cast<int>(best->mathType), count);
+    }
     release_workspace();
   }
   check_cudnn(cudnnSetConvolutionMathType(p.conv, chosen.math), "cudnnSetConvolutionMathType");

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -16,6 +17,10 @@ namespace dpar::cuda {
 namespace {
 
 constexpr int kMaxDevices = 64;
+
+// Whether any device's stream exists yet: the profiler's device wait must not create a CUDA
+// context in a process that never used the GPU.
+std::atomic<bool> any_stream_created{false};
 
 // One default stream per device for the whole process: every thread that does not set a side
 // stream runs its kernels there, so work issued by different threads stays ordered the way
@@ -31,6 +36,7 @@ cudaStream_t default_stream(int device) {
     check(cudaStreamCreateWithFlags(&streams[static_cast<size_t>(device)], cudaStreamNonBlocking),
           "cudaStreamCreate");
     check(cudaSetDevice(previous), "cudaSetDevice");
+    any_stream_created = true;
   });
   return streams[static_cast<size_t>(device)];
 }
@@ -41,6 +47,10 @@ thread_local std::array<cudaStream_t, kMaxDevices> tls_stream{};
 }  // namespace
 
 const char* last_kernel() { return detail::last_cuda_kernel; }
+
+void wait_for_device_work() {
+  if (any_stream_created) (void)cudaDeviceSynchronize();
+}
 
 void check(cudaError_t status, const char* what) {
   if (status == cudaSuccess) return;

@@ -51,6 +51,10 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+// Waits for all work queued on the current device, if this process used a GPU (the profiler's
+// device wait, see profiler::set_device_sync).
+void wait_for_device_work();
+
 // Waits for the current stream of `device`; turns an asynchronous kernel fault into a
 // dpar::Error naming the last kernel launched.
 void synchronize(int device);

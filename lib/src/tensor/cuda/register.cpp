@@ -1,7 +1,9 @@
 // Fills the CUDA kernel slots. Each kernel family (one .cu file) defines its register
 // function; the host-side libraries (cuDNN, cuBLAS) register from their .cpp files.
+#include "dpar/core/profiler.h"
 #include "dpar/tensor/allocator.h"
 #include "tensor/cuda/cuda_allocator.h"
+#include "tensor/cuda/cuda_context.h"
 #include "tensor/dispatch.h"
 
 namespace dpar {
@@ -36,6 +38,7 @@ void register_cuda_backend() {
   cuda::register_optim_multi_kernels();
   cuda::register_amp_kernels();
   cuda::register_pinned_memory();
+  profiler::set_device_sync(&cuda::wait_for_device_work);
 }
 
 }  // namespace detail
