@@ -358,6 +358,8 @@ int main(int argc, char** argv) {
     auto& min_seconds =
         flags.add_double("min-seconds", 0.3, "timed seconds per repetition and implementation");
     auto& reps = flags.add_int("reps", 5, "repetitions per size (the median is reported)");
+    auto& max_iters = flags.add_int("max-iters", 2000,
+                                    "--device gpu: calls per timed loop at most (64 MB / size)");
     auto& check = flags.add_bool("check", true, "verify each size's sums before timing");
     auto& diag = flags.add_bool("diag", false,
                                 "also print context switches and CPU time per call (this process)");
@@ -392,7 +394,7 @@ int main(int argc, char** argv) {
     if (gpu) {
 #ifdef DPAR_BENCH_WITH_NCCL
       return bench::run_gpu_allreduce_worker(
-          {largest, reps, static_cast<int>(gpu_index), static_cast<bool>(peer)});
+          {largest, reps, static_cast<int>(gpu_index), static_cast<bool>(peer), max_iters});
 #endif
     }
     return run_worker({largest, min_seconds, reps, check, diag, async});

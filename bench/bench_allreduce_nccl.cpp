@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -118,7 +119,8 @@ int run_gpu_allreduce_worker(const GpuAllreduceOptions& opt) {
     t.zero_();  // zeros stay zeros under repeated sums
     synchronize(device);
     // Large messages need few calls; small ones many, so the launch overhead is visible.
-    const int64_t iters = std::max<int64_t>(5, static_cast<int64_t>((64.0 * (1 << 20)) / bytes));
+    const int64_t iters = std::clamp<int64_t>(static_cast<int64_t>((64.0 * (1 << 20)) / bytes), 5,
+                                              std::max<int64_t>(5, opt.max_iters));
     auto ours = [&] {
       for (int64_t i = 0; i < iters; ++i) group.allreduce({t})->wait();
       synchronize(device);
@@ -171,6 +173,7 @@ int run_gpu_allreduce_worker(const GpuAllreduceOptions& opt) {
           run_peer("torch_allreduce_gpu.py",
                    "--world " + std::to_string(world) + " --max-mb " + std::to_string(opt.max_mb) +
                        " --reps " + std::to_string(opt.reps) +
+                       " --max-iters " + std::to_string(opt.max_iters) +
                        (opt.gpu_index >= 0 ? " --shared-gpu " + std::to_string(opt.gpu_index) : ""),
                    4);
       std::printf("\n  torch.distributed (nccl), %s:\n", peer.value("torch", "?").c_str());

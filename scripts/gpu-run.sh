@@ -49,6 +49,10 @@ PY
 # The benchmarks' PyTorch peers run with the machine's own loader path (bench_util.h), not with
 # the bundle's Debian libstdc++/libssl/libz first.
 export DPAR_PEER_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+# ... and with the Python that holds PyTorch (the one whose nvidia wheels are used above), not
+# the system's /usr/bin/python3, which the benchmarks would otherwise prefer.
+DPAR_PEER_PYTHON=${DPAR_PEER_PYTHON:-$(command -v "$python")}
+export DPAR_PEER_PYTHON
 export LD_LIBRARY_PATH="$root/lib${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "gpu-run: bundle in $root; CUDA libraries from ${cuda_libs:-nowhere (no nvidia wheels found)}"
 # Where nvidia-smi lists a GPU, a GPU test that skips is a failure (tests/gpu/gpu_helpers.h,

@@ -38,7 +38,7 @@ def rank_main(rank, a, port, queue):
     size = 1024
     while size <= a.max_mb * (1 << 20):
         t = torch.zeros(size // 4, dtype=torch.float32, device=device)
-        iters = max(5, int(64 * (1 << 20) / size))
+        iters = min(max(5, int(64 * (1 << 20) / size)), max(5, a.max_iters))
         for _ in range(2):  # warm-up
             for _ in range(iters):
                 dist.all_reduce(t)
@@ -64,6 +64,7 @@ def main():
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--max-mb", type=float, default=256)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--max-iters", type=int, default=2000)
     p.add_argument("--shared-gpu", type=int, default=-1)
     a = p.parse_args()
     ctx = mp.get_context("spawn")
