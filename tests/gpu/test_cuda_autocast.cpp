@@ -76,6 +76,25 @@ TEST_CASE("conv2d, linear and matmul under autocast match f32 within the dtype's
     CHECK(relative_error(ref_dw, w.grad()) <= 2 * bound(dtype));
     CHECK(relative_error(ref_db, b.grad()) <= 2 * bound(dtype));
 
+    // A pointwise (1x1) convolution: on the GPU a matrix product (DPAR_CONV_GEMM), with bias.
+    Tensor px = leaf_on(random_tensor({4, 16, 9, 9}, 11), kGpu);
+    Tensor pw = leaf_on(random_tensor({24, 16, 1, 1}, 12, -0.3f, 0.3f), kGpu);
+    Tensor pb = leaf_on(random_tensor({24}, 13), kGpu);
+    const Tensor pref = conv2d(px, pw, pb);
+    sum(mul(pref, pref)).backward();
+    const Tensor pref_dx = px.grad().clone(), pref_dw = pw.grad().clone();
+    px.set_grad({});
+    pw.set_grad({});
+    Tensor py;
+    {
+      amp::Autocast autocast(dtype);
+      py = conv2d(px, pw, pb);
+    }
+    CHECK(relative_error(pref, py) <= bound(dtype));
+    sum(mul(py, py)).backward();
+    CHECK(relative_error(pref_dx, px.grad()) <= 2 * bound(dtype));
+    CHECK(relative_error(pref_dw, pw.grad()) <= 2 * bound(dtype));
+
     const Tensor a = random_tensor({32, 64}, 4).to(kGpu), m = random_tensor({64, 24}, 5).to(kGpu);
     const Tensor lw = random_tensor({24, 64}, 6).to(kGpu), lb = random_tensor({24}, 7).to(kGpu);
     const Tensor mm = matmul(a, m), lin = linear(a, lw, lb);

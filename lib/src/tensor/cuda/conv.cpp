@@ -17,6 +17,7 @@
 #include "tensor/conv_layout.h"
 #include "tensor/cuda/cuda_context.h"
 #include "tensor/cuda/cuda_libraries.h"
+#include "tensor/linear_kernels.h"
 #include "tensor/nn_kernels.h"
 
 namespace dpar::cuda {
@@ -188,9 +189,53 @@ void use_best_algo(ConvPlan& p, ChosenAlgo<Algo>& chosen, const char* what, Find
   check_cudnn(cudnnSetConvolutionMathType(p.conv, chosen.math), "cudnnSetConvolutionMathType");
 }
 
+// ---- pointwise convolutions as GEMMs ------------------------------------------------------
+// A 1x1 convolution with stride 1, no padding and one group over channels-last activations is
+// a matrix product over the same memory: y[N*H*W, O] = x[N*H*W, C] W[O, C]^T, and its gradients
+// are dx = dy W and dW = dy^T x. MobileNetV3's expand and project convolutions are all of this
+// kind, and cuBLAS runs them on tensor cores; cuDNN's legacy-API algorithms took ~1 ms for such
+// a weight gradient in f16/bf16 against 0.1 ms in f32 (H100, batch 128). DPAR_CONV_GEMM=0 sends
+// them to cuDNN like the others.
+bool conv_gemm_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("DPAR_CONV_GEMM");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
+bool pointwise_as_gemm(const Conv2dGeometry& g, const Tensor& activation, const Tensor& output,
+                       const Tensor& filter) {
+  return conv_gemm_enabled() && g.kH == 1 && g.kW == 1 && g.stride[0] == 1 && g.stride[1] == 1 &&
+         g.padding[0] == 0 && g.padding[1] == 0 && g.groups == 1 &&
+         activation.is_contiguous(MemoryFormat::ChannelsLast) &&
+         output.is_contiguous(MemoryFormat::ChannelsLast) &&
+         (filter.is_contiguous() || filter.is_contiguous(MemoryFormat::ChannelsLast));
+}
+
+// Channels-last [N,C,H,W] as the row-major matrix [N*H*W, C] over the same memory.
+Tensor pixel_matrix(const Tensor& t) {
+  return Tensor::from_storage(t.storage(), t.storage_offset(),
+                              {t.size(0) * t.size(2) * t.size(3), t.size(1)}, {t.size(1), 1},
+                              t.dtype());
+}
+
+// A 1x1 filter [O,C,1,1] (the same memory in both layouts) as the row-major matrix [O, C].
+Tensor filter_matrix(const Tensor& w) {
+  return Tensor::from_storage(w.storage(), w.storage_offset(), {w.size(0), w.size(1)},
+                              {w.size(1), 1}, w.dtype());
+}
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor c) {
+  kernels::gemm.get(c.device())(a, trans_a, b, trans_b, Tensor(), c);
+}
+
 void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
                          const Tensor& /*bias: added by conv2d*/, Tensor& y, bool /*training*/) {
   DeviceGuard guard(x.device());
+  if (pointwise_as_gemm(g, x, y, weight)) {
+    return gemm(pixel_matrix(x), false, filter_matrix(weight), true, pixel_matrix(y));
+  }
   std::unique_lock<std::mutex> lock;
   ConvPlan& p = plan_for(g, x, y, weight, lock);
   cudnnHandle_t h = cudnn_handle();
@@ -211,6 +256,9 @@ void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor&
 void conv2d_backward_data_cuda(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
                                Tensor& dx) {
   DeviceGuard guard(dy.device());
+  if (pointwise_as_gemm(g, dx, dy, weight)) {
+    return gemm(pixel_matrix(dy), false, filter_matrix(weight), false, pixel_matrix(dx));
+  }
   std::unique_lock<std::mutex> lock;
   ConvPlan& p = plan_for(g, dx, dy, weight, lock);
   cudnnHandle_t h = cudnn_handle();
@@ -231,6 +279,9 @@ void conv2d_backward_data_cuda(const Conv2dGeometry& g, const Tensor& dy, const 
 void conv2d_backward_weights_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
                                   Tensor& dweight, Tensor& /*dbias: reduced by conv2d*/) {
   DeviceGuard guard(x.device());
+  if (pointwise_as_gemm(g, x, dy, dweight)) {
+    return gemm(pixel_matrix(dy), true, pixel_matrix(x), false, filter_matrix(dweight));
+  }
   std::unique_lock<std::mutex> lock;
   ConvPlan& p = plan_for(g, x, dy, dweight, lock);
   cudnnHandle_t h = cudnn_handle();
