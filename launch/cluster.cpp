@@ -77,7 +77,8 @@ std::vector<Process> local_processes(int count, const std::vector<std::string>& 
   std::vector<Process> procs(static_cast<size_t>(count));
   for (int i = 0; i < count; ++i) {
     procs[static_cast<size_t>(i)].local_rank = i;
-    if (!gpus.empty()) procs[static_cast<size_t>(i)].gpu = gpus[static_cast<size_t>(i)];
+    if (!gpus.empty())
+      procs[static_cast<size_t>(i)].gpu = gpus[static_cast<size_t>(i) % gpus.size()];
   }
   return procs;
 }
@@ -96,7 +97,8 @@ Cluster cluster_from_ips(const std::string& ips, const std::vector<std::string>&
     Node node;
     node.host = ip;
     node.ip = ip;
-    node.procs = local_processes(gpus.empty() ? nproc : static_cast<int>(gpus.size()), gpus);
+    node.procs = local_processes(
+        gpus.empty() ? nproc : std::max(nproc, static_cast<int>(gpus.size())), gpus);
     cluster.nodes.push_back(std::move(node));
   }
   assign_ranks_in_node_order(cluster);

@@ -48,8 +48,9 @@ struct Cluster {
 // "0,1,3" -> {"0","1","3"}. Non-negative integers, no empty entries, no duplicates.
 std::vector<std::string> parse_gpu_list(const std::string& text, const std::string& flag);
 
-// One node per --ips entry (IPv4 literals); each runs one process per GPU in `gpus`, or
-// `nproc` CPU processes when gpus is empty.
+// One node per --ips entry (IPv4 literals); each runs one process per GPU in `gpus`, or `nproc`
+// when that is more (process i on gpus[i % len]: ranks share GPUs), or `nproc` CPU processes
+// when gpus is empty.
 Cluster cluster_from_ips(const std::string& ips, const std::vector<std::string>& gpus, int nproc);
 
 // `text` is the hostfile's content, `name` its path (for messages). A line without slots gets

@@ -72,12 +72,20 @@ void check_local_gpus(const LaunchPlan& plan, const Env& base,
 
 namespace {
 
-// The node's GPU list for CUDA_VISIBLE_DEVICES; empty when its processes run on CPUs.
-std::string visible_devices(const Node& node, const Env& base) {
+// The node's GPUs in first-use order (each once), for CUDA_VISIBLE_DEVICES.
+std::vector<std::string> node_gpus(const Node& node) {
   std::vector<std::string> gpus;
   for (const Process& p : node.procs) {
-    if (!p.gpu.empty()) gpus.push_back(p.gpu);
+    if (!p.gpu.empty() && std::find(gpus.begin(), gpus.end(), p.gpu) == gpus.end()) {
+      gpus.push_back(p.gpu);
+    }
   }
+  return gpus;
+}
+
+// The node's GPU list for CUDA_VISIBLE_DEVICES; empty when its processes run on CPUs.
+std::string visible_devices(const Node& node, const Env& base) {
+  const std::vector<std::string> gpus = node_gpus(node);
   if (gpus.empty()) return "";
   auto inherited = base.find("CUDA_VISIBLE_DEVICES");
   if (inherited != base.end() && !trim(inherited->second).empty()) {
@@ -167,7 +175,13 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
   env["DPAR_ENDPOINTS"] = endpoints;
   env["DPAR_CURRENT_ENDPOINT"] = current;
   env["DPAR_JOB_ID"] = plan.job_id;
-  env["DPAR_DEVICE"] = proc.gpu.empty() ? "cpu" : "gpu:" + local_rank;
+  // The process's GPU as numbered inside CUDA_VISIBLE_DEVICES.
+  std::string device_index;
+  if (!proc.gpu.empty()) {
+    const std::vector<std::string> gpus = node_gpus(node);
+    device_index = std::to_string(std::find(gpus.begin(), gpus.end(), proc.gpu) - gpus.begin());
+  }
+  env["DPAR_DEVICE"] = proc.gpu.empty() ? "cpu" : "gpu:" + device_index;
   env["DPAR_RESTART_COUNT"] = std::to_string(restart_count);
 
   env["PADDLE_TRAINER_ID"] = rank;
@@ -185,7 +199,18 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
 
   if (!proc.gpu.empty()) {
     env["CUDA_VISIBLE_DEVICES"] = devices;
-    env["FLAGS_selected_gpus"] = local_rank;
+    env["FLAGS_selected_gpus"] = device_index;
+    // Ranks sharing a GPU: NCCL refuses two ranks on one device of one host, so each gets its
+    // own NCCL_HOSTID (NCCL then connects them like ranks of different hosts, over sockets:
+    // slower than one rank per GPU, meant for testing). Loopback carries it on a one-node job.
+    if (node.procs.size() > node_gpus(node).size()) {
+      if (!base.count("NCCL_HOSTID")) {
+        env["NCCL_HOSTID"] = "dpar-" + node.ip + "-rank" + local_rank;
+      }
+      if (plan.cluster.nodes.size() == 1 && !base.count("NCCL_SOCKET_IFNAME")) {
+        env["NCCL_SOCKET_IFNAME"] = "lo";
+      }
+    }
   }
   // Without a limit every process would start one OpenMP thread per core and the node
   // would run local_size times more threads than cores.
@@ -226,6 +251,7 @@ std::vector<std::pair<std::string, std::string>> launcher_variables(const Env& e
                                        "PADDLE_RANK_IN_NODE",
                                        "POD_IP",
                                        "FLAGS_selected_gpus",
+                                       "NCCL_HOSTID",
                                        "RANK",
                                        "WORLD_SIZE",
                                        "LOCAL_RANK",

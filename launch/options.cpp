@@ -139,7 +139,8 @@ Options parse_options(const std::vector<std::string>& args) {
   auto& node_rank =
       flags.add_int("node_rank", -1, "this node's index in the node list (-1: detect)");
   auto& gpus = flags.add_string("gpus", "",
-                                "GPU ids to use on each node, one process per GPU; each "
+                                "GPU ids to use on each node, one process per GPU (or "
+                                "--nproc_per_node, a multiple, sharing them); each "
                                 "must be a device of the node (or an entry of an inherited "
                                 "CUDA_VISIBLE_DEVICES) (alias --devices)");
   flags.add_alias("devices", "gpus");

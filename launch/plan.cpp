@@ -24,11 +24,15 @@ const Node& node_of_rank(const Cluster& cluster, int rank) {
 Cluster build_cluster(const Options& o) {
   std::vector<std::string> gpus;
   if (o.gpus_given) gpus = parse_gpu_list(o.gpus, "--gpus");
-  if (!gpus.empty() && o.nproc_given && o.nproc_per_node != static_cast<int64_t>(gpus.size())) {
+  // One process per GPU, or (--nproc_per_node a multiple of the GPUs) several ranks per GPU,
+  // as when testing many ranks on a one-GPU machine.
+  if (!gpus.empty() && o.nproc_given && o.nproc_per_node % static_cast<int64_t>(gpus.size()) != 0) {
     bad("--nproc_per_node=" + std::to_string(o.nproc_per_node) +
-        " does not match --gpus=" + o.gpus + " (one process per GPU; give one of the two)");
+        " does not match --gpus=" + o.gpus + " (one process per GPU, or a multiple of the " +
+        std::to_string(gpus.size()) + " GPUs to share them; give one of the two)");
   }
-  const int nproc = static_cast<int>(o.nproc_per_node);
+  const int nproc = !gpus.empty() && !o.nproc_given ? static_cast<int>(gpus.size())
+                                                    : static_cast<int>(o.nproc_per_node);
   if (!o.rank_table.empty()) {
     return cluster_from_rank_table(read_text_file(o.rank_table, "--rank_table"), o.rank_table);
   }

@@ -254,6 +254,48 @@ TEST_CASE("launch: per-process environment", "[launch]") {
   CHECK_THAT(table, !Contains("PATH"));
 }
 
+TEST_CASE("launch: several ranks share a GPU when --nproc_per_node is a multiple of --gpus",
+          "[launch]") {
+  LaunchPlan plan = make_plan(options({"--gpus=3", "--nproc_per_node=2", "--node_rank=0"}), {});
+  REQUIRE(plan.node().procs.size() == 2);
+  std::vector<std::string> host_ids;
+  for (const Process& p : plan.node().procs) {
+    CHECK(p.gpu == "3");
+    Env env = worker_environment(plan, p, {}, 0, 8);
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "3");
+    CHECK(env["DPAR_DEVICE"] == "gpu:0");
+    CHECK(env["FLAGS_selected_gpus"] == "0");
+    CHECK(env["NCCL_SOCKET_IFNAME"] == "lo");  // one node: loopback
+    host_ids.push_back(env["NCCL_HOSTID"]);
+  }
+  // NCCL refuses two ranks on one device of one host: each rank is its own "host".
+  CHECK(host_ids[0] != host_ids[1]);
+  CHECK_FALSE(host_ids[0].empty());
+  // The caller's own settings win.
+  const Env own = worker_environment(
+      plan, plan.node().procs[1], {{"NCCL_HOSTID", "mine"}, {"NCCL_SOCKET_IFNAME", "eth0"}}, 0, 8);
+  CHECK(own.at("NCCL_HOSTID") == "mine");
+  CHECK(own.at("NCCL_SOCKET_IFNAME") == "eth0");
+
+  // Two GPUs, four ranks: in turn, 0 1 0 1, each numbered inside CUDA_VISIBLE_DEVICES.
+  LaunchPlan four = make_plan(options({"--gpus=5,2", "--nproc_per_node=4", "--node_rank=0"}), {});
+  std::vector<std::string> devices;
+  for (const Process& p : four.node().procs) {
+    devices.push_back(worker_environment(four, p, {}, 0, 8)["DPAR_DEVICE"]);
+  }
+  CHECK(devices == std::vector<std::string>{"gpu:0", "gpu:1", "gpu:0", "gpu:1"});
+  CHECK(worker_environment(four, four.node().procs[0], {}, 0, 8)["CUDA_VISIBLE_DEVICES"] == "5,2");
+
+  // One rank per GPU sets no NCCL_HOSTID.
+  LaunchPlan one_each = make_plan(options({"--gpus=0,1", "--node_rank=0"}), {});
+  CHECK(worker_environment(one_each, one_each.node().procs[1], {}, 0, 8).count("NCCL_HOSTID") == 0);
+  CHECK_THAT(error_of([] {
+               make_plan(options({"--gpus=0,1", "--nproc_per_node=3", "--node_rank=0"}), {});
+             }),
+             Contains("--nproc_per_node=3 does not match --gpus=0,1 (one process per GPU, or a "
+                      "multiple of the 2 GPUs to share them"));
+}
+
 TEST_CASE("launch: GPUs must be devices of this machine", "[launch]") {
   int asked = 0;
   auto machine = [&asked](int count) {
