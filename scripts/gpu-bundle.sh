@@ -39,7 +39,8 @@ trap 'rm -rf "$stage"' EXIT
 root=$stage/dpar-gpu
 mkdir -p "$root/lib" "$root/bin"
 
-# Executables, kept at their place in the build tree so that ctest's files find them.
+# Executables, kept at their place in the build tree so that ctest's files find them (and the
+# TIPC scripts, through DPAR_BUILD_DIR).
 binaries=()
 while IFS= read -r f; do binaries+=("$f"); done < <(
   cd "$build" && find tests/gpu tests/multiproc examples/mobilenetv3 launch bench -maxdepth 1 \
@@ -61,10 +62,20 @@ echo "$(cd "$build" && pwd)" >"$root/BUILD_DIR"
 # PyTorch peers; gpu-run.sh points the ctest files at this copy (SOURCE_DIR), and the
 # benchmarks find bench/peers relative to the bundle folder they run in.
 mkdir -p "$root/src/tests/gpu" "$root/src/tests/multiproc" "$root/src/tests/launch" "$root/bench"
-cp tests/gpu/gpu_mp.sh "$root/src/tests/gpu/"
+cp tests/gpu/gpu_mp.sh tests/gpu/onnxruntime_parity.sh tests/gpu/onnxruntime_parity.py \
+  "$root/src/tests/gpu/"
 cp tests/multiproc/mp_cases.sh "$root/src/tests/multiproc/"
 cp tests/launch/common.sh tests/launch/checks.sh "$root/src/tests/launch/"
 cp -r bench/peers "$root/bench/"
+# The TIPC chain (scripts, params files, expected results) with its lite data made here: the
+# GPU machine has no Fashion-MNIST. Run there with DPAR_BUILD_DIR=<bundle root>.
+tipc=examples/mobilenetv3/test_tipc
+DPAR_BUILD_DIR=$build "$tipc/prepare.sh" "$tipc/configs/mobilenet_v3_small/train_infer_gpu.txt" \
+  lite_train_lite_infer >/dev/null
+mkdir -p "$root/src/$tipc/data"
+cp "$tipc"/*.sh "$root/src/$tipc/"
+cp -r "$tipc/configs" "$tipc/results" "$root/src/$tipc/"
+cp -r "$tipc/data/lite" "$root/src/$tipc/data/"
 pwd >"$root/SOURCE_DIR"
 
 # Shared libraries: libdpar and everything the binaries link that is neither part of the C

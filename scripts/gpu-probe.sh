@@ -9,6 +9,8 @@
 #
 # Without DPAR_PROBE_STAGES: the first-call stages (facts, every GPU test program, the drills,
 # memcheck, the peer's imports, a short bench_gpu). These run only when named:
+#   tipc_gpu               the TIPC chain of train_infer_gpu.txt (GPU 0, fp32 and fp16 AMP)
+#   tipc_gpu_2rank         train_fleet_infer_gpu.txt: 2 ranks sharing GPU 0, rank-0 export, infer
 #   ctest_gpu              ctest -L gpu, as CI would on a GPU machine
 #   bench_gpu              bench_gpu in full (batches 128,256; fp32, fp16, bf16; inference 1, 64)
 #   bench_gpu_profile      one step per precision timed op by op, and the cuDNN algorithms chosen
@@ -40,7 +42,7 @@ ddp=$root/tests/multiproc/ddp_worker
 drill=$root/src/tests/gpu/gpu_mp.sh
 export DPAR_GPU_REQUIRED=${DPAR_GPU_REQUIRED:-1}
 
-optional_stages=" ctest_gpu bench_gpu bench_gpu_profile bench_allreduce_gpu bench_ddp_gpu bench_ddp_cpu_w2t4 bench_ddp_cpu_w4t2 "
+optional_stages=" tipc_gpu tipc_gpu_2rank ctest_gpu bench_gpu bench_gpu_profile bench_allreduce_gpu bench_ddp_gpu bench_ddp_cpu_w2t4 bench_ddp_cpu_w4t2 "
 wanted() {  # wanted NAME: named in DPAR_PROBE_STAGES, or (when unset) a first-call stage
   if [ -z "${DPAR_PROBE_STAGES:-}" ]; then
     case $optional_stages in *" $1 "*) return 1 ;; esac
@@ -200,6 +202,22 @@ stage peer_imports 60 "$out/bench.log" peer_imports
 stage bench_gpu_short 150 "$out/bench.log" "$root/bench/bench_gpu" --batches 64 --precisions fp32,bf16 \
   --infer-batches 1 --warmup 3 --steps 5 --compile false
 
+tipc_chain() {  # tipc_chain CONFIG: the lite chain from the bundle; failing logs' tails
+  local tipc=$root/src/examples/mobilenetv3/test_tipc output=$scratch/tipc_$1 rc
+  DPAR_BUILD_DIR=$root DPAR_TIPC_OUTPUT=$output DPAR_TIPC_TIMEOUT=150 \
+    "$tipc/test_train_inference.sh" "$tipc/configs/mobilenet_v3_small/$1.txt" lite_train_lite_infer
+  rc=$?
+  if [ "$rc" != 0 ]; then
+    grep -rh "Run failed" "$output" 2>/dev/null | head -n 5
+    for f in $(grep -rl -iE "error|fail" "$output" --include='*.log' 2>/dev/null | head -n 4); do
+      echo "--- $f"; tail -n 15 "$f"
+    done
+  fi
+  return $rc
+}
+export -f tipc_chain
+stage tipc_gpu 150 "$out/tests.log" tipc_chain train_infer_gpu
+stage tipc_gpu_2rank 150 "$out/tests.log" tipc_chain train_fleet_infer_gpu
 stage ctest_gpu 300 "$out/tests.log" ctest --test-dir "$root" -L gpu --output-on-failure --timeout 280
 bench="$root/bench"
 stage bench_gpu_profile 150 "$out/bench.log" env DPAR_CUDNN_LOG_ALGOS=1 "$bench/bench_gpu" \

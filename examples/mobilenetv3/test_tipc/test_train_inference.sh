@@ -75,7 +75,8 @@ no_alternatives export_params exporter "${export_flags[@]}"
 no_alternatives infer_params inference compare_results atol rtol
 
 # gpu_list entry -> launcher flags. `ips;devices` or `devices`; devices: -1 (one CPU process),
-# cpu:N (N CPU processes per node) or GPU ids (0,1: one process per GPU).
+# cpu:N (N CPU processes per node), GPU ids (0,1: one process per GPU) or GPU ids x K (0x2: K
+# ranks per GPU sharing it, as on a one-GPU machine: --gpus=0 --nproc_per_node=2).
 declare -a node_ips=() device_flags=()
 parse_gpu_list() {
   local entry=$1 ips="" devices=$1 n
@@ -93,8 +94,12 @@ parse_gpu_list() {
     device_flags=(--run_mode=ps --server_num="${BASH_REMATCH[1]}" --trainer_num="${BASH_REMATCH[2]}")
   elif [[ $devices =~ ^[0-9]+(,[0-9]+)*$ ]]; then
     device_flags=(--gpus="$devices")
+  elif [[ $devices =~ ^([0-9]+(,[0-9]+)*)x([1-9][0-9]*)$ ]]; then
+    local ids=${BASH_REMATCH[1]} per_gpu=${BASH_REMATCH[3]} count
+    count=$(($(tr -cd ',' <<<"$ids" | wc -c) + 1))
+    device_flags=(--gpus="$ids" --nproc_per_node=$((count * per_gpu)))
   else
-    tipc_die "$params:$n: gpu_list entry '$entry': devices '$devices' should be -1 (CPU), cpu:N (N CPU processes per node), ps:S,T (S parameter servers and T trainers) or GPU ids like 0,1"
+    tipc_die "$params:$n: gpu_list entry '$entry': devices '$devices' should be -1 (CPU), cpu:N (N CPU processes per node), ps:S,T (S parameter servers and T trainers), GPU ids like 0,1, or GPU ids x ranks per GPU like 0x2"
   fi
   node_ips=()
   if [ -n "$ips" ]; then
