@@ -1,5 +1,6 @@
-// dpar::infer on the GPU: an exported MobileNetV3-small gives the CPU runtime's answer
-// (oneDNN plan) within 1e-4, from CPU or device inputs, at several batch sizes.
+// dpar::infer on the GPU: an exported MobileNetV3-small (statistics and biases perturbed, logits
+// out) gives the CPU runtime's answer (oneDNN plan) within 1e-4, from CPU or device inputs, at
+// several batch sizes.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include "gpu/gpu_helpers.h"
 #include "mobilenetv3/model/mobilenet_v3.h"
 #include "mobilenetv3/model/mobilenet_v3_onnx.h"
+#include "model_perturb.h"
 
 using namespace dpar;
 
@@ -34,6 +36,7 @@ TEST_CASE("an exported MobileNetV3-small runs on the GPU like on the CPU") {
   DPAR_REQUIRE_GPU();
   manual_seed(3);
   auto net = models::mobilenet_v3("mobilenet_v3_small", 10);
+  testing::perturb_model(*net);  // at init the outputs are constant (model_perturb.h)
   net->eval();
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("dpar_gpu_infer_" + std::to_string(::getpid())))
@@ -41,6 +44,7 @@ TEST_CASE("an exported MobileNetV3-small runs on the GPU like on the CPU") {
   io::OnnxExportOptions options;
   options.model_name = "mobilenet_v3_small";
   options.height = options.width = 64;
+  options.softmax = false;  // logits: probabilities can saturate and hide differences
   models::export_mobilenet_v3(*net, dir, options);
   infer::Model cpu = infer::Model::load(dir + "/inference.onnx");
   infer::Model gpu = infer::Model::load(dir + "/inference.onnx");
@@ -73,6 +77,7 @@ TEST_CASE("fp16 inference on the GPU stays within half precision of fp32") {
   DPAR_REQUIRE_GPU();
   manual_seed(4);
   auto net = models::mobilenet_v3("mobilenet_v3_small", 10);
+  testing::perturb_model(*net);  // at init the outputs are constant (model_perturb.h)
   net->eval();
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("dpar_gpu_infer16_" + std::to_string(::getpid())))
@@ -80,6 +85,7 @@ TEST_CASE("fp16 inference on the GPU stays within half precision of fp32") {
   io::OnnxExportOptions options;
   options.model_name = "mobilenet_v3_small";
   options.height = options.width = 64;
+  options.softmax = false;  // logits: probabilities can saturate and hide differences
   models::export_mobilenet_v3(*net, dir, options);
   infer::Model fp32 = infer::Model::load(dir + "/inference.onnx");
   infer::Model fp16 = infer::Model::load(dir + "/inference.onnx");

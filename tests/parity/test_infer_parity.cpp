@@ -14,6 +14,7 @@
 #include "infer/graph.h"
 #include "infer/op_executor.h"
 #include "mobilenetv3/model/mobilenet_v3_onnx.h"
+#include "model_perturb.h"
 #include "parity/parity_util.h"
 
 namespace {
@@ -179,34 +180,10 @@ TEST_CASE("the op executor (dpar::infer's GPU path) matches PyTorch when run on 
   }
 }
 
-// Moves BatchNorm statistics / affine parameters and biases off their init values (1, 0) so
-// that folding them is actually exercised.
-void perturb(nn::Module& model) {
-  NoGradGuard no_grad;
-  Generator gen(11);
-  auto fill = [&](Tensor& t, float lo, float hi, bool normal) {
-    std::vector<float> v(static_cast<size_t>(t.numel()));
-    for (float& x : v) x = normal ? lo + hi * gen.normal() : lo + (hi - lo) * gen.uniform();
-    t.copy_(Tensor::from_vector(v, t.shape()));
-  };
-  auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() &&
-           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  for (auto& [name, t] : model.named_buffers()) {
-    if (ends_with(name, "running_mean")) fill(t, 0.f, 0.1f, true);
-    if (ends_with(name, "running_var")) fill(t, 0.5f, 1.5f, false);
-  }
-  for (auto& [name, t] : model.named_parameters()) {
-    if (t.dim() == 1 && ends_with(name, "weight")) fill(t, 0.5f, 1.5f, false);
-    if (ends_with(name, "bias")) fill(t, 0.f, 0.05f, true);
-  }
-}
-
 TEST_CASE("dpar's own ONNX export (io::export_onnx) runs on dpar::infer like the eager model") {
   manual_seed(5);
   auto model = models::mobilenet_v3_small(10);
-  perturb(*model);
+  testing::perturb_model(*model);
   model->eval();
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("dpar_infer_export_" + std::to_string(getpid())))
