@@ -224,12 +224,12 @@ stage bench_gpu_profile 150 "$out/bench.log" env DPAR_CUDNN_LOG_ALGOS=1 "$bench/
   --batches 128 --precisions fp32,fp16,bf16 --infer-batches "" --peer false --optim false \
   --warmup 3 --steps 5 --profile
 stage bench_gpu 300 "$out/bench.log" "$bench/bench_gpu" --compile false --optim false
-stage bench_allreduce_gpu 150 "$out/bench.log" "$bench/bench_allreduce" --device gpu --max-mb 64 \
+stage bench_allreduce_gpu 100 "$out/bench.log" "$bench/bench_allreduce" --device gpu --max-mb 64 \
   --reps 3 --launcher "$launcher"
-stage bench_ddp_gpu 120 "$out/bench.log" "$bench/bench_ddp" --device gpu --launcher "$launcher"
-stage bench_ddp_cpu_w2t4 150 "$out/bench.log" "$bench/bench_ddp" --rounds 3 --world 2 --threads 4 \
+stage bench_ddp_gpu 80 "$out/bench.log" "$bench/bench_ddp" --device gpu --launcher "$launcher"
+stage bench_ddp_cpu_w2t4 100 "$out/bench.log" "$bench/bench_ddp" --rounds 2 --world 2 --threads 4 \
   --launcher "$launcher"
-stage bench_ddp_cpu_w4t2 150 "$out/bench.log" "$bench/bench_ddp" --rounds 3 --world 4 --threads 2 \
+stage bench_ddp_cpu_w4t2 100 "$out/bench.log" "$bench/bench_ddp" --rounds 2 --world 4 --threads 2 \
   --launcher "$launcher"
 
 echo "=== probe took $((SECONDS - start)) s of a $budget s budget" >>"$summary"
