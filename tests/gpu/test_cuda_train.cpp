@@ -51,6 +51,15 @@ double spread_relative_error(const Tensor& a, const Tensor& b, const Tensor& var
   return diff / scale;
 }
 
+// The running variance beside a BatchNorm's running mean in a state dict.
+Tensor running_var_of(const nn::NamedTensors& state, const std::string& mean_name) {
+  const std::string var_name = mean_name.substr(0, mean_name.size() - 4) + "var";
+  const auto var = std::find_if(state.begin(), state.end(),
+                                [&](const auto& entry) { return entry.first == var_name; });
+  REQUIRE(var != state.end());
+  return var->second;
+}
+
 }  // namespace
 
 TEST_CASE("Module::to moves parameters in place and keeps the optimizer's handles") {
@@ -76,14 +85,9 @@ TEST_CASE("mobilenet_v3_small: 3 SGD steps on the GPU match the CPU backend") {
       CHECK(cpu[i].second.to_int_vector() == gpu[i].second.to_int_vector());
       continue;
     }
-    const std::string& name = cpu[i].first;
-    const std::string suffix = "running_mean";
-    if (name.size() > suffix.size() && name.ends_with(suffix)) {
-      const std::string var_name = name.substr(0, name.size() - suffix.size()) + "running_var";
-      const auto var = std::find_if(cpu.begin(), cpu.end(),
-                                    [&](const auto& entry) { return entry.first == var_name; });
-      REQUIRE(var != cpu.end());
-      CHECK(spread_relative_error(cpu[i].second, gpu[i].second, var->second) <= 1e-3);
+    if (cpu[i].first.ends_with("running_mean")) {
+      const Tensor var = running_var_of(cpu, cpu[i].first);
+      CHECK(spread_relative_error(cpu[i].second, gpu[i].second, var) <= 1e-3);
       continue;
     }
     CHECK(relative_error(cpu[i].second, gpu[i].second) <= 1e-3);
@@ -100,14 +104,9 @@ TEST_CASE("mobilenet_v3_small: after one step the GPU's BN statistics match the 
     const std::string& name = cpu[i].first;
     if (!name.ends_with("running_mean")) continue;
     INFO(name);
-    const std::string var_name = name.substr(0, name.size() - 4) + "var";
-    const auto var = std::find_if(cpu.begin(), cpu.end(),
-                                  [&](const auto& entry) { return entry.first == var_name; });
-    REQUIRE(var != cpu.end());
-    CHECK(spread_relative_error(cpu[i].second, gpu[i].second, var->second) <= 1e-4);
-    const auto gpu_var = std::find_if(gpu.begin(), gpu.end(),
-                                      [&](const auto& entry) { return entry.first == var_name; });
-    CHECK(relative_error(var->second, gpu_var->second) <= 1e-4);
+    const Tensor var = running_var_of(cpu, name);
+    CHECK(spread_relative_error(cpu[i].second, gpu[i].second, var) <= 1e-4);
+    CHECK(relative_error(var, running_var_of(gpu, name)) <= 1e-4);
   }
 }
 
