@@ -46,6 +46,16 @@ std::string log_file_name(const Process& proc) {
   return "workerlog." + std::to_string(proc.local_rank);
 }
 
+std::vector<std::string> Node::gpus() const {
+  std::vector<std::string> out;
+  for (const Process& p : procs) {
+    if (!p.gpu.empty() && std::find(out.begin(), out.end(), p.gpu) == out.end()) {
+      out.push_back(p.gpu);
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> parse_gpu_list(const std::string& text, const std::string& flag) {
   auto bad = [&](const std::string& why) {
     throw FlagError("dpar-launch: " + flag + "=" + text + ": " + why);

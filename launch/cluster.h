@@ -36,6 +36,9 @@ struct Node {
   std::string host;            // as written in the input (an IP or, in files, a host name)
   std::string ip;              // IPv4 address the endpoints use
   std::vector<Process> procs;  // by local rank
+  // The GPUs its processes use, each once, in first-use order (CUDA_VISIBLE_DEVICES). Fewer
+  // than procs when ranks share GPUs (--nproc_per_node a multiple of --gpus).
+  std::vector<std::string> gpus() const;
 };
 
 struct Cluster {

@@ -72,20 +72,8 @@ void check_local_gpus(const LaunchPlan& plan, const Env& base,
 
 namespace {
 
-// The node's GPUs in first-use order (each once), for CUDA_VISIBLE_DEVICES.
-std::vector<std::string> node_gpus(const Node& node) {
-  std::vector<std::string> gpus;
-  for (const Process& p : node.procs) {
-    if (!p.gpu.empty() && std::find(gpus.begin(), gpus.end(), p.gpu) == gpus.end()) {
-      gpus.push_back(p.gpu);
-    }
-  }
-  return gpus;
-}
-
 // The node's GPU list for CUDA_VISIBLE_DEVICES; empty when its processes run on CPUs.
-std::string visible_devices(const Node& node, const Env& base) {
-  const std::vector<std::string> gpus = node_gpus(node);
+std::string visible_devices(const std::vector<std::string>& gpus, const Env& base) {
   if (gpus.empty()) return "";
   auto inherited = base.find("CUDA_VISIBLE_DEVICES");
   if (inherited != base.end() && !trim(inherited->second).empty()) {
@@ -163,7 +151,8 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
   const std::string local_size = std::to_string(node.procs.size());
   const std::string endpoints = join(plan.endpoints, ",");
   const std::string& current = plan.endpoints[static_cast<size_t>(proc.rank)];
-  const std::string devices = visible_devices(node, base);
+  const std::vector<std::string> gpus = node.gpus();
+  const std::string devices = visible_devices(gpus, base);
 
   env["DPAR_RANK"] = rank;
   env["DPAR_WORLD_SIZE"] = world;
@@ -176,11 +165,8 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
   env["DPAR_CURRENT_ENDPOINT"] = current;
   env["DPAR_JOB_ID"] = plan.job_id;
   // The process's GPU as numbered inside CUDA_VISIBLE_DEVICES.
-  std::string device_index;
-  if (!proc.gpu.empty()) {
-    const std::vector<std::string> gpus = node_gpus(node);
-    device_index = std::to_string(std::find(gpus.begin(), gpus.end(), proc.gpu) - gpus.begin());
-  }
+  const std::string device_index =
+      std::to_string(std::find(gpus.begin(), gpus.end(), proc.gpu) - gpus.begin());
   env["DPAR_DEVICE"] = proc.gpu.empty() ? "cpu" : "gpu:" + device_index;
   env["DPAR_RESTART_COUNT"] = std::to_string(restart_count);
 
@@ -203,7 +189,7 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
     // Ranks sharing a GPU: NCCL refuses two ranks on one device of one host, so each gets its
     // own NCCL_HOSTID (NCCL then connects them like ranks of different hosts, over sockets:
     // slower than one rank per GPU, meant for testing). Loopback carries it on a one-node job.
-    if (node.procs.size() > node_gpus(node).size()) {
+    if (node.procs.size() > gpus.size()) {
       if (!base.count("NCCL_HOSTID")) {
         env["NCCL_HOSTID"] = "dpar-" + node.ip + "-rank" + local_rank;
       }

@@ -5,7 +5,6 @@
 // and exit status 2.
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -89,12 +88,7 @@ std::string collective_summary(const LaunchPlan& plan) {
                         std::to_string(first) + ".." + std::to_string(node.procs.back().rank) +
                         " of " + std::to_string(plan.cluster.world_size()) + ", " +
                         plan.program_path;
-  std::vector<std::string> gpus;
-  for (const Process& p : node.procs) {
-    if (!p.gpu.empty() && std::find(gpus.begin(), gpus.end(), p.gpu) == gpus.end()) {
-      gpus.push_back(p.gpu);
-    }
-  }
+  const std::vector<std::string> gpus = node.gpus();
   if (!gpus.empty() && gpus.size() < node.procs.size()) {
     summary += ", " + std::to_string(node.procs.size()) + " ranks sharing GPU" +
                (gpus.size() == 1 ? " " : "s ") + join(gpus, ",") +

@@ -52,6 +52,16 @@ wanted() {  # wanted NAME: named in DPAR_PROBE_STAGES, or (when unset) a first-c
   return 1
 }
 
+# The PyTorch side's Python (DPAR_PEER_PYTHON, set by gpu-run.sh) with the machine's own loader
+# path, as the benchmarks run their peers (bench/bench_util.h).
+peer_python() {
+  if [ -n "${DPAR_PEER_LD_LIBRARY_PATH+x}" ]; then
+    LD_LIBRARY_PATH=$DPAR_PEER_LD_LIBRARY_PATH "${DPAR_PEER_PYTHON:-python3}" "$@"
+  else
+    "${DPAR_PEER_PYTHON:-python3}" "$@"
+  fi
+}
+
 first_error() {  # the first line of FILE that reads like a failure
   grep -v '^=================== ' "$1" |
     grep -m1 -E 'FAILED|FAIL:|[Ee]rror|what\(\)|Segmentation|Aborted|terminate called|core dumped|not found|refused|timed out|No such file|dpar-gpu-test-skipped' |
@@ -116,8 +126,8 @@ facts() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,compute_cap --format=csv
   echo "--- glibc: $(ldd --version 2>&1 | head -n 1)"
   echo "--- cores: $(nproc); $(grep MemTotal /proc/meminfo)"
-  echo "--- python: $(command -v python3)"
-  env ${DPAR_PEER_LD_LIBRARY_PATH+LD_LIBRARY_PATH="$DPAR_PEER_LD_LIBRARY_PATH"} python3 -c '
+  echo "--- python: ${DPAR_PEER_PYTHON:-$(command -v python3)}"
+  peer_python -c '
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
       "nccl", ".".join(map(str, torch.cuda.nccl.version())), "device", torch.cuda.get_device_name(0))
@@ -160,7 +170,7 @@ mp() { "$drill" "$1" "$launcher" "$coll" "$ddp"; }
 nccl_verbose() { NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV "$@"; }
 
 peer_imports() {
-  env ${DPAR_PEER_LD_LIBRARY_PATH+LD_LIBRARY_PATH="$DPAR_PEER_LD_LIBRARY_PATH"} python3 -c '
+  peer_python -c '
 import torch, torchvision, onnxruntime, numpy, torch.distributed as dist
 x = torch.randn(8, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
 m = torchvision.models.mobilenet_v3_small(num_classes=10).cuda().to(memory_format=torch.channels_last)
@@ -168,7 +178,7 @@ print("peer forward ok", m(x).shape, "nccl available", dist.is_nccl_available())
 }
 
 export root out scratch launcher coll ddp drill
-export -f catch_test facts cudnn_logged mp nccl_verbose peer_imports
+export -f catch_test facts cudnn_logged mp nccl_verbose peer_imports peer_python
 
 stage facts 60 "$out/facts.txt" facts
 stage test_cuda_errors 90 "$out/tests.log" catch_test test_cuda_errors

@@ -15,12 +15,15 @@ coll=$3
 ddp=$4
 here=$(cd "$(dirname "$0")" && pwd)
 
-# stdout only: a driver or loader warning on stderr must not turn a usable GPU into a skip.
-state=$("$coll" --gpu-check 2>"${TMPDIR:-/tmp}/gpu_mp_check.$$")
+# stdout only: a driver or loader warning on stderr must not turn a usable GPU into a skip
+# (it is shown when there is no GPU).
+check_err=$(mktemp)
+state=$("$coll" --gpu-check 2>"$check_err")
 check_rc=$?
+check_stderr=$(cat "$check_err")
+rm -f "$check_err"
 if [ "$state" != "gpu ok" ]; then
-  [ -s "${TMPDIR:-/tmp}/gpu_mp_check.$$" ] && sed 's/^/  gpu-check stderr: /' "${TMPDIR:-/tmp}/gpu_mp_check.$$"
-  rm -f "${TMPDIR:-/tmp}/gpu_mp_check.$$"
+  [ -n "$check_stderr" ] && sed 's/^/  gpu-check stderr: /' <<<"$check_stderr"
   [ -n "$state" ] || state="collectives_worker --gpu-check printed nothing (exit $check_rc)"
   if [ "${DPAR_GPU_REQUIRED:-0}" = 1 ]; then
     echo "FAIL: DPAR_GPU_REQUIRED=1 but $state"
@@ -29,7 +32,6 @@ if [ "$state" != "gpu ok" ]; then
   echo "dpar-gpu-test-skipped: $state"
   exit 0
 fi
-rm -f "${TMPDIR:-/tmp}/gpu_mp_check.$$"
 export DPAR_TEST_DEVICE=gpu:0 DPAR_TEST_NCCL_HOST_PER_RANK=1
 # Ranks time-slicing one GPU are slow: a stuck collective is named by dpar's own timeout well
 # before ctest's (300 s) kills the case; the timeout drill gets a longer collective timeout too.
