@@ -411,14 +411,16 @@ class Lowering {
                           !prog_.ops[prod->second].int8.on &&
                           consumers_[prog_.value_names[static_cast<size_t>(x)]] == 1;
     if (foldable) {
-      Op& op = prog_.ops[prod->second];
+      // Copied: erasing the producer entry of x below frees the node prod points to.
+      const size_t op_index = prod->second;
+      Op& op = prog_.ops[op_index];
       DPAR_CHECK(op.weight.size(0) == c, n.label(), ": ", c, " channels, but ", op.nodes[0],
                  " produces ", op.weight.size(0));
       fold_affine(op, mul, add);
       op.nodes.push_back(n.label());
       producer_.erase(op.dst);
       op.dst = value(out);
-      producer_[op.dst] = prod->second;
+      producer_[op.dst] = op_index;
       return;
     }
     Op& op = emit(OpKind::Conv, n, x, out);
