@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "dpar/dpar.h"
 #include "dpar/nn/init.h"
@@ -429,4 +431,23 @@ TEST_CASE("backward reaches every parameter through the module's handles", "[nn]
   for (const Tensor& p : net.parameters()) {
     for (float v : p.grad().to_float_vector()) CHECK(v == 0.f);
   }
+}
+
+// Found by ThreadSanitizer: ranks running as threads built their models at once, and every
+// layer's constructor draws its init from the shared default generator, racing on its engine.
+// Whole fills now take the generator's lock in turn, so the generator ends exactly as many
+// draws further as all threads made together, whatever the interleaving.
+TEST_CASE("threads initialising layers from the default generator take turns", "[nn][init]") {
+  constexpr int kThreads = 4, kLayers = 25;
+  manual_seed(123);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([] {
+      for (int i = 0; i < kLayers; ++i) nn::Linear layer(40, 30);  // 1200 + 30 draws each
+    });
+  }
+  for (auto& t : threads) t.join();
+  Generator expected(123);
+  for (int i = 0; i < kThreads * kLayers * (40 * 30 + 30); ++i) (void)expected.uniform();
+  REQUIRE(default_generator().state() == expected.state());
 }

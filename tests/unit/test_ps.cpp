@@ -10,17 +10,20 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "dpar/core/error.h"
 #include "dpar/core/random.h"
+#include "dpar/core/sysinfo.h"
 #include "dpar/nn/layers.h"
 #include "dpar/optim/adamw.h"
 #include "dpar/optim/sgd.h"
 #include "dpar/ps/ps.h"
 #include "dpar/tensor/ops.h"
 #include "unit/helpers.h"
+#include "unit/hostile_peer.h"
 
 using namespace dpar;
 using Catch::Matchers::Contains;
@@ -39,12 +42,12 @@ struct Job {
   std::mutex mu;
 
   Job(int num_servers, int num_trainers, milliseconds timeout = milliseconds(20000),
-      const std::string& token = "secret") {
+      const std::string& token = "secret", std::function<void(const std::string&)> log = quiet) {
     for (int s = 0; s < num_servers; ++s)
       endpoints.push_back("127.0.0.1:" + std::to_string(free_port()));
     for (int s = 0; s < num_servers; ++s) {
       servers.push_back(std::make_unique<ps::Server>(ps::ServerOptions{
-          endpoints[static_cast<size_t>(s)], s, num_servers, num_trainers, token, timeout, quiet}));
+          endpoints[static_cast<size_t>(s)], s, num_servers, num_trainers, token, timeout, log}));
     }
     for (auto& server : servers) {
       threads.emplace_back([this, srv = server.get()] {
@@ -512,4 +515,108 @@ TEST_CASE("ps: servers refuse a trainer whose model or mode differs from trainer
   REQUIRE_THROWS_WITH(ps::ParameterServerTrainer(m1, o1, job.trainer_env(1, 2), async),
                       Contains("trainer 1 runs with mode async instead of sync"));
   t0.finish();
+}
+
+namespace {
+
+// Trainer 0's parameters after a 2 servers x 2 trainers sync job of `steps` steps.
+std::vector<std::vector<float>> train_sync_job(Job& job, int steps) {
+  ps::TrainerOptions options;
+  options.block_size = 8;
+  options.log = quiet;
+  std::vector<std::unique_ptr<TwoLayer>> models;
+  std::vector<std::unique_ptr<optim::SGD>> opts;
+  for (int t = 0; t < 2; ++t) {
+    models.push_back(std::make_unique<TwoLayer>(11));
+    opts.push_back(std::make_unique<optim::SGD>(models.back()->parameters(),
+                                                optim::SGDOptions{.lr = 0.1, .momentum = 0.9}));
+  }
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> trainers;
+  for (int t = 0; t < 2; ++t) {
+    trainers.emplace_back([&, t] {
+      try {
+        auto& model = *models[static_cast<size_t>(t)];
+        auto& opt = *opts[static_cast<size_t>(t)];
+        ps::ParameterServerTrainer trainer(model, opt, job.trainer_env(t, 2), options);
+        for (int step = 0; step < steps; ++step) {
+          opt.zero_grad();
+          backward_on(model, batch_input(300 + 2 * step + t, 5));
+          trainer.step(5);
+        }
+        trainer.finish();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(t)] = e.what();
+      }
+    });
+  }
+  for (auto& t : trainers) t.join();
+  job.join();
+  REQUIRE(errors[0].empty());
+  REQUIRE(errors[1].empty());
+  REQUIRE(job.errors.empty());
+  std::vector<std::vector<float>> weights;
+  for (const Tensor& p : models[0]->parameters()) weights.push_back(p.to_float_vector());
+  return weights;
+}
+
+int port_of(const std::string& endpoint) {
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+}  // namespace
+
+TEST_CASE("ps: hostile peers cannot crash, stall or bloat a server", "[ps][hostile]") {
+  constexpr int kSteps = 30;
+  std::vector<std::vector<float>> clean;
+  {
+    Job job(2, 2);
+    clean = train_sync_job(job, kSteps);
+  }
+  std::mutex log_mu;
+  std::vector<std::string> refusals;
+  Job job(2, 2, milliseconds(20000), "secret", [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(log_mu);
+    if (line.find("refused") != std::string::npos) refusals.push_back(line);
+  });
+  const std::vector<int> ports{port_of(job.endpoints[0]), port_of(job.endpoints[1])};
+  const double before_mb = sysinfo::current_rss_mb();
+  std::vector<std::vector<float>> attacked;
+  {
+    // 200 slowloris connections per server, and garbage, a 4 GiB push header and a trainer with
+    // another job's token, in a loop for the whole job.
+    // Built before the attack starts: TwoLayer seeds the default generator, which the job's
+    // own models draw from.
+    TwoLayer intruder(5);
+    optim::SGD intruder_opt(intruder.parameters(), {.lr = 0.1});
+    test::Attack attack(ports, 200, [&] {
+      for (int port : ports) {
+        test::send_garbage(port);
+        test::RawConnection(port).send(
+            test::grpc_call_claiming("/dpar.rpc.ps.ParameterServer/Push", 0xffffffffu));
+      }
+      ps::TrainerOptions o;
+      o.log = quiet;
+      o.timeout = milliseconds(2000);
+      o.connect_timeout = milliseconds(2000);  // once the job ends, its servers are gone
+      try {
+        ps::ParameterServerTrainer t(intruder, intruder_opt, job.trainer_env(1, 2, "stolen"), o);
+      } catch (const Error&) {
+      }
+    });
+    attacked = train_sync_job(job, kSteps);
+  }
+  REQUIRE(attacked == clean);  // bitwise: the attack changed nothing the job computed
+  std::lock_guard<std::mutex> lock(log_mu);
+  REQUIRE(refusals.size() == 2);  // one line per server, naming the one intruding host
+  for (const auto& line : refusals) {
+    // The first refused call names the reason: no token (the raw HTTP/2 push) or another
+    // job's (the intruding trainer), whichever arrived first.
+    REQUIRE_THAT(line, Contains("refused a call from 127.0.0.1:") && Contains("job token"));
+  }
+  if (test::kMeasureMemory) {
+    const double grown = sysinfo::current_rss_mb() - before_mb;
+    INFO("resident set grew by " << grown << " MiB under attack");
+    REQUIRE(grown <= test::kMaxGrowthMb);
+  }
 }

@@ -8,6 +8,22 @@
 
 namespace dpar {
 
+Generator::Generator(const Generator& other) {
+  std::lock_guard<std::mutex> lock(other.mutex_);
+  engine_ = other.engine_;
+  has_spare_ = other.has_spare_;
+  spare_ = other.spare_;
+}
+
+Generator& Generator::operator=(const Generator& other) {
+  if (this == &other) return *this;
+  std::scoped_lock lock(mutex_, other.mutex_);
+  engine_ = other.engine_;
+  has_spare_ = other.has_spare_;
+  spare_ = other.spare_;
+  return *this;
+}
+
 float Generator::normal() {
   if (has_spare_) {
     has_spare_ = false;
@@ -24,6 +40,7 @@ float Generator::normal() {
 }
 
 std::string Generator::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::ostringstream os;
   os << engine_ << ' ' << has_spare_ << ' ' << std::hexfloat << spare_;
   return os.str();
@@ -42,6 +59,7 @@ void Generator::set_state(const std::string& s) {
   const float spare = std::strtof(spare_text.c_str(), &end);
   DPAR_CHECK(end != spare_text.c_str() && *end == '\0',
              "Generator::set_state: malformed spare value '", spare_text, "'");
+  std::lock_guard<std::mutex> lock(mutex_);
   engine_ = engine;
   has_spare_ = has_spare;
   spare_ = spare;

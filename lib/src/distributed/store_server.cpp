@@ -16,6 +16,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "distributed/peer_refusals.h"
 #include "distributed/store_common.h"
 #include "dpar/core/error.h"
 #include "dpar/distributed/store.h"
@@ -35,8 +36,11 @@ std::string metadata_value(const grpc::ServerContext* ctx, const char* key) {
 
 class StoreService final : public rpc::KeyValueStore::Service {
  public:
-  StoreService(std::string job_id, int world_size)
-      : job_id_(std::move(job_id)), world_size_(world_size) {}
+  StoreService(std::string job_id, int world_size, const std::string& where,
+               std::function<void(const std::string&)> log)
+      : job_id_(std::move(job_id)),
+        world_size_(world_size),
+        refusals_("rendezvous store " + where, std::move(log)) {}
 
   // Wakes every blocked Get/Wait (they answer "store shut down") and refuses later calls.
   void stop() {
@@ -51,12 +55,14 @@ class StoreService final : public rpc::KeyValueStore::Service {
                      rpc::HelloReply* rep) override {
     rep->set_job_id(job_id_);
     rep->set_world_size(world_size_);
-    if (auto s = check_identity(req->job_id(), req->world_size()); !s.ok()) return s;
+    if (auto s = check_identity(req->job_id(), req->world_size()); !s.ok()) {
+      return noted(ctx, std::move(s));
+    }
     if (req->rank() < 0 || req->rank() >= world_size_) {
-      return refuse("it serves job '" + job_id_ + "' with world size " +
-                    std::to_string(world_size_) + ", this process claims rank " +
-                    std::to_string(req->rank()) + " (valid ranks are 0.." +
-                    std::to_string(world_size_ - 1) + ")");
+      return noted(ctx, refuse("it serves job '" + job_id_ + "' with world size " +
+                               std::to_string(world_size_) + ", this process claims rank " +
+                               std::to_string(req->rank()) + " (valid ranks are 0.." +
+                               std::to_string(world_size_ - 1) + ")"));
     }
     return admit(ctx);
   }
@@ -192,8 +198,14 @@ class StoreService final : public rpc::KeyValueStore::Service {
     int world_size = 0;
     auto [ptr, ec] = std::from_chars(ws.data(), ws.data() + ws.size(), world_size);
     if (ws.empty() || ec != std::errc() || ptr != ws.data() + ws.size())
-      return refuse("the caller did not identify itself (not a dpar store client?)");
-    return check_identity(metadata_value(ctx, detail::kJobIdKey), world_size);
+      return noted(ctx, refuse("the caller did not identify itself (not a dpar store client?)"));
+    return noted(ctx, check_identity(metadata_value(ctx, detail::kJobIdKey), world_size));
+  }
+
+  // A refused call gets one log line naming its peer (PeerRefusals keeps that bounded).
+  grpc::Status noted(const grpc::ServerContext* ctx, grpc::Status status) const {
+    if (!status.ok()) refusals_.note(ctx->peer(), status.error_message());
+    return status;
   }
 
   // Sleeps until ready() holds, the request's timeout passes, the server stops, or the caller
@@ -233,6 +245,7 @@ class StoreService final : public rpc::KeyValueStore::Service {
   std::condition_variable cv_;
   std::unordered_map<std::string, std::string> kv_;
   bool stopping_ = false;
+  mutable detail::PeerRefusals refusals_;
 };
 
 }  // namespace
@@ -313,7 +326,8 @@ struct StoreServer::Impl {
   std::unique_ptr<grpc::Server> server;
 };
 
-StoreServer::StoreServer(const std::string& host, int port, std::string job_id, int world_size)
+StoreServer::StoreServer(const std::string& host, int port, std::string job_id, int world_size,
+                         std::function<void(const std::string&)> log)
     : impl_(std::make_unique<Impl>()) {
   const std::string where = detail::join_host_port(host, port);
   DPAR_CHECK(!host.empty(), "rendezvous store: empty host in ", where);
@@ -323,7 +337,8 @@ StoreServer::StoreServer(const std::string& host, int port, std::string job_id, 
   detail::probe_bind(host, port, where, "rendezvous store");
 
   impl_->host = host;
-  impl_->service = std::make_unique<StoreService>(std::move(job_id), world_size);
+  impl_->service =
+      std::make_unique<StoreService>(std::move(job_id), world_size, where, std::move(log));
   int selected = 0;
   impl_->server = detail::start_grpc_server(where, impl_->service.get(), detail::kMaxMessageBytes,
                                             "rendezvous store", &selected);

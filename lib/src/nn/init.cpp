@@ -16,10 +16,15 @@ void check_floating(const Tensor& t, const char* op) {
 
 // Draws numel values on the host in logical order and copies them into t, whatever its
 // layout, dtype or device: the values depend only on the generator, never on the layout.
+// The whole fill holds the generator's lock, so threads sharing it (the default generator)
+// take turns.
 template <class Draw>
-Tensor fill_random(Tensor t, Draw draw) {
+Tensor fill_random(Tensor t, Generator& gen, Draw draw) {
   std::vector<float> values(static_cast<size_t>(t.numel()));
-  for (float& v : values) v = draw();
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    for (float& v : values) v = draw();
+  }
   NoGradGuard no_grad;
   t.copy_(Tensor::from_vector(values, t.shape()));
   return t;
@@ -60,7 +65,7 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& tensor) {
 Tensor uniform_(Tensor tensor, double low, double high, Generator& gen) {
   check_floating(tensor, "init::uniform_");
   DPAR_CHECK(low <= high, "init::uniform_: low ", low, " exceeds high ", high);
-  return fill_random(std::move(tensor), [&] {
+  return fill_random(std::move(tensor), gen, [&] {
     return static_cast<float>(low + (high - low) * static_cast<double>(gen.uniform()));
   });
 }
@@ -68,7 +73,7 @@ Tensor uniform_(Tensor tensor, double low, double high, Generator& gen) {
 Tensor normal_(Tensor tensor, double mean, double std, Generator& gen) {
   check_floating(tensor, "init::normal_");
   DPAR_CHECK(std >= 0.0, "init::normal_: std must be non-negative, got ", std);
-  return fill_random(std::move(tensor), [&] {
+  return fill_random(std::move(tensor), gen, [&] {
     return static_cast<float>(mean + std * static_cast<double>(gen.normal()));
   });
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "distributed/peer_refusals.h"
 #include "distributed/store_common.h"
 #include "dpar/core/error.h"
 #include "ps/ps_common.h"
@@ -43,8 +44,12 @@ int64_t take_chunk(const std::string& where, int64_t offset, const std::string& 
 
 class PsService final : public rpc::ParameterServer::Service {
  public:
-  PsService(detail::ShardState& state, std::string name, std::string token)
-      : state_(state), name_(std::move(name)), token_(std::move(token)) {}
+  PsService(detail::ShardState& state, std::string name, std::string token,
+            std::function<void(const std::string&)> log)
+      : state_(state),
+        name_(std::move(name)),
+        token_(std::move(token)),
+        refusals_(name_, std::move(log)) {}
 
   grpc::Status Hello(grpc::ServerContext* ctx, const rpc::HelloRequest* req,
                      rpc::HelloReply* rep) override {
@@ -146,11 +151,12 @@ class PsService final : public rpc::ParameterServer::Service {
   int admit(const grpc::ServerContext* ctx) const {
     const std::string token = metadata_value(ctx, detail::kTokenKey);
     if (token != token_) {
-      throw CallError{
-          grpc::StatusCode::UNAUTHENTICATED,
-          name_ + " refuses the call: " +
-              (token.empty() ? "it carries no job token" : "its job token belongs to another job") +
-              " (DPAR_JOB_TOKEN must be the one dpar-launch gave this job)"};
+      const std::string why =
+          token.empty() ? "it carries no job token" : "its job token belongs to another job";
+      refusals_.note(ctx->peer(), why);
+      throw CallError{grpc::StatusCode::UNAUTHENTICATED,
+                      name_ + " refuses the call: " + why +
+                          " (DPAR_JOB_TOKEN must be the one dpar-launch gave this job)"};
     }
     const std::string id = metadata_value(ctx, detail::kTrainerKey);
     int trainer = -1;
@@ -164,6 +170,7 @@ class PsService final : public rpc::ParameterServer::Service {
   detail::ShardState& state_;
   const std::string name_;
   const std::string token_;
+  mutable dist::detail::PeerRefusals refusals_;
 };
 
 }  // namespace
@@ -189,13 +196,15 @@ Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>()) {
   const std::string name = "ps server " + std::to_string(options.server_id) + " (" + ep + ")";
   dist::detail::probe_bind(host, port, ep, name);
 
-  impl_->endpoint = ep;
   impl_->state = std::make_unique<detail::ShardState>(
       detail::ShardState::Config{options.server_id, options.num_servers, options.num_trainers,
                                  options.timeout, name, options.log});
-  impl_->service = std::make_unique<PsService>(*impl_->state, name, options.job_token);
-  impl_->server =
-      dist::detail::start_grpc_server(ep, impl_->service.get(), detail::kMaxMessageBytes, name);
+  impl_->service = std::make_unique<PsService>(*impl_->state, name, options.job_token, options.log);
+  int bound_port = 0;
+  impl_->server = dist::detail::start_grpc_server(ep, impl_->service.get(),
+                                                  detail::kMaxMessageBytes, name, &bound_port);
+  // Port 0 (tests, fuzzers): the endpoint names the port the system picked.
+  impl_->endpoint = port == 0 ? dist::detail::join_host_port(host, bound_port) : ep;
 }
 
 Server::~Server() {

@@ -58,7 +58,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   uint8_t* m = mask.data<uint8_t>();
   const float keep = static_cast<float>(1.0 - p);
   const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) m[i] = gen.uniform() < keep ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());  // the default generator may be shared
+    for (int64_t i = 0; i < n; ++i) m[i] = gen.uniform() < keep ? 1 : 0;
+  }
   if (!x.device().is_cpu()) mask = mask.to(x.device());
   const float scale = static_cast<float>(1.0 / (1.0 - p));
   Tensor out = Tensor::empty_like(x);

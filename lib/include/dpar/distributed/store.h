@@ -54,8 +54,10 @@ struct StoreIdentity {
 class StoreServer {
  public:
   // Binds host:port (port 0 picks a free port); throws dpar::Error naming the address if it
-  // is in use or cannot be bound.
-  StoreServer(const std::string& host, int port, std::string job_id, int world_size);
+  // is in use or cannot be bound. A call from a peer of another job (or none) is refused and
+  // logged once per peer host to `log` (empty: stderr).
+  StoreServer(const std::string& host, int port, std::string job_id, int world_size,
+              std::function<void(const std::string&)> log = {});
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;

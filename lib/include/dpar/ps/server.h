@@ -26,7 +26,8 @@ namespace dpar::ps {
 using Millis = std::chrono::milliseconds;
 
 struct ServerOptions {
-  std::string endpoint;  // ip:port to listen on (only this address, never 0.0.0.0)
+  std::string endpoint;  // ip:port to listen on (only this address, never 0.0.0.0); port 0
+                         // picks a free port, which endpoint() then names
   int server_id = 0;
   int num_servers = 1;
   int num_trainers = 1;
