@@ -6,10 +6,15 @@
 
 namespace dpar::launch {
 
+// The characters isspace() knows, as split_whitespace's stream does: a line of only '\v' or
+// '\f' is blank for both (fuzz_launch_parse found a hostfile line trim() kept but split into
+// no tokens).
+constexpr const char* kWhitespace = " \t\r\n\v\f";
+
 std::string trim(const std::string& text) {
-  const size_t b = text.find_first_not_of(" \t\r\n");
+  const size_t b = text.find_first_not_of(kWhitespace);
   if (b == std::string::npos) return "";
-  const size_t e = text.find_last_not_of(" \t\r\n");
+  const size_t e = text.find_last_not_of(kWhitespace);
   return text.substr(b, e - b + 1);
 }
 

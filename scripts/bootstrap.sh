@@ -15,6 +15,9 @@ packages=(
   nlohmann-json3-dev
   dataset-fashion-mnist
   iproute2 procps
+  # scripts/fuzz.sh: Clang with libFuzzer (compiler-rt) and its OpenMP runtime; llvm brings
+  # llvm-symbolizer, which turns sanitizer reports' addresses into file:line.
+  clang libclang-rt-14-dev libomp-14-dev llvm
   python3 python3-numpy python3-torch python3-torchvision python3-onnx
   python3-protobuf python3-crc32c python3-matplotlib
 )

@@ -64,6 +64,10 @@ TEST_CASE("launch: hostfiles in Horovod/Open MPI and MPICH style", "[launch]") {
   CHECK(g.nodes[0].procs[1].gpu == "3");
   CHECK(g.nodes[1].procs.size() == 1);
 
+  // Lines of vertical tabs or form feeds are blank (fuzz_launch_parse: such a line read past
+  // the end of its token list).
+  CHECK(cluster_from_hostfile("127.0.0.1\n\v\n \f \n", "h", {}, 1).nodes.size() == 1);
+
   CHECK_THAT(error_of([] { cluster_from_hostfile("a slots=0\n", "h", {}, 1); }),
              Contains("hostfile h line 1: 'slots=0': expected slots=N with N >= 1"));
   CHECK_THAT(error_of([] { cluster_from_hostfile("127.0.0.1 gpus=2\n", "h", {}, 1); }),

@@ -149,6 +149,16 @@ TEST_CASE("Fashion-MNIST idx files: plain files and errors", "[data]") {
                     Contains("is not an idx file"));
   CHECK_THROWS_WITH(FashionMnist(tmp.path().string(), Split::Test),
                     Contains("t10k-images-idx3-ubyte"));
+  // A 16-byte header claiming 1 x 65535 x 65535 bytes is truncated, not a 4 GiB allocation
+  // (fuzz_idx); dimensions whose product overflows are refused outright.
+  write_file(tmp.path() / "train-images-idx3-ubyte",
+             std::string{0, 0, 8, 3, 0, 0, 0, 1, 0, 0, '\xff', '\xff', 0, 0, '\xff', '\xff', 9});
+  CHECK_THROWS_WITH(FashionMnist(tmp.path().string(), Split::Train), Contains("is truncated"));
+  write_file(tmp.path() / "train-images-idx3-ubyte",
+             std::string{0, 0, 8, 3, '\xff', '\xff', '\xff', '\xff', '\xff', '\xff', '\xff', '\xff',
+                         '\xff', '\xff', '\xff', '\xff'});
+  CHECK_THROWS_WITH(FashionMnist(tmp.path().string(), Split::Train),
+                    Contains("claims more than 8 GiB"));
 }
 
 // ---- images and ImageFolder ------------------------------------------------------------------
@@ -171,6 +181,21 @@ TEST_CASE("image write and read round trip", "[data]") {
   const Image jpg = read_image((tmp.path() / "c.jpg").string());
   REQUIRE(jpg.pixels.size() == 16 * 16 * 3);
   for (uint8_t v : jpg.pixels) CHECK(std::abs(int{v} - 77) <= 2);
+
+  // A JPEG whose Huffman table declares 257 codes overran stb_image's tables (fuzz_image);
+  // a PNG header claiming 16000 x 16000 pixels (768 MB, under stb's own 1 GiB cap) is refused
+  // before any allocation.
+  const std::string regressions = std::string(DPAR_SOURCE_DIR) + "/tests/fuzz/regressions/";
+  CHECK_THROWS_WITH(
+      read_image(regressions + "fuzz_image/jpeg-dht-257-codes.jpg"),
+      Contains("corrupt JPEG: a Huffman table with") && Contains("codes (at most 256)"));
+  std::string huge_png = "\x89PNG\r\n\x1a\n";
+  huge_png += std::string("\0\0\0\x0dIHDR", 8);
+  huge_png += std::string("\0\0\x3e\x80\0\0\x3e\x80\x08\x02\0\0\0", 13);
+  huge_png += std::string("\0\0\0\0", 4);  // CRC (stb does not check it)
+  write_file(tmp.path() / "huge.png", huge_png);
+  CHECK_THROWS_WITH(read_image((tmp.path() / "huge.png").string()),
+                    Contains("16000x16000 pixels is more than dpar decodes"));
 
   write_file(tmp.path() / "bad.jpg", "this is not a jpeg");
   CHECK_THROWS_WITH(read_image((tmp.path() / "bad.jpg").string()), Contains("bad.jpg"));

@@ -96,6 +96,19 @@ TEST_CASE("a record torn or damaged at the end is skipped and reported", "[summa
     CHECK(f.scalars.size() == 6);
     CHECK_THAT(f.problem, Catch::Contains("end of file"));
   }
+  // A whole header whose record lacks even its 4-byte footer: torn, not read past the end
+  // (fuzz_event_file: the length check wrapped around and the CRC read ran off the buffer).
+  std::string header;
+  const uint64_t length = 1000;
+  for (int i = 0; i < 8; ++i) header += static_cast<char>((length >> (8 * i)) & 0xff);
+  const uint32_t crc = io::masked_crc32c(header.data(), 8);
+  for (int i = 0; i < 4; ++i) header += static_cast<char>((crc >> (8 * i)) & 0xff);
+  write_bytes(path, whole + header + "ab");
+  const io::EventFile torn = io::read_event_file(path);
+  CHECK(torn.scalars.size() == 8);
+  CHECK_THAT(torn.problem,
+             Catch::Contains("a torn record at byte") && Catch::Contains("(end of file) skipped"));
+
   // A flipped byte in the last record's data: its CRC fails, the record is skipped.
   std::string flipped = whole;
   flipped[whole.size() - 6] ^= 0x40;

@@ -4,6 +4,7 @@
 // compiled as C++11 or later, which makes concurrent decoding from loader threads safe.
 #include "dpar/data/image.h"
 
+#include <algorithm>
 #include <climits>
 #include <fstream>
 #include <iterator>
@@ -19,6 +20,10 @@
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_FAILURE_USERMSG
+// Only the formats data sets hold: every other decoder is attack surface without a user.
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_PNG
+#define STBI_ONLY_BMP
 #include <stb_image.h>
 #define STB_IMAGE_WRITE_STATIC
 #define STB_IMAGE_WRITE_IMPLEMENTATION
@@ -33,15 +38,71 @@ Image::Image(int64_t h, int64_t w, int64_t c)
              " (channels must be 1 or 3)");
 }
 
+namespace {
+
+// Decoded images larger than this many pixels are refused before decoding (8192 x 8192): no
+// training image is that large, and a 30-byte PNG header can otherwise claim gigabytes.
+constexpr int64_t kMaxPixels = int64_t{1} << 26;
+
+// Debian's stb_image (2022-09-08) trusts the code counts of a JPEG Huffman table (DHT): more
+// than 256 codes overrun its fixed tables (found by fuzz_image; UBSan: index 257 out of bounds
+// in stbi__build_huffman). Walks the marker segments as stb does, including segments between
+// progressive scans, and returns what is wrong with the first bad table, or "".
+std::string bad_jpeg_huffman_table(const uint8_t* d, size_t n) {
+  if (n < 2 || d[0] != 0xFF || d[1] != 0xD8) return "";  // not a JPEG
+  size_t i = 2;
+  while (i + 1 < n) {
+    if (d[i] != 0xFF) {  // entropy-coded data between scans (or junk stb rejects itself)
+      ++i;
+      continue;
+    }
+    const uint8_t m = d[i + 1];
+    // Fill bytes, stuffed zeros, restart markers, TEM and SOI carry no length.
+    if (m == 0xFF) {
+      ++i;
+      continue;
+    }
+    if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) {
+      i += 2;
+      continue;
+    }
+    if (m == 0xD9 || i + 4 > n) break;  // EOI, or a truncated length
+    const size_t end = i + 2 + (size_t{d[i + 2]} << 8 | d[i + 3]);
+    if (m == 0xC4) {
+      // As stb: a table starts wherever the segment has bytes left, and is read whole even past
+      // the segment's end (bytes past the file read as 0).
+      for (size_t t = i + 4; t < end && t < n;) {
+        size_t codes = 0;
+        for (size_t k = 1; k <= 16; ++k) codes += t + k < n ? d[t + k] : 0;
+        if (codes > 256) {
+          return "a Huffman table with " + std::to_string(codes) + " codes (at most 256) at byte " +
+                 std::to_string(t);
+        }
+        t += 17 + codes;
+      }
+    }
+    i = end;
+  }
+  return "";
+}
+
+}  // namespace
+
 Image decode_image(const uint8_t* data, size_t size, const std::string& name) {
   DPAR_CHECK(size > 0, "cannot decode image '", name, "': the file is empty");
   DPAR_CHECK(size <= static_cast<size_t>(INT32_MAX), "cannot decode image '", name,
              "': file too large (", size, " bytes)");
   const int len = static_cast<int>(size);
+  // Before stb sees the bytes at all: stbi_info already builds the tables.
+  if (const std::string bad = bad_jpeg_huffman_table(data, size); !bad.empty()) {
+    DPAR_FAIL("cannot decode image '", name, "': corrupt JPEG: ", bad);
+  }
   int w = 0, h = 0, comp = 0;
   if (!stbi_info_from_memory(data, len, &w, &h, &comp)) {
     DPAR_FAIL("cannot decode image '", name, "': ", stbi_failure_reason());
   }
+  DPAR_CHECK(int64_t{w} * h <= kMaxPixels, "cannot decode image '", name, "': ", w, "x", h,
+             " pixels is more than dpar decodes (", kMaxPixels, ")");
   // Grey stays grey (a third of the memory); ToTensorNormalize replicates it to 3 channels.
   const int want = comp <= 2 ? 1 : 3;
   stbi_uc* pixels = stbi_load_from_memory(data, len, &w, &h, &comp, want);

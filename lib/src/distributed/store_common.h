@@ -41,9 +41,11 @@ inline std::string quote_keys(const std::vector<std::string>& keys) {
   return out;
 }
 
-// "host:port" or "[v6addr]:port" -> host (without brackets) and a port in 1..65535; false when
-// the text is not of that form.
-inline bool split_host_port(const std::string& text, std::string* host, int* port) {
+// "host:port" or "[v6addr]:port" -> host (without brackets) and a port in 1..65535 (0..65535
+// with allow_port_zero, for servers asked to pick a free port); false when the text is not of
+// that form.
+inline bool split_host_port(const std::string& text, std::string* host, int* port,
+                            bool allow_port_zero = false) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return false;
   int value = 0;
@@ -51,7 +53,7 @@ inline bool split_host_port(const std::string& text, std::string* host, int* por
     if (text[i] < '0' || text[i] > '9' || value > 65535) return false;
     value = value * 10 + (text[i] - '0');
   }
-  if (value < 1 || value > 65535) return false;
+  if (value < (allow_port_zero ? 0 : 1) || value > 65535) return false;
   std::string h = text.substr(0, colon);
   if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
   if (host) *host = h;

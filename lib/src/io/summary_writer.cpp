@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -142,7 +143,12 @@ EventFile read_event_file(const std::string& path) {
   auto damage = [&](size_t& record_end) -> std::string {
     if (bytes.size() - offset < kHeaderBytes) return "a torn record header";
     const uint64_t length = get_le(base + offset, 8);
-    const bool length_fits = length <= bytes.size() - offset - kHeaderBytes - kFooterBytes;
+    // Fewer bytes than a footer after the header must not wrap the subtraction (fuzz_event_file
+    // found the read past the end); a protobuf message is at most 2 GiB.
+    const size_t after_header = bytes.size() - offset - kHeaderBytes;
+    const bool length_fits = after_header >= kFooterBytes &&
+                             length <= after_header - kFooterBytes &&
+                             length <= static_cast<uint64_t>(INT32_MAX);
     if (get_le(base + offset + 8, 4) != masked_crc32c(base + offset, 8)) {
       // Unknown length: only when the claimed one ends the file is it the last record.
       if (!length_fits || offset + kHeaderBytes + length + kFooterBytes != bytes.size()) {

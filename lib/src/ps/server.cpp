@@ -187,8 +187,8 @@ Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>()) {
   const std::string& ep = options.endpoint;
   std::string host;
   int port = 0;
-  DPAR_CHECK(dist::detail::split_host_port(ep, &host, &port), "ps server ", options.server_id,
-             ": endpoint '", ep, "' is not ip:port");
+  DPAR_CHECK(dist::detail::split_host_port(ep, &host, &port, /*allow_port_zero=*/true),
+             "ps server ", options.server_id, ": endpoint '", ep, "' is not ip:port");
   DPAR_CHECK(options.server_id >= 0 && options.server_id < options.num_servers, "ps server: id ",
              options.server_id, " out of range 0..", options.num_servers - 1);
   DPAR_CHECK(options.num_trainers >= 1, "ps server: needs at least one trainer, got ",

@@ -1,6 +1,6 @@
 #pragma once
 // 8-bit images in memory (height x width x channels, row-major, channels interleaved), and
-// decoding (JPEG, PNG, BMP, ... via stb_image) and writing (JPEG, PNG) them.
+// decoding (JPEG, PNG, BMP via stb_image) and writing (JPEG, PNG) them.
 #include <cstddef>
 #include <cstdint>
 #include <string>
