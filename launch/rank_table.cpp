@@ -38,7 +38,7 @@ Cluster cluster_from_rank_table(const std::string& text, const std::string& name
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for huge numbers
     throw FlagError(prefix + "not valid JSON (" + e.what() + ")");
   }
   if (!doc.is_object() || !doc.contains("server_list") || !doc["server_list"].is_array() ||

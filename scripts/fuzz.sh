@@ -34,8 +34,9 @@ cmake --build "$build" -j "$jobs" --target fuzz_make_seeds $targets
 source tests/sanitizers/options.sh
 # libFuzzer checks leaks itself after every input; UBSan's reports abort so they count.
 export ASAN_OPTIONS=$ASAN_OPTIONS:allocator_may_return_null=1
-seeds=$build/seeds
-rm -rf "$seeds"
+# Seeds are made afresh for each session, in a folder of its own (sessions may run side by side).
+seeds=$(mktemp -d "$build/seeds.XXXXXX")
+trap 'rm -rf "$seeds"' EXIT
 "$build/tests/fuzz/fuzz_make_seeds" "$seeds" >/dev/null
 
 failed=0

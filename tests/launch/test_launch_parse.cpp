@@ -94,6 +94,10 @@ TEST_CASE("launch: MindSpore-style rank tables", "[launch]") {
       {"server_id": "10.0.0.2", "device": [
         {"device_id": 4, "rank_id": 1}, {"device_id": 5, "rank_id": 2}]}],
     "status": "completed"})";
+  // A number too large for JSON's parser is invalid JSON too, not an escaping exception
+  // (fuzz_launch_parse).
+  CHECK_THAT(error_of([] { cluster_from_rank_table("7770000000000000E000000000000012481", "rt"); }),
+             Contains("rank table rt: not valid JSON"));
   Cluster c = cluster_from_rank_table(table, "rt.json");
   REQUIRE(c.nodes.size() == 2);
   CHECK(c.world_size() == 4);
