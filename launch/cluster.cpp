@@ -133,7 +133,8 @@ Cluster cluster_from_hostfile(const std::string& text, const std::string& name,
     // MPICH writes "host:N"; Open MPI and Horovod write "host slots=N".
     if (const size_t colon = host.find(':'); colon != std::string::npos) {
       const std::string count = host.substr(colon + 1);
-      if (!is_uint(count) || std::stoll(count) < 1 || count.size() > 6) {
+      // Length before stoll: a 40-digit count is an error, not std::out_of_range (fuzz).
+      if (!is_uint(count) || count.size() > 6 || std::stoll(count) < 1) {
         throw FlagError(where + "'" + tokens[0] + "': expected host:N with N >= 1");
       }
       slots = std::stoi(count);

@@ -74,6 +74,9 @@ TEST_CASE("launch: hostfiles in Horovod/Open MPI and MPICH style", "[launch]") {
              Contains("unknown field 'gpus=2'"));
   CHECK_THAT(error_of([] { cluster_from_hostfile("127.0.0.1:x\n", "h", {}, 1); }),
              Contains("expected host:N"));
+  CHECK_THAT(
+      error_of([] { cluster_from_hostfile("127.0.0.1:5555555555555555555555555\n", "h", {}, 1); }),
+      Contains("expected host:N"));  // fuzz_launch_parse: stoll overflowed first
   CHECK_THAT(error_of([] {
                cluster_from_hostfile("127.0.0.1 slots=3\n", "h", {"0", "1"}, 1);
              }),

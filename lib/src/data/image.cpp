@@ -49,8 +49,10 @@ constexpr int64_t kMaxPixels = int64_t{1} << 26;
 // in stbi__build_huffman). Walks the marker segments as stb does, including segments between
 // progressive scans, and returns what is wrong with the first bad table, or "".
 std::string bad_jpeg_huffman_table(const uint8_t* d, size_t n) {
-  if (n < 2 || d[0] != 0xFF || d[1] != 0xD8) return "";  // not a JPEG
-  size_t i = 2;
+  // stb takes anything starting with 0xFF, fill bytes and all, to its JPEG reader (fuzz_image
+  // found FF FF FF D8 passing a check that wanted FF D8 at byte 0).
+  if (n < 2 || d[0] != 0xFF) return "";
+  size_t i = 0;
   while (i + 1 < n) {
     if (d[i] != 0xFF) {  // entropy-coded data between scans (or junk stb rejects itself)
       ++i;

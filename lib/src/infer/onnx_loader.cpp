@@ -3,6 +3,7 @@
 // unreadable, empty, truncated or not ONNX, initializers whose data does not match their shape.
 #include <onnx/onnx_pb.h>
 
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -40,19 +41,39 @@ std::string read_external(const onnx::TensorProto& t, const std::string& model_p
   std::string location;
   int64_t offset = 0;
   int64_t length = -1;
+  const auto number = [&](const std::string& key, const std::string& text) {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    DPAR_CHECK(ec == std::errc() && end == text.data() + text.size() && v >= 0, model_path,
+               ": initializer '", t.name(), "' has external ", key, " '", text,
+               "', not a non-negative integer");
+    return v;
+  };
   for (const auto& entry : t.external_data()) {
     if (entry.key() == "location") location = entry.value();
-    if (entry.key() == "offset") offset = std::stoll(entry.value());
-    if (entry.key() == "length") length = std::stoll(entry.value());
+    if (entry.key() == "offset") offset = number("offset", entry.value());
+    if (entry.key() == "length") length = number("length", entry.value());
   }
   DPAR_CHECK(!location.empty(), model_path, ": initializer '", t.name(),
              "' is stored externally but names no location");
-  const std::string file = (fs::path(model_path).parent_path() / location).string();
+  // As the ONNX checker: external data lives beside the model, never elsewhere on the machine.
+  const fs::path rel(location);
+  bool escapes = rel.is_absolute();
+  for (const auto& part : rel) escapes = escapes || part == "..";
+  DPAR_CHECK(!escapes, model_path, ": initializer '", t.name(), "' is stored at '", location,
+             "', outside the model's folder");
+  const std::string file = (fs::path(model_path).parent_path() / rel).string();
   std::ifstream in(file, std::ios::binary);
   DPAR_CHECK(in.good(), model_path, ": initializer '", t.name(), "' is stored in ", file,
              ", which cannot be opened");
   DPAR_CHECK(length < 0 || static_cast<size_t>(length) == nbytes, model_path, ": initializer '",
              t.name(), "' has external length ", length, ", its shape needs ", nbytes, " bytes");
+  // The file must hold the bytes before any are allocated: a shape claims what it likes.
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(file, ec);
+  DPAR_CHECK(!ec && static_cast<uintmax_t>(offset) <= size && nbytes <= size - offset, model_path,
+             ": initializer '", t.name(), "': ", file, " ends before offset ", offset, " + ",
+             nbytes, " bytes");
   std::string data(nbytes, '\0');
   in.seekg(offset);
   in.read(data.data(), static_cast<std::streamsize>(nbytes));
@@ -65,18 +86,20 @@ std::string read_external(const onnx::TensorProto& t, const std::string& model_p
 // external data, else int32_data.
 Tensor read_bool(const onnx::TensorProto& t, const Shape& dims, int64_t numel,
                  const std::string& path) {
-  std::vector<int64_t> values(static_cast<size_t>(numel));
+  const size_t n = static_cast<size_t>(numel);
+  std::vector<int64_t> values;
   if (t.data_location() == onnx::TensorProto::EXTERNAL || !t.raw_data().empty()) {
-    const std::string data = t.data_location() == onnx::TensorProto::EXTERNAL
-                                 ? read_external(t, path, values.size())
-                                 : t.raw_data();
-    DPAR_CHECK(data.size() == values.size(), path, ": initializer '", t.name(), "' holds ",
-               data.size(), " bytes, its shape ", dims, " needs ", values.size());
-    for (size_t i = 0; i < values.size(); ++i) values[i] = data[i] != 0;
+    const std::string data =
+        t.data_location() == onnx::TensorProto::EXTERNAL ? read_external(t, path, n) : t.raw_data();
+    DPAR_CHECK(data.size() == n, path, ": initializer '", t.name(), "' holds ", data.size(),
+               " bytes, its shape ", dims, " needs ", n);
+    values.resize(n);
+    for (size_t i = 0; i < n; ++i) values[i] = data[i] != 0;
   } else {
     DPAR_CHECK(t.int32_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
                t.int32_data_size(), " values, its shape ", dims, " needs ", numel);
-    for (size_t i = 0; i < values.size(); ++i) values[i] = t.int32_data(static_cast<int>(i)) != 0;
+    values.resize(n);
+    for (size_t i = 0; i < n; ++i) values[i] = t.int32_data(static_cast<int>(i)) != 0;
   }
   return Tensor::from_vector(values, dims);
 }
@@ -88,8 +111,9 @@ Shape checked_dims(const onnx::TensorProto& t, const std::string& path, int64_t&
   for (int64_t d : dims) {
     DPAR_CHECK(d >= 0 && d <= (int64_t{1} << 40), path, ": initializer '", t.name(),
                "' has a bad shape ", dims);
-    numel *= d;
-    DPAR_CHECK(numel <= (int64_t{1} << 40), path, ": initializer '", t.name(),
+    // Checked multiply: two plausible dimensions can still overflow (found by fuzz_onnx_model).
+    const bool overflow = __builtin_mul_overflow(numel, d, &numel);
+    DPAR_CHECK(!overflow && numel <= (int64_t{1} << 40), path, ": initializer '", t.name(),
                "' is implausibly large: ", dims);
   }
   return dims;
@@ -103,25 +127,29 @@ Tensor read_tensor(const onnx::TensorProto& t, const std::string& path) {
   const bool is_float = t.data_type() == onnx::TensorProto::FLOAT;
   const size_t elem = is_float ? sizeof(float) : sizeof(int64_t);
   const size_t nbytes = static_cast<size_t>(numel) * elem;
-  Tensor out = Tensor::empty(dims, is_float ? DType::f32 : DType::i64);
+  // The tensor is allocated only once the file has shown it holds the bytes.
+  const auto filled = [&](const void* bytes) {
+    Tensor out = Tensor::empty(dims, is_float ? DType::f32 : DType::i64);
+    if (nbytes) std::memcpy(out.raw_data(), bytes, nbytes);
+    return out;
+  };
   if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-    const std::string data = read_external(t, path, nbytes);
-    if (nbytes) std::memcpy(out.raw_data(), data.data(), nbytes);
-  } else if (!t.raw_data().empty()) {
+    return filled(read_external(t, path, nbytes).data());
+  }
+  if (!t.raw_data().empty()) {
     DPAR_CHECK(t.raw_data().size() == nbytes, path, ": initializer '", t.name(), "' holds ",
                t.raw_data().size(), " bytes, its shape ", dims, " needs ", nbytes,
                " (truncated or corrupt file?)");
-    std::memcpy(out.raw_data(), t.raw_data().data(), nbytes);
-  } else if (is_float) {
+    return filled(t.raw_data().data());
+  }
+  if (is_float) {
     DPAR_CHECK(t.float_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
                t.float_data_size(), " values, its shape ", dims, " needs ", numel);
-    if (numel) std::memcpy(out.raw_data(), t.float_data().data(), nbytes);
-  } else {
-    DPAR_CHECK(t.int64_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
-               t.int64_data_size(), " values, its shape ", dims, " needs ", numel);
-    if (numel) std::memcpy(out.raw_data(), t.int64_data().data(), nbytes);
+    return filled(t.float_data().data());
   }
-  return out;
+  DPAR_CHECK(t.int64_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
+             t.int64_data_size(), " values, its shape ", dims, " needs ", numel);
+  return filled(t.int64_data().data());
 }
 
 // INT8/UINT8 initializers: one byte each in raw or external data, else one value per
@@ -131,18 +159,19 @@ QuantizedConstant read_int8(const onnx::TensorProto& t, const std::string& path)
   const Shape dims = checked_dims(t, path, numel);
   QuantizedConstant q;
   q.is_signed = t.data_type() == onnx::TensorProto::INT8;
-  q.bytes = Tensor::empty(dims, DType::u8);
-  uint8_t* out = q.bytes.data<uint8_t>();
   const size_t n = static_cast<size_t>(numel);
   if (t.data_location() == onnx::TensorProto::EXTERNAL || !t.raw_data().empty()) {
     const std::string data =
         t.data_location() == onnx::TensorProto::EXTERNAL ? read_external(t, path, n) : t.raw_data();
     DPAR_CHECK(data.size() == n, path, ": initializer '", t.name(), "' holds ", data.size(),
                " bytes, its shape ", dims, " needs ", n, " (truncated or corrupt file?)");
-    if (n) std::memcpy(out, data.data(), n);
+    q.bytes = Tensor::empty(dims, DType::u8);
+    if (n) std::memcpy(q.bytes.data<uint8_t>(), data.data(), n);
   } else {
     DPAR_CHECK(t.int32_data_size() == numel, path, ": initializer '", t.name(), "' holds ",
                t.int32_data_size(), " values, its shape ", dims, " needs ", numel);
+    q.bytes = Tensor::empty(dims, DType::u8);
+    uint8_t* out = q.bytes.data<uint8_t>();
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(t.int32_data(static_cast<int>(i)));
   }
   return q;
