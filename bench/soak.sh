@@ -15,6 +15,7 @@ steps=${1:-20000}
 }
 build=${DPAR_BUILD_DIR:-build}
 out=${DPAR_SOAK_OUT:-$(mktemp -d)}
+mkdir -p "$out"
 launch=$build/launch/dpar-launch
 train=$build/examples/mobilenetv3/train
 for f in "$launch" "$train"; do

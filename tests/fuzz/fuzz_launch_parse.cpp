@@ -35,7 +35,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     namespace launch = dpar::launch;
     switch (data[0] % 4) {
       case 0: {
-        const launch::Options options = launch::parse_options(words_of(text));
+        const std::vector<std::string> words = words_of(text);
+        // --help prints the usage and exits 0, as every command line tool does: by design.
+        for (const std::string& w : words) {
+          const std::string name = w.substr(0, w.find('='));
+          if (name == "--help" || name == "--h") return;
+        }
+        const launch::Options options = launch::parse_options(words);
         const auto gpus = options.gpus.empty() ? std::vector<std::string>()
                                                : launch::parse_gpu_list(options.gpus, "--gpus");
         if (!options.ips.empty()) {
