@@ -3,6 +3,7 @@
 // unreadable, empty, truncated or not ONNX, initializers whose data does not match their shape.
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -108,13 +109,17 @@ Tensor read_bool(const onnx::TensorProto& t, const Shape& dims, int64_t numel,
 Shape checked_dims(const onnx::TensorProto& t, const std::string& path, int64_t& numel) {
   Shape dims(t.dims().begin(), t.dims().end());
   numel = 1;
+  int64_t span = 1;
   for (int64_t d : dims) {
     DPAR_CHECK(d >= 0 && d <= (int64_t{1} << 40), path, ": initializer '", t.name(),
                "' has a bad shape ", dims);
     // Checked multiply: two plausible dimensions can still overflow (found by fuzz_onnx_model).
-    const bool overflow = __builtin_mul_overflow(numel, d, &numel);
-    DPAR_CHECK(!overflow && numel <= (int64_t{1} << 40), path, ": initializer '", t.name(),
+    // Zero-sized dimensions count as 1 here: an empty tensor's strides are the product of the
+    // other dimensions and must fit too (also found by fuzz_onnx_model).
+    const bool overflow = __builtin_mul_overflow(span, std::max<int64_t>(d, 1), &span);
+    DPAR_CHECK(!overflow && span <= (int64_t{1} << 40), path, ": initializer '", t.name(),
                "' is implausibly large: ", dims);
+    numel *= d;
   }
   return dims;
 }
