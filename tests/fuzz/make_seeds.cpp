@@ -41,10 +41,13 @@ std::string slurp(const fs::path& path) {
 std::string u16le(size_t n) { return {static_cast<char>(n & 0xff), static_cast<char>(n >> 8)}; }
 
 // One call of an RPC script (tests/fuzz/rpc_script.h): method, identity flags, request.
-std::string rpc_call(int method, int flags, const google::protobuf::MessageLite& request) {
-  const std::string body = request.SerializeAsString();
+std::string raw_call(int method, int flags, const std::string& body) {
   return std::string{static_cast<char>(method), static_cast<char>(flags)} + u16le(body.size()) +
          body;
+}
+
+std::string rpc_call(int method, int flags, const google::protobuf::MessageLite& request) {
+  return raw_call(method, flags, request.SerializeAsString());
 }
 
 // A streamed call's body: each message with a one-byte length.
@@ -56,11 +59,6 @@ std::string stream_of(std::initializer_list<const google::protobuf::MessageLite*
     out += b;
   }
   return out;
-}
-
-std::string raw_call(int method, int flags, const std::string& body) {
-  return std::string{static_cast<char>(method), static_cast<char>(flags)} + u16le(body.size()) +
-         body;
 }
 
 void model_seeds(const fs::path& scratch) {
