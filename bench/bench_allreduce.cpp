@@ -18,7 +18,6 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
@@ -39,7 +38,7 @@
 #include "bench_allreduce_gpu.h"
 #include "bench_util.h"
 #include "distributed/gloo/bind_address.h"
-#include "distributed/gloo/gloo_store_adapter.h"
+#include "distributed/gloo/gloo_mesh.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
 
@@ -94,11 +93,13 @@ class RawGloo {
     gloo::transport::tcp::attr attr;
     attr.hostname = address;
     device_ = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    // The connections as dpar's group makes them; what is measured is Gloo's allreduce on them.
     auto prefixed = std::make_shared<dist::PrefixStore>("bench_allreduce/raw", store);
-    dist::detail::GlooStoreAdapter adapter(prefixed, std::chrono::minutes(2));
-    context->connectFullMesh(adapter, device_);
-    context_ = std::move(context);
+    dist::detail::MeshOptions mesh;
+    mesh.rank = rank;
+    mesh.size = size;
+    mesh.timeout = std::chrono::minutes(2);
+    context_ = dist::detail::connect_gloo_mesh(prefixed, device_, mesh);
   }
 
   void allreduce(float* data, size_t n) {

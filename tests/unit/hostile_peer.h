@@ -8,8 +8,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +52,13 @@ class RawConnection {
   RawConnection(RawConnection&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
 
   bool connected() const { return fd_ >= 0; }
+  // The port this end was given (how a server's log names it).
+  int local_port() const {
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return -1;
+    return ntohs(addr.sin_port);
+  }
   // Sends what the peer still accepts; a server hanging up mid-way is an expected answer.
   void send(const std::string& bytes) {
     size_t done = 0;
@@ -104,6 +115,35 @@ inline std::string grpc_call_claiming(const std::string& method, uint32_t claime
   return std::string(kHttp2Preface) + http2_frame(4, 0, 0, "") +  // SETTINGS
          http2_frame(1, 4, 1, headers) +                          // HEADERS, END_HEADERS
          http2_frame(0, 0, 1, message);                           // DATA
+}
+
+// The TCP ports this process listens on (IPv4 and IPv6): sockets of /proc/net/tcp{,6} in the
+// LISTEN state whose inode is one of this process's open files.
+inline std::set<int> listening_ports_of_this_process() {
+  std::set<unsigned long> inodes;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), link_ec).string();
+    if (!link_ec && target.rfind("socket:[", 0) == 0) inodes.insert(std::stoul(target.substr(8)));
+  }
+  std::set<int> ports;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      // sl local remote st tx:rx tr:when retrnsmt uid timeout inode
+      std::istringstream fields(line);
+      std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout;
+      unsigned long inode = 0;
+      fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      if (state == "0A" && inodes.count(inode) != 0)
+        ports.insert(std::stoi(local.substr(local.rfind(':') + 1), nullptr, 16));
+    }
+  }
+  return ports;
 }
 
 // What a test throws at a server: each kind of garbage on fresh connections.

@@ -1,15 +1,19 @@
 // Hostile peers against the rendezvous store: while a real job uses the store, other clients
 // send garbage, truncated HTTP/2, a gRPC message header claiming 4 GiB, hold hundreds of idle
 // connections (slowloris) and call with another job's identity. The job must finish with the
-// same results, the server log one line naming the peer, and memory stay bounded.
+// same results, the server log one line naming the peer, and memory stay bounded. Then the
+// same for the ports Gloo's pairs listen on during the rendezvous (gloo_mesh.h).
 // (The parameter server's version is in test_ps.cpp, beside its job helpers.)
 #include <catch2/catch.hpp>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "dpar/core/error.h"
 #include "dpar/core/sysinfo.h"
+#include "dpar/distributed/process_group.h"
 #include "dpar/distributed/store.h"
+#include "dpar/tensor/tensor.h"
 #include "unit/hostile_peer.h"
 
 using namespace dpar;
@@ -124,4 +128,136 @@ TEST_CASE("store: hostile peers cannot crash, stall or bloat the server", "[stor
   // And the server still answers new clients.
   StoreClient late(server.endpoint(), StoreIdentity{"job", kClients, 0}, quick_options());
   REQUIRE(late.add("counter", 0) == 5 * kClients * kRounds);
+}
+
+// ---- Gloo's rendezvous ports ----------------------------------------------------------------
+
+namespace {
+
+// Passes everything to the job's store, but makes the ranks of the first rendezvous attempt
+// slow to fetch each other's Gloo addresses: its pairs' ports then stay open for a second
+// (instead of milliseconds), long enough for the scanner below to find them.
+class SlowFirstAttemptStore final : public Store {
+ public:
+  explicit SlowFirstAttemptStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
+  void set(const std::string& key, const Bytes& value) override { inner_->set(key, value); }
+  Bytes get(const std::string& key) override {
+    linger(key);
+    return inner_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override {
+    return inner_->compare_set(key, expected, desired);
+  }
+  void wait(const std::vector<std::string>& keys, Millis timeout) override {
+    for (const auto& k : keys) linger(k);
+    inner_->wait(keys, timeout);
+  }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+
+ private:
+  void linger(const std::string& key) {
+    if (key.find("attempt/0/addr/") != std::string::npos && lingered_.insert(key).second)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  }
+  std::shared_ptr<Store> inner_;
+  std::set<std::string> lingered_;  // one rank's thread only
+};
+
+struct GlooJob {
+  std::vector<float> results;
+  std::vector<std::string> errors;
+  std::vector<std::string> log;
+};
+
+// Two ranks make a Gloo group through `wrap(store)` and allreduce [r + 1] x 4.
+GlooJob run_gloo_job(const StoreServer& server,
+                     const std::function<std::shared_ptr<Store>(std::shared_ptr<Store>)>& wrap) {
+  GlooJob job;
+  job.results.assign(2, 0.f);
+  job.errors.resize(2);
+  std::mutex log_mu;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        auto client = std::make_shared<StoreClient>(
+            server.endpoint(), StoreIdentity{"gloojob", 2, r}, quick_options());
+        ProcessGroupOptions o;
+        o.timeout = std::chrono::seconds(20);
+        o.log = [&](const std::string& line) {
+          std::lock_guard<std::mutex> lock(log_mu);
+          job.log.push_back(line);
+        };
+        auto group = make_gloo_group(wrap(client), r, 2, o);
+        Tensor t = Tensor::full({4}, r + 1.0);
+        group->allreduce({t})->wait();
+        job.results[static_cast<size_t>(r)] = t.data<float>()[3];
+      } catch (const std::exception& e) {
+        job.errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return job;
+}
+
+}  // namespace
+
+TEST_CASE("gloo: a stranger on a rendezvous port is named and the ranks connect again",
+          "[gloo][hostile]") {
+  StoreServer server("127.0.0.1", 0, "gloojob", 2);
+  const std::set<int> before = test::listening_ports_of_this_process();
+  // A scanner: connects to every port this process starts listening on, sends garbage to the
+  // first and nothing to the others, and holds the connections until the job is over.
+  std::vector<test::RawConnection> held;
+  std::atomic<bool> stop{false};
+  std::thread scanner([&] {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    std::set<int> hit;
+    while (!stop && hit.size() < 2 && std::chrono::steady_clock::now() < give_up) {
+      for (int port : test::listening_ports_of_this_process()) {
+        if (before.count(port) || hit.size() == 2 || !hit.insert(port).second) continue;
+        held.emplace_back(port);
+        if (hit.size() == 1) held.back().send(test::random_bytes(64 << 10, 3));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  const GlooJob job = run_gloo_job(
+      server, [](std::shared_ptr<Store> s) { return std::make_shared<SlowFirstAttemptStore>(s); });
+  stop = true;
+  scanner.join();
+
+  for (const auto& e : job.errors) REQUIRE(e.empty());
+  REQUIRE(job.results == std::vector<float>{3.f, 3.f});  // the same sums as an unattacked run
+  REQUIRE(held.size() == 2);
+  std::string strangers;
+  for (const auto& c : held) strangers += " 127.0.0.1:" + std::to_string(c.local_port());
+  INFO("the scanner's connections:" << strangers);
+  size_t named = 0, retried = 0;
+  for (const std::string& line : job.log) {
+    INFO(line);
+    if (line.find("took a connection from 127.0.0.1:") != std::string::npos) {
+      const size_t at = line.find("from ") + 5;
+      CHECK_THAT(strangers, Contains(" " + line.substr(at, line.find(' ', at) - at)));
+      ++named;
+    }
+    if (line.find("attempt 1 of 5 failed") != std::string::npos) ++retried;
+  }
+  CHECK(named == 1);
+  CHECK(retried == 1);
+  // Once connected, a group listens on nothing: there is no Gloo port left to attack.
+  CHECK(test::listening_ports_of_this_process() == before);
+}
+
+TEST_CASE("gloo: an unattacked rendezvous logs nothing and leaves no port open",
+          "[gloo][hostile]") {
+  StoreServer server("127.0.0.1", 0, "gloojob", 2);
+  const std::set<int> before = test::listening_ports_of_this_process();
+  const GlooJob job = run_gloo_job(server, [](std::shared_ptr<Store> s) { return s; });
+  for (const auto& e : job.errors) REQUIRE(e.empty());
+  REQUIRE(job.results == std::vector<float>{3.f, 3.f});
+  CHECK(job.log.empty());
+  CHECK(test::listening_ports_of_this_process() == before);
 }

@@ -13,6 +13,7 @@
 // known. With DPAR_DEBUG=DETAIL each collective first checks that all ranks issue the same op
 // with the same shapes and dtypes, and reports a mismatch instead of hanging.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,6 +49,9 @@ struct ProcessGroupOptions {
   // them through host memory (slower; runs where NCCL cannot, e.g. several ranks on one GPU).
   // CPU tensors always use Gloo.
   std::string cuda_backend = "nccl";
+  // Where the group's warnings go (a stranger that connected to a rendezvous port, a retried
+  // rendezvous); empty: stderr, as "dpar: <line>".
+  std::function<void(const std::string&)> log;
   // Reads DPAR_TIMEOUT (seconds), DPAR_DEBUG and DPAR_DIST_BACKEND (nccl or gloo: the
   // cuda_backend) from the environment into these options.
   static ProcessGroupOptions from_env();

@@ -2,14 +2,13 @@
 
 #include <gloo/allgather.h>
 #include <gloo/common/error.h>
-#include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
 #include <chrono>
 
 #include "distributed/gloo/bind_address.h"
-#include "distributed/gloo/gloo_store_adapter.h"
+#include "distributed/gloo/gloo_mesh.h"
 #include "distributed/gloo/reduce_functions.h"
 #include "dpar/core/error.h"
 
@@ -71,17 +70,18 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
       DPAR_FAIL("make_gloo_group: rank ", rank, " cannot listen on ", bind_address_, ": ",
                 clean_gloo_message(e.what()));
     }
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(options_.timeout);
-    GlooStoreAdapter adapter(store_, options_.timeout);
+    MeshOptions mesh;
+    mesh.rank = rank;
+    mesh.size = size;
+    mesh.timeout = options_.timeout;
+    mesh.log = options_.log;
     try {
-      context->connectFullMesh(adapter, device_);
+      context_ = connect_gloo_mesh(store_, device_, mesh);
     } catch (const std::exception& e) {
       DPAR_FAIL("make_gloo_group: rank ", rank, " (world size ", size,
                 ") could not connect to the other ranks within ", format_duration(options_.timeout),
                 " (listening on ", bind_address_, "): ", clean_gloo_message(e.what()));
     }
-    context_ = std::move(context);
     fingerprints_.resize(static_cast<size_t>(size));
   }
   heartbeat_ = std::make_unique<ProgressHeartbeat>(store_, rank, size);
