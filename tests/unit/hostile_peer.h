@@ -27,6 +27,14 @@ inline constexpr bool kMeasureMemory = false;
 #else
 inline constexpr bool kMeasureMemory = true;
 #endif
+// How much slower code runs instrumented: bounds on elapsed time are scaled by it.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr double kSlowdown = 10;
+#elif defined(__SANITIZE_ADDRESS__)
+inline constexpr double kSlowdown = 4;
+#else
+inline constexpr double kSlowdown = 1;
+#endif
 // How much a server's resident set may grow under attack.
 inline constexpr double kMaxGrowthMb = 64;
 

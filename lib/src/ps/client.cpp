@@ -77,6 +77,7 @@ void write_chunks(Writer& writer, Message& msg, const FlatView& source, int64_t 
     if (len > 0) {
       source.gather(begin + off, len, reinterpret_cast<float*>(msg.mutable_data()->data()));
     }
+    msg.set_crc32c(chunk_checksum(msg));
     if (!writer.Write(msg)) break;  // the server ended the call; Finish() says why
     msg.clear_header();
     off += len;
@@ -139,19 +140,22 @@ void PsClient::prepare(grpc::ClientContext& ctx, milliseconds deadline) const {
   ctx.set_deadline(std::chrono::system_clock::now() + deadline);
 }
 
-std::string PsClient::describe(size_t server, const grpc::Status& status) const {
+std::string PsClient::describe(size_t server, const char* call, const grpc::Status& status) const {
+  // Every failure names this trainer and the call, so a job's logs say which rank and op broke.
+  const std::string prefix =
+      "ps trainer " + std::to_string(options_.trainer_id) + ", " + call + ": ";
   const std::string who =
       "ps server " + std::to_string(server) + " (" + conns_[server]->endpoint + ")";
   const std::string& msg = status.error_message();
   // The server's own refusals already name it and say why.
-  if (msg.rfind("ps server", 0) == 0 || msg.rfind("trainer", 0) == 0) return msg;
+  if (msg.rfind("ps server", 0) == 0 || msg.rfind("trainer", 0) == 0) return prefix + msg;
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
-      return who + " is unreachable (did it die?): " + msg;
+      return prefix + who + " is unreachable (did it die?): " + msg;
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return who + " did not answer in time (" + msg + ")";
+      return prefix + who + " did not answer in time (" + msg + ")";
     default:
-      return who + ": " + msg;
+      return prefix + who + ": " + msg;
   }
 }
 
@@ -206,7 +210,7 @@ void PsClient::connect(bool wait_for_init) {
       if (st.ok()) break;
       const bool not_up = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
                           st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-      if (!not_up) DPAR_FAIL(describe(s, st));
+      if (!not_up) DPAR_FAIL(describe(s, "hello", st));
       const auto now = Clock::now();
       if (now - start >= options_.connect_timeout) {
         DPAR_FAIL("pserver not ready: ", c.endpoint, " did not answer within ",
@@ -235,7 +239,7 @@ void PsClient::connect(bool wait_for_init) {
       Call call(*this, milliseconds(15000));
       grpc::ClientContext& ctx = call.ctx;
       const grpc::Status st = c.stub->Hello(&ctx, req, &rep);
-      if (!st.ok()) DPAR_FAIL(describe(s, st));
+      if (!st.ok()) DPAR_FAIL(describe(s, "hello", st));
       if (!rep.initialized()) {
         say("waiting for trainer 0 to initialise " + c.endpoint + " (" +
             std::to_string(whole_seconds(Clock::now() - wait_start)) + " s)");
@@ -256,7 +260,7 @@ void PsClient::init(const rpc::InitHeader& header, const FlatView& params) {
     const int64_t n = header.resume_dir().empty() ? c.range.size() : 0;
     write_chunks(*writer, msg, params, c.range.begin, n);
     const grpc::Status st = writer->Finish();
-    if (!st.ok()) DPAR_FAIL(describe(s, st));
+    if (!st.ok()) DPAR_FAIL(describe(s, "init", st));
   });
 }
 
@@ -272,7 +276,7 @@ int64_t PsClient::push(const rpc::PushHeader& header, const FlatView& source) {
     *msg.mutable_header() = header;
     write_chunks(*writer, msg, source, c.range.begin, c.range.size());
     const grpc::Status st = writer->Finish();
-    if (!st.ok()) DPAR_FAIL(describe(s, st));
+    if (!st.ok()) DPAR_FAIL(describe(s, "push", st));
     versions[s] = rep.version();
   });
   for (const auto& c : conns_) bytes_pushed_ += c->range.size() * 4;
@@ -299,6 +303,16 @@ int64_t PsClient::pull(int64_t min_version, int64_t step, const FlatView& sink) 
       if (first) versions[s] = msg.version();
       first = false;
       const int64_t len = static_cast<int64_t>(msg.data().size() / 4);
+      // Checked before a byte of it reaches the parameters.
+      const uint32_t expected = chunk_checksum(msg);
+      if (msg.crc32c() != expected) {
+        ctx.TryCancel();
+        DPAR_FAIL(
+            "ps trainer ", options_.trainer_id, ", pull from ps server ", s, " (", c.endpoint,
+            "): ",
+            corrupted_chunk("a pulled", msg.offset(), msg.data().size(), msg.crc32c(), expected),
+            "; the parameters were not updated from it");
+      }
       DPAR_CHECK(msg.offset() >= 0 && msg.offset() + len <= c.range.size(), "ps: ", c.endpoint,
                  " sent a chunk outside its shard");
       // Straight from the message into the parameters.
@@ -308,7 +322,7 @@ int64_t PsClient::pull(int64_t min_version, int64_t step, const FlatView& sink) 
       received += len;
     }
     const grpc::Status st = reader->Finish();
-    if (!st.ok()) DPAR_FAIL(describe(s, st));
+    if (!st.ok()) DPAR_FAIL(describe(s, "pull", st));
     DPAR_CHECK(received == c.range.size(), "ps: ", c.endpoint, " sent ", received, " of ",
                c.range.size(), " floats");
   });
@@ -327,7 +341,7 @@ std::vector<std::string> PsClient::save(const std::string& dir, int64_t step, in
     req.set_keep(keep);
     rpc::SaveReply rep;
     const grpc::Status st = conns_[s]->stub->Save(&ctx, req, &rep);
-    if (!st.ok()) DPAR_FAIL(describe(s, st));
+    if (!st.ok()) DPAR_FAIL(describe(s, "save", st));
     paths[s] = rep.path();
   });
   return paths;
@@ -340,7 +354,7 @@ void PsClient::finish(bool aborted) {
     req.set_aborted(aborted);
     rpc::FinishReply rep;
     const grpc::Status st = conns_[s]->stub->Finish(&call.ctx, req, &rep);
-    if (!st.ok()) DPAR_FAIL(describe(s, st));
+    if (!st.ok()) DPAR_FAIL(describe(s, "finish", st));
   });
 }
 

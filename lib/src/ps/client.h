@@ -76,7 +76,8 @@ class PsClient {
   void for_each_server(const std::function<void(size_t)>& body);
   void cancel_calls();
   void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds deadline) const;
-  std::string describe(size_t server, const grpc::Status& status) const;
+  // "ps trainer <id>, <call>: ps server <s> (<endpoint>) ...": the failure of `call` on a server.
+  std::string describe(size_t server, const char* call, const grpc::Status& status) const;
   void say(const std::string& line) const;
 
   ClientOptions options_;

@@ -1,8 +1,69 @@
 #include "ps/ps_common.h"
 
+#include <isa-l/crc.h>
+
 #include <cstdio>
+#include <cstring>
 
 namespace dpar::ps::detail {
+namespace {
+
+// A running CRC-32C; ISA-L's crc32_iscsi takes lengths as int, so long inputs go in pieces.
+class Crc32c {
+ public:
+  Crc32c& add(const void* data, size_t size) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (size > 0) {
+      const size_t piece = std::min<size_t>(size, size_t{1} << 30);
+      state_ = crc32_iscsi(const_cast<uint8_t*>(p), static_cast<int>(piece), state_);
+      p += piece;
+      size -= piece;
+    }
+    return *this;
+  }
+  template <class T>
+  Crc32c& add_value(T value) {
+    static_assert(std::is_arithmetic_v<T>);
+    return add(&value, sizeof value);
+  }
+  uint32_t value() const { return ~state_; }
+
+ private:
+  uint32_t state_ = 0xffffffffu;
+};
+
+Crc32c chunk_crc(int64_t offset, const std::string& data) {
+  Crc32c crc;
+  crc.add_value(offset).add(data.data(), data.size());
+  return crc;
+}
+
+}  // namespace
+
+uint32_t chunk_checksum(const rpc::InitMessage& msg) {
+  return chunk_crc(msg.offset(), msg.data()).add_value(msg.header().resume_step()).value();
+}
+
+uint32_t chunk_checksum(const rpc::PushMessage& msg) {
+  const rpc::PushHeader& h = msg.header();
+  return chunk_crc(msg.offset(), msg.data())
+      .add_value(h.step())
+      .add_value(h.lr())
+      .add_value(h.weight())
+      .value();
+}
+
+uint32_t chunk_checksum(const rpc::PullMessage& msg) {
+  return chunk_crc(msg.offset(), msg.data()).add_value(msg.version()).value();
+}
+
+std::string corrupted_chunk(const std::string& what, int64_t offset, size_t bytes, uint32_t got,
+                            uint32_t expected) {
+  char crcs[64];
+  std::snprintf(crcs, sizeof crcs, "%08x != %08x", got, expected);
+  return what + " chunk at offset " + std::to_string(offset) + " (" + std::to_string(bytes) +
+         " bytes) failed its CRC-32C check (" + crcs + "): the bytes were corrupted in transit";
+}
 
 rpc::Layout to_proto(const ShardLayout& layout) {
   rpc::Layout out;

@@ -25,6 +25,19 @@ inline constexpr int64_t kChunkElements = int64_t{256} * 1024;
 // of a model with many parameters travels in Hello/Init headers).
 inline constexpr int kMaxMessageBytes = 16 << 20;
 
+// CRC-32C (ISA-L) of what a chunk message says: its offset, its bytes and the numbers of its
+// header (Init: the resume step; Push: step, learning rate, weight; Pull: version). Layouts and
+// names are checked against trainer 0's by the servers already; these are the fields a flipped
+// bit would otherwise turn silently into different weights.
+uint32_t chunk_checksum(const rpc::InitMessage& msg);
+uint32_t chunk_checksum(const rpc::PushMessage& msg);
+uint32_t chunk_checksum(const rpc::PullMessage& msg);
+
+// The message of a DATA_LOSS failure: "<who>: <what> chunk at offset <o> (<n> bytes) failed its
+// CRC-32C check (<got> != <expected>): the bytes were corrupted in transit".
+std::string corrupted_chunk(const std::string& what, int64_t offset, size_t bytes, uint32_t got,
+                            uint32_t expected);
+
 rpc::Layout to_proto(const ShardLayout& layout);
 ShardLayout from_proto(const rpc::Layout& layout);
 

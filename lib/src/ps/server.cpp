@@ -28,6 +28,18 @@ std::string metadata_value(const grpc::ServerContext* ctx, const char* key) {
 
 grpc::Status to_status(const CallError& e) { return {e.code, e.message}; }
 
+// Refuses a chunk whose checksum does not match what it carries (DATA_LOSS), before any of it
+// is used: `what` names the call and the trainer.
+template <class Message>
+void check_chunk(const std::string& what, const Message& msg) {
+  const uint32_t expected = detail::chunk_checksum(msg);
+  if (msg.crc32c() != expected) {
+    throw CallError{
+        grpc::StatusCode::DATA_LOSS,
+        detail::corrupted_chunk(what, msg.offset(), msg.data().size(), msg.crc32c(), expected)};
+  }
+}
+
 // Copies one streamed chunk into `dest` (count elements) after checking it lies inside.
 int64_t take_chunk(const std::string& where, int64_t offset, const std::string& data, float* dest,
                    int64_t count) {
@@ -62,16 +74,22 @@ class PsService final : public rpc::ParameterServer::Service {
       const int trainer = admit(ctx);
       rpc::InitMessage msg;
       if (!reader->Read(&msg)) {
-        throw CallError{grpc::StatusCode::INVALID_ARGUMENT, name_ + ": empty init stream"};
+        throw CallError{grpc::StatusCode::INVALID_ARGUMENT,
+                        name_ + ": init from trainer " + std::to_string(trainer) +
+                            " carried no chunk (lost or corrupted in transit?)"};
       }
+      const std::string what = name_ + ": init from trainer " + std::to_string(trainer) + ":";
+      check_chunk(what, msg);
       const rpc::InitHeader header = msg.header();
       const int64_t count = state_.begin_init(trainer, header);
       Tensor values = Tensor::zeros({count});
       float* dest = count ? values.data<float>() : nullptr;
       int64_t received = 0;
-      do {
+      received += take_chunk(name_ + " init", msg.offset(), msg.data(), dest, count);
+      while (reader->Read(&msg)) {
+        check_chunk(what, msg);
         received += take_chunk(name_ + " init", msg.offset(), msg.data(), dest, count);
-      } while (reader->Read(&msg));
+      }
       if (header.resume_dir().empty() && received != count) {
         throw CallError{grpc::StatusCode::INVALID_ARGUMENT, name_ + ": init carried " +
                                                                 std::to_string(received) + " of " +
@@ -89,16 +107,24 @@ class PsService final : public rpc::ParameterServer::Service {
       trainer = admit(ctx);
       rpc::PushMessage msg;
       if (!reader->Read(&msg)) {
-        throw CallError{grpc::StatusCode::INVALID_ARGUMENT, name_ + ": empty push stream"};
+        throw CallError{grpc::StatusCode::INVALID_ARGUMENT,
+                        name_ + ": push from trainer " + std::to_string(trainer) +
+                            " carried no chunk (lost or corrupted in transit?)"};
       }
       // Chunks land straight in the trainer's staging buffer: the one copy from the wire.
+      // The first chunk, with the header, is checked before the header is believed.
+      const std::string what = name_ + ": push from trainer " + std::to_string(trainer) +
+                               " (step " + std::to_string(msg.header().step()) + "):";
+      check_chunk(what, msg);
       float* dest = state_.begin_push(trainer, msg.header());
       open = true;
       const int64_t count = state_.shard_size();
-      int64_t received = 0;
-      do {
+      int64_t received = take_chunk(name_ + " push", msg.offset(), msg.data(), dest, count);
+      while (reader->Read(&msg)) {
+        // A corrupted chunk fails the whole push: abort_push below discards what came before.
+        check_chunk(what, msg);
         received += take_chunk(name_ + " push", msg.offset(), msg.data(), dest, count);
-      } while (reader->Read(&msg));
+      }
       open = false;
       rep->set_version(state_.end_push(trainer, received));
     });

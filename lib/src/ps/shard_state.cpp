@@ -375,6 +375,7 @@ std::vector<rpc::PullMessage> ShardState::pull(int trainer, const rpc::PullReque
     if (len > 0) m.set_data(bytes + off * 4, static_cast<size_t>(len) * 4);
   }
   out.front().set_version(version_);
+  for (rpc::PullMessage& m : out) m.set_crc32c(chunk_checksum(m));
   return out;
 }
 

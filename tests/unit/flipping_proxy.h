@@ -1,0 +1,173 @@
+#pragma once
+// A TCP proxy for corruption tests: it forwards a client's connections to a server on loopback
+// and flips one byte of the HTTP/2 stream in one direction, once, mid-job: either inside the
+// payload of the n-th DATA frame of at least `min_payload` bytes (where gRPC's messages, and so
+// tensor bytes, travel) or in that frame's header (the framing: its stream id).
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace dpar::test {
+
+class FlippingProxy {
+ public:
+  enum class Direction { kToServer, kToClient };
+  enum class Spot { kPayload, kFrameHeader };
+  struct Plan {
+    Direction direction = Direction::kToServer;
+    Spot spot = Spot::kPayload;
+    int nth = 3;               // which qualifying DATA frame (1-based)
+    size_t min_payload = 180;  // DATA frames smaller than this do not count
+  };
+
+  FlippingProxy(int server_port, Plan plan) : server_port_(server_port), plan_(plan) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr = loopback(0);
+    socklen_t len = sizeof addr;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(listener_, 16) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      throw std::runtime_error("FlippingProxy: cannot listen on loopback");
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~FlippingProxy() {
+    stop_ = true;
+    acceptor_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::thread& t : pumps_) t.join();
+    ::close(listener_);
+  }
+  FlippingProxy(const FlippingProxy&) = delete;
+  FlippingProxy& operator=(const FlippingProxy&) = delete;
+
+  int port() const { return port_; }
+  bool flipped() const { return flipped_.load(); }
+
+ private:
+  // Where one direction of one connection stands in the HTTP/2 byte stream.
+  struct Framing {
+    size_t preface_left = 0;  // the client's 24-byte connection preface comes first
+    std::array<uint8_t, 9> header{};
+    size_t header_have = 0;
+    size_t payload_left = 0;
+    size_t payload_size = 0;
+    bool target = false;  // this frame is the one whose payload gets the flip
+  };
+
+  static sockaddr_in loopback(int port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return addr;
+  }
+
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{listener_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int client = ::accept(listener_, nullptr, nullptr);
+      if (client < 0) continue;
+      const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr = loopback(server_port_);
+      if (::connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+        ::close(client);
+        ::close(server);
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      pumps_.emplace_back([this, client, server] { pump(client, server); });
+    }
+  }
+
+  // Copies bytes both ways until either side closes (or the proxy stops), then closes both.
+  void pump(int client, int server) {
+    Framing to_server, to_client;
+    to_server.preface_left = 24;
+    std::vector<uint8_t> buf(1 << 16);
+    while (!stop_) {
+      std::array<pollfd, 2> p{pollfd{client, POLLIN, 0}, pollfd{server, POLLIN, 0}};
+      if (::poll(p.data(), 2, 20) <= 0) continue;
+      bool closed = false;
+      for (int i = 0; i < 2 && !closed; ++i) {
+        if (!(p[static_cast<size_t>(i)].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const int from = i == 0 ? client : server;
+        const int to = i == 0 ? server : client;
+        const ssize_t n = ::recv(from, buf.data(), buf.size(), 0);
+        if (n <= 0) {
+          closed = true;
+          break;
+        }
+        const bool watched = (i == 0) == (plan_.direction == Direction::kToServer);
+        if (watched) scan(i == 0 ? to_server : to_client, buf.data(), static_cast<size_t>(n));
+        size_t sent = 0;
+        while (sent < static_cast<size_t>(n)) {
+          const ssize_t m =
+              ::send(to, buf.data() + sent, static_cast<size_t>(n) - sent, MSG_NOSIGNAL);
+          if (m <= 0) {
+            closed = true;
+            break;
+          }
+          sent += static_cast<size_t>(m);
+        }
+      }
+      if (closed) break;
+    }
+    ::close(client);
+    ::close(server);
+  }
+
+  // Follows the frames in bytes[0, n) and flips the chosen byte when it passes by.
+  void scan(Framing& f, uint8_t* bytes, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (f.preface_left > 0) {
+        --f.preface_left;
+      } else if (f.payload_left > 0) {
+        if (f.target && f.payload_left == f.payload_size / 2 && !flipped_.exchange(true))
+          bytes[i] ^= 0x5a;
+        --f.payload_left;
+      } else {
+        f.header[f.header_have++] = bytes[i];
+        if (f.header_have < 9) continue;
+        f.header_have = 0;
+        const size_t length =
+            (size_t{f.header[0]} << 16) | (size_t{f.header[1]} << 8) | f.header[2];
+        const bool data = f.header[3] == 0;
+        f.target = false;
+        if (data && length >= plan_.min_payload && ++qualifying_ == plan_.nth && !flipped_) {
+          if (plan_.spot == Spot::kFrameHeader) {
+            // The stream id's low byte, the header's last: a client's streams are odd, so the
+            // frame now names a stream that does not exist.
+            if (!flipped_.exchange(true)) bytes[i] ^= 0x01;
+          } else {
+            f.target = true;
+          }
+        }
+        f.payload_left = length;
+        f.payload_size = length;
+      }
+    }
+  }
+
+  const int server_port_;
+  const Plan plan_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> flipped_{false};
+  std::atomic<int> qualifying_{0};
+  std::mutex mu_;
+  std::vector<std::thread> pumps_;
+  std::thread acceptor_;
+};
+
+}  // namespace dpar::test
