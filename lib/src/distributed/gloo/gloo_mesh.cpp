@@ -126,19 +126,6 @@ std::string remote_address(gloo::transport::Pair& pair) {
   return "(an address no longer connected)";
 }
 
-// Gloo messages start with "[/path/file.cc:123] "; keep the text after it, on one line.
-std::string one_line(const std::string& what) {
-  std::string text = what;
-  if (!text.empty() && text[0] == '[') {
-    const size_t close = text.find("] ");
-    if (close != std::string::npos) text = text.substr(close + 2);
-  }
-  for (char& c : text) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return text;
-}
-
 // Waits for "<prefix><r>" of every rank; a timeout names the ranks whose key never came.
 void wait_for_ranks(Store& store, const std::string& prefix, int size, Millis timeout,
                     const std::string& what) {
@@ -308,7 +295,8 @@ class MeshAttempt {
       transport_->getPair(peer)->connect(address);
     } catch (const std::exception& e) {
       fail(peer, PairOutcome::NoConnect,
-           cat("rank ", options_.rank, " could not connect to ", who, ": ", one_line(e.what())));
+           cat("rank ", options_.rank, " could not connect to ", who, ": ",
+               clean_gloo_message(e.what())));
     }
   }
 
@@ -382,7 +370,8 @@ class MeshAttempt {
   }
 
   std::string pair_failure(int peer, const std::string& what) const {
-    return cat("rank ", options_.rank, "'s pair with rank ", peer, " failed: ", one_line(what));
+    return cat("rank ", options_.rank, "'s pair with rank ", peer,
+               " failed: ", clean_gloo_message(what));
   }
 
   std::shared_ptr<Store> store_;
@@ -397,6 +386,18 @@ class MeshAttempt {
 };
 
 }  // namespace
+
+std::string clean_gloo_message(const std::string& what) {
+  std::string text = what;
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find("] ");
+    if (close != std::string::npos) text = text.substr(close + 2);
+  }
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
 
 std::shared_ptr<gloo::Context> connect_gloo_mesh(
     const std::shared_ptr<Store>& store, const std::shared_ptr<gloo::transport::Device>& device,

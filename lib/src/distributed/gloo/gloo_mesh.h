@@ -48,6 +48,9 @@ struct MeshOptions {
   std::function<void(const std::string&)> log;
 };
 
+// Gloo's exception texts start with "[/path/file.cc:123] ": the text after it, on one line.
+std::string clean_gloo_message(const std::string& what);
+
 // Returns a context whose pairs to every other rank are connected and authenticated. store is
 // the group's own prefixed view. Throws dpar::Error naming the ranks that did not join, or what
 // failed in the last attempt.

@@ -19,19 +19,6 @@ namespace {
 // meet in the exchange, so the check reports "a rank skipped a collective" instead of hanging.
 constexpr uint32_t kFingerprintTag = 0xffffffffu;
 
-// Gloo messages start with "[/path/file.cc:123] "; keep the text after it, on one line.
-std::string clean_gloo_message(const std::string& what) {
-  std::string text = what;
-  if (!text.empty() && text[0] == '[') {
-    const size_t close = text.find("] ");
-    if (close != std::string::npos) text = text.substr(close + 2);
-  }
-  for (char& c : text) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return text;
-}
-
 std::exception_ptr make_error(const std::string& message) {
   try {
     DPAR_FAIL(message);
