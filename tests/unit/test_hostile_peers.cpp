@@ -3,7 +3,7 @@
 // connections (slowloris) and call with another job's identity. The job must finish with the
 // same results, the server log one line naming the peer, and memory stay bounded. Then the
 // same for the ports Gloo's pairs listen on during the rendezvous (gloo_mesh.h).
-// (The parameter server's version is in test_ps.cpp, beside its job helpers.)
+// (The parameter server's version is in test_ps_hostile.cpp.)
 #include <catch2/catch.hpp>
 #include <mutex>
 #include <set>
