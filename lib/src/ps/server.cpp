@@ -84,8 +84,7 @@ class PsService final : public rpc::ParameterServer::Service {
       const int64_t count = state_.begin_init(trainer, header);
       Tensor values = Tensor::zeros({count});
       float* dest = count ? values.data<float>() : nullptr;
-      int64_t received = 0;
-      received += take_chunk(name_ + " init", msg.offset(), msg.data(), dest, count);
+      int64_t received = take_chunk(name_ + " init", msg.offset(), msg.data(), dest, count);
       while (reader->Read(&msg)) {
         check_chunk(what, msg);
         received += take_chunk(name_ + " init", msg.offset(), msg.data(), dest, count);
