@@ -1,7 +1,6 @@
 // TensorBoard event files (see dpar/io/summary_writer.h for the format and guarantees).
 #include "dpar/io/summary_writer.h"
 
-#include <isa-l/crc.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/crc32c.h"
 #include "dpar/core/error.h"
 #include "dpar/core/sysinfo.h"
 #include "tensorboard_event.pb.h"
@@ -49,18 +49,7 @@ std::string new_event_file_name(const std::string& suffix) {
 
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t size) {
-  // ISA-L takes an int length and works with the pre- and post-inverted register.
-  uint32_t crc = 0xffffffffu;
-  auto* p = static_cast<unsigned char*>(const_cast<void*>(data));
-  while (size > 0) {
-    const int chunk = static_cast<int>(std::min<size_t>(size, 1u << 30));
-    crc = crc32_iscsi(p, chunk, crc);
-    p += chunk;
-    size -= static_cast<size_t>(chunk);
-  }
-  return ~crc;
-}
+uint32_t crc32c(const void* data, size_t size) { return detail::crc32c(data, size); }
 
 uint32_t masked_crc32c(const void* data, size_t size) {
   const uint32_t crc = crc32c(data, size);

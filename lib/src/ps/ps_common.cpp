@@ -1,36 +1,14 @@
 #include "ps/ps_common.h"
 
-#include <isa-l/crc.h>
-
 #include <cstdio>
 #include <cstring>
+
+#include "core/crc32c.h"
 
 namespace dpar::ps::detail {
 namespace {
 
-// A running CRC-32C; ISA-L's crc32_iscsi takes lengths as int, so long inputs go in pieces.
-class Crc32c {
- public:
-  Crc32c& add(const void* data, size_t size) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    while (size > 0) {
-      const size_t piece = std::min<size_t>(size, size_t{1} << 30);
-      state_ = crc32_iscsi(const_cast<uint8_t*>(p), static_cast<int>(piece), state_);
-      p += piece;
-      size -= piece;
-    }
-    return *this;
-  }
-  template <class T>
-  Crc32c& add_value(T value) {
-    static_assert(std::is_arithmetic_v<T>);
-    return add(&value, sizeof value);
-  }
-  uint32_t value() const { return ~state_; }
-
- private:
-  uint32_t state_ = 0xffffffffu;
-};
+using dpar::detail::Crc32c;
 
 Crc32c chunk_crc(int64_t offset, const std::string& data) {
   Crc32c crc;
