@@ -1,17 +1,21 @@
 // The bodies of ProcessGroupGloo's collectives, run on the group's communication thread.
-// A single contiguous tensor is handed to Gloo in place (no copy, no allocation); several
+// A single contiguous tensor is reduced or gathered in place (no copy, no allocation); several
 // tensors, or non-contiguous ones, are packed into one reused staging buffer, so several
 // tensors travel as one fused message, and unpacked afterwards.
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
+//
+// Every byte that crosses a Gloo connection is checked with CRC-32C: allreduce, allgather and
+// reduce_scatter run dpar's checked rings (checked_ring.h), broadcast sends the root's CRC
+// behind the payload and every receiver checks it. A mismatch fails the collective (and the
+// group) with CorruptedTransfer instead of handing the ranks a silently wrong result.
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 
 #include <cstring>
 
+#include "core/crc32c.h"
+#include "distributed/gloo/checked_ring.h"
 #include "distributed/gloo/process_group_gloo.h"
 #include "distributed/gloo/reduce_functions.h"
-#include "distributed/gloo/reduce_scatter_ring.h"
 
 namespace dpar::dist::detail {
 namespace {
@@ -42,23 +46,13 @@ bool single_contiguous(const std::vector<Tensor>& tensors) {
   return tensors.size() == 1 && tensors[0].is_contiguous();
 }
 
-// Gloo's option setters are templates whose type only fixes the element size.
-template <class Options>
-void set_output(Options& opts, void* data, size_t bytes, size_t element_size) {
-  switch (element_size) {
-    case 8:
-      opts.template setOutput<int64_t>(static_cast<int64_t*>(data), bytes / 8);
-      break;
-    case 4:
-      opts.template setOutput<float>(static_cast<float*>(data), bytes / 4);
-      break;
-    case 2:
-      opts.template setOutput<uint16_t>(static_cast<uint16_t*>(data), bytes / 2);
-      break;
-    default:
-      opts.template setOutput<uint8_t>(static_cast<uint8_t*>(data), bytes);
-      break;
-  }
+// Chunk sizes that split `count` elements over `size` ranks as evenly as whole elements allow.
+std::vector<size_t> even_chunks(size_t count, int size, size_t element_size) {
+  std::vector<size_t> bytes(static_cast<size_t>(size));
+  const size_t base = count / static_cast<size_t>(size);
+  const size_t extra = count % static_cast<size_t>(size);
+  for (size_t r = 0; r < bytes.size(); ++r) bytes[r] = (base + (r < extra ? 1 : 0)) * element_size;
+  return bytes;
 }
 
 }  // namespace
@@ -79,15 +73,20 @@ void ProcessGroupGloo::run_allreduce(PendingOp& op) {
       offset += t.nbytes();
     }
   }
-  gloo::AllreduceOptions opts(context_);
-  set_output(opts, data, bytes, element_size);
-  opts.setReduceFunction(reduce_function(info.dtype, info.reduce_op, "allreduce"));
-  opts.setTag(tag(info));
-  opts.setTimeout(options_.timeout);
-  gloo::allreduce(opts);
+  // Reduce-scatter, then allgather, both checked hop by hop; an average is divided on this
+  // rank's chunk only, before the gather hands it to everyone.
+  RingBuffer ring{data, even_chunks(static_cast<size_t>(info.numel), size_, element_size),
+                  element_size};
+  const uint32_t t = tag(info);
+  ring_reduce_scatter(context_, ring, reduce_function(info.dtype, info.reduce_op, "allreduce"), t,
+                      options_.timeout, ring_scratch_);
   if (info.reduce_op == ReduceOp::Avg) {
-    divide_in_place(data, static_cast<size_t>(info.numel), info.dtype, size_);
+    size_t mine = 0;
+    for (int r = 0; r < rank_; ++r) mine += ring.chunk_bytes[static_cast<size_t>(r)];
+    divide_in_place(data + mine, ring.chunk_bytes[static_cast<size_t>(rank_)] / element_size,
+                    info.dtype, size_);
   }
+  ring_allgather(context_, ring, t, options_.timeout, ring_scratch_);
   if (!direct) {
     size_t offset = 0;
     for (Tensor& t : tensors) {
@@ -102,29 +101,42 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
   std::vector<Tensor>& tensors = op.tensors;
   if (info.numel == 0 || size_ == 1) return;
   // Bytes, not elements: tensors of different dtypes may travel together (e.g. parameters and
-  // integer buffers).
+  // integer buffers). The root's CRC-32C travels behind the payload in the same message, so
+  // even a single tensor goes through the staging buffer: Gloo's broadcast tree is kept (log2 n
+  // hops, where a checked chain would need n-1) and the check is end to end.
   const size_t bytes = total_bytes(tensors);
-  const bool direct = single_contiguous(tensors);
-  uint8_t* data = direct ? static_cast<uint8_t*>(tensors[0].raw_data()) : staging(bytes);
-  if (!direct && rank_ == info.root) {
+  uint8_t* data = staging(bytes + sizeof(uint32_t));
+  if (rank_ == info.root) {
     size_t offset = 0;
     for (const Tensor& t : tensors) {
       pack(t, data + offset);
       offset += t.nbytes();
     }
+    const uint32_t crc = dpar::detail::crc32c(data, bytes);
+    std::memcpy(data + bytes, &crc, sizeof crc);
   }
   gloo::BroadcastOptions opts(context_);
-  opts.setOutput<uint8_t>(data, bytes);
+  opts.setOutput<uint8_t>(data, bytes + sizeof(uint32_t));
   opts.setRoot(info.root);
   opts.setTag(tag(info));
   opts.setTimeout(options_.timeout);
   gloo::broadcast(opts);
-  if (!direct && rank_ != info.root) {
-    size_t offset = 0;
-    for (Tensor& t : tensors) {
-      unpack(data + offset, t);
-      offset += t.nbytes();
-    }
+  if (rank_ == info.root) return;
+  uint32_t sent = 0;
+  std::memcpy(&sent, data + bytes, sizeof sent);
+  const uint32_t got = dpar::detail::crc32c(data, bytes);
+  if (got != sent) {
+    char crcs[32];
+    std::snprintf(crcs, sizeof crcs, "%08x != %08x", got, sent);
+    throw CorruptedTransfer(::dpar::detail::str_cat(
+        "the ", bytes, " bytes rank ", rank_, " received from root ", info.root,
+        " failed their CRC-32C check (", crcs,
+        "): they were corrupted in transit; the tensors were left unchanged"));
+  }
+  size_t offset = 0;
+  for (Tensor& t : tensors) {
+    unpack(data + offset, t);
+    offset += t.nbytes();
   }
 }
 
@@ -144,21 +156,16 @@ void ProcessGroupGloo::run_allgather(PendingOp& op) {
   for (int r = 0; r < size_ && direct; ++r) {
     direct = outputs[r].is_contiguous() && outputs[r].raw_data() == first + r * bytes;
   }
-  uint8_t* out = direct ? first : staging(bytes * (size_ + 1));
-  uint8_t* in = nullptr;
+  uint8_t* out = direct ? first : staging(bytes * static_cast<size_t>(size_));
+  uint8_t* mine = out + bytes * static_cast<size_t>(rank_);
   if (input.is_contiguous()) {
-    in = static_cast<uint8_t*>(input.raw_data());
+    if (input.raw_data() != mine) std::memmove(mine, input.raw_data(), bytes);
   } else {
-    in = direct ? staging(bytes) : out + bytes * size_;
-    pack(input, in);
+    pack(input, mine);
   }
-  gloo::AllgatherOptions opts(context_);
-  // Gloo copies the input into the output's slot unless it already is that slot.
-  if (in != out + bytes * rank_) opts.setInput<uint8_t>(in, bytes);
-  opts.setOutput<uint8_t>(out, bytes * size_);
-  opts.setTag(tag(op.work->info()));
-  opts.setTimeout(options_.timeout);
-  gloo::allgather(opts);
+  RingBuffer ring{out, std::vector<size_t>(static_cast<size_t>(size_), bytes),
+                  dtype_size(input.dtype())};
+  ring_allgather(context_, ring, tag(op.work->info()), options_.timeout, ring_scratch_);
   if (!direct) {
     for (int r = 0; r < size_; ++r) unpack(out + r * bytes, outputs[r]);
   }
@@ -175,25 +182,24 @@ void ProcessGroupGloo::run_reduce_scatter(PendingOp& op) {
   if (info.numel == 0) return;
   // The ring reduces in place, so the inputs (which the caller keeps) are packed into the
   // staging buffer first; this rank's chunk is then copied out.
-  std::vector<size_t> chunk_bytes(static_cast<size_t>(size_));
+  RingBuffer ring{nullptr, std::vector<size_t>(static_cast<size_t>(size_)), dtype_size(info.dtype)};
   size_t total = 0;
   for (int r = 0; r < size_; ++r) {
-    chunk_bytes[r] = inputs[r].nbytes();
-    total += chunk_bytes[r];
+    ring.chunk_bytes[r] = inputs[r].nbytes();
+    total += ring.chunk_bytes[r];
   }
-  uint8_t* data = staging(total);
+  ring.data = staging(total);
   size_t offset = 0, mine = 0;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) mine = offset;
-    pack(inputs[r], data + offset);
-    offset += chunk_bytes[r];
+    pack(inputs[r], ring.data + offset);
+    offset += ring.chunk_bytes[r];
   }
-  ring_reduce_scatter(context_, data, chunk_bytes, dtype_size(info.dtype),
-                      reduce_function(info.dtype, info.reduce_op, "reduce_scatter"), tag(info),
-                      options_.timeout, scratch_);
+  ring_reduce_scatter(context_, ring, reduce_function(info.dtype, info.reduce_op, "reduce_scatter"),
+                      tag(info), options_.timeout, ring_scratch_);
   const size_t count = static_cast<size_t>(output.numel());
-  if (info.reduce_op == ReduceOp::Avg) divide_in_place(data + mine, count, info.dtype, size_);
-  unpack(data + mine, output);
+  if (info.reduce_op == ReduceOp::Avg) divide_in_place(ring.data + mine, count, info.dtype, size_);
+  unpack(ring.data + mine, output);
 }
 
 void ProcessGroupGloo::run_barrier(PendingOp& op) {

@@ -29,7 +29,7 @@ std::string cat(const Parts&... parts) {
   return ::dpar::detail::str_cat(parts...);
 }
 
-// Gloo's collectives use slot prefixes 0x01..0x08 and dpar's reduce-scatter 0x40.
+// Gloo's collectives use slot prefixes 0x01..0x08 and dpar's checked rings 0x40 and 0x42..0x44.
 constexpr uint8_t kHandshakeSlotPrefix = 0x41;
 
 // gloo::Context keeps the device and the transport context in protected members that only its

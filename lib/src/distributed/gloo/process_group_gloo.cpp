@@ -266,6 +266,11 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     const bool timed_out = what.find("Timed out") != std::string::npos;
     failed_ = failure_message(info, clean_gloo_message(what), timed_out, in_check);
     op.work->finish(make_error(failed_));
+  } catch (const CorruptedTransfer& e) {
+    // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
+    // the other ranks are says nothing about bytes that changed on the wire, so it is left out.
+    failed_ = failure_message(info, e.what(), false, in_check, false);
+    op.work->finish(make_error(failed_));
   } catch (...) {
     // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.
     op.work->finish(std::current_exception());
@@ -276,12 +281,13 @@ void ProcessGroupGloo::execute(PendingOp& op) {
 }
 
 std::string ProcessGroupGloo::failure_message(const CollectiveInfo& info, const std::string& what,
-                                              bool timed_out, bool in_check) {
+                                              bool timed_out, bool in_check, bool name_laggards) {
   std::string msg = info.describe() + " #" + std::to_string(info.seq);
   msg += timed_out ? " timed out after " + format_duration(options_.timeout) : " failed";
   if (in_check) msg += " in the DPAR_DEBUG=DETAIL check";
   msg += " on rank " + std::to_string(rank_) + " (world size " + std::to_string(size_) + ")";
   if (!timed_out) msg += ": " + what;
+  if (!name_laggards) return msg;
   const std::string laggards = heartbeat_->describe_laggards(info.seq);
   msg += "; " + laggards;
   if (timed_out && laggards.rfind("every rank", 0) == 0 && !options_.debug_detail) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "distributed/collective_check.h"
+#include "distributed/gloo/checked_ring.h"
 #include "distributed/progress_heartbeat.h"
 #include "distributed/work_impl.h"
 #include "dpar/distributed/process_group.h"
@@ -77,7 +78,7 @@ class ProcessGroupGloo final : public ProcessGroup,
   void execute(PendingOp& op);
   void check_fingerprints(const CollectiveInfo& info);
   std::string failure_message(const CollectiveInfo& info, const std::string& what, bool timed_out,
-                              bool in_check);
+                              bool in_check, bool name_laggards = true);
 
   // Collective bodies (gloo_collectives.cpp); run on the communication thread.
   void run_allreduce(PendingOp& op);
@@ -99,7 +100,7 @@ class ProcessGroupGloo final : public ProcessGroup,
 
   // State of the thread running a collective (see running_).
   std::vector<uint64_t> staging_;  // uint64_t elements: aligned for every dtype
-  std::vector<uint8_t> scratch_;
+  RingScratch ring_scratch_;
   std::vector<Fingerprint> fingerprints_;
   std::string failed_;  // first timeout / transport failure; the group is unusable after it
 

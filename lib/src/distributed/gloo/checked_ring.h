@@ -1,0 +1,59 @@
+#pragma once
+// Ring reduce-scatter and allgather over Gloo's unbound buffers, every hop checked by CRC-32C.
+//
+// Why dpar runs its own rings instead of gloo::allreduce / gloo::allgather: Gloo's TCP transport
+// sends tensor bytes with no checksum of its own, and TCP's 16-bit sum (often computed by the
+// NIC, after the bytes left memory) misses what a faulty NIC, switch buffer or middlebox does to
+// them. A flipped bit then changes a gradient sum silently and every rank adopts it. Here the
+// segments of each chunk a rank sends are followed by their CRC-32Cs, in one message on a slot
+// of their own; the receiver takes the CRC of every segment as it arrives and compares before
+// the step ends, so nothing that failed is sent on or returned, and a mismatch throws
+// CorruptedTransfer naming both ranks and the bytes. An allreduce is a reduce-scatter followed by
+// an allgather (what Gloo's ring allreduce does too), so its every byte is checked on every hop.
+//
+// The reduce-scatter takes uneven chunks (Gloo has none for unbound buffers; its old-style
+// ReduceScatterHalvingDoubling needs per-call setup and a fixed reduction type): each rank sends
+// (N-1)/N of the data once, half of what an allreduce of the concatenation would send.
+#include <gloo/context.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "distributed/gloo/reduce_functions.h"
+#include "dpar/distributed/store.h"
+
+namespace dpar::dist::detail {
+
+// Bytes that arrived from a peer differ from what it sent; the ring is left mid-way, so the
+// group cannot be used again.
+struct CorruptedTransfer : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// What a ring collective works on: `data` holds the concatenation of size() chunks, chunk r
+// being chunk_bytes[r] bytes (equal on every rank), each a whole number of elements.
+struct RingBuffer {
+  uint8_t* data = nullptr;
+  std::vector<size_t> chunk_bytes;
+  size_t element_size = 1;
+};
+
+// Reused between calls: where segments arrive before they are reduced, and the CRCs.
+struct RingScratch {
+  std::vector<uint8_t> segments;
+  std::vector<uint32_t> sent_crcs, received_crcs, next_crcs, arrived_crcs;
+};
+
+// On return chunk rank() holds the reduction over all ranks; the other chunks hold partial
+// sums. Throws gloo::Exception on timeout or transport failure, CorruptedTransfer on a
+// checksum mismatch.
+void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const RingBuffer& buffer,
+                         ReduceFn reduce, uint32_t tag, Millis timeout, RingScratch& scratch);
+
+// On entry chunk rank() holds this rank's part; on return every chunk holds its owner's.
+void ring_allgather(const std::shared_ptr<gloo::Context>& context, const RingBuffer& buffer,
+                    uint32_t tag, Millis timeout, RingScratch& scratch);
+
+}  // namespace dpar::dist::detail
