@@ -1,8 +1,14 @@
 #pragma once
 // A TCP proxy for corruption tests: it forwards a client's connections to a server on loopback
-// and flips one byte of the HTTP/2 stream in one direction, once, mid-job: either inside the
-// payload of the n-th DATA frame of at least `min_payload` bytes (where gRPC's messages, and so
-// tensor bytes, travel) or in that frame's header (the framing: its stream id).
+// and flips one byte of the stream in one direction (or whichever carries it first), once,
+// mid-job. It follows the frames of one of two protocols:
+//  - HTTP/2 (gRPC: the store, the parameter servers): the byte is inside the payload of the n-th
+//    DATA frame of at least `min_payload` bytes (where gRPC's messages, and so tensor bytes,
+//    travel) or in that frame's header (the framing: its stream id);
+//  - Gloo's TCP transport: each frame is a 48-byte preamble of six little-endian size_t (total
+//    bytes including the preamble, opcode, slot, offset, length, remote offset) and, for the send
+//    opcodes, the payload; the byte is in the middle of the n-th payload of at least
+//    `min_payload` bytes (Gloo has no checksum, so only dpar's CRCs can notice).
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -11,7 +17,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -19,24 +27,37 @@ namespace dpar::test {
 
 class FlippingProxy {
  public:
-  enum class Direction { kToServer, kToClient };
-  enum class Spot { kPayload, kFrameHeader };
+  enum class Protocol { kHttp2, kGloo };
+  enum class Direction { kToServer, kToClient, kEither };
+  enum class Spot { kPayload, kFrameHeader };  // kFrameHeader: HTTP/2 only
   struct Plan {
     Direction direction = Direction::kToServer;
     Spot spot = Spot::kPayload;
     int nth = 3;               // which qualifying DATA frame (1-based)
     size_t min_payload = 180;  // DATA frames smaller than this do not count
+    Protocol protocol = Protocol::kHttp2;
   };
 
-  FlippingProxy(int server_port, Plan plan) : server_port_(server_port), plan_(plan) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr = loopback(0);
-    socklen_t len = sizeof addr;
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(listener_, 16) != 0 ||
-        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-      throw std::runtime_error("FlippingProxy: cannot listen on loopback");
-    port_ = ntohs(addr.sin_port);
+  // port_ok: a condition the proxy's own port must meet (it draws ports until one does).
+  FlippingProxy(
+      int server_port, Plan plan,
+      const std::function<bool(int)>& port_ok = [](int) { return true; })
+      : server_port_(server_port), plan_(plan) {
+    for (int tries = 0; tries < 200 && port_ == 0; ++tries) {
+      listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr = loopback(0);
+      socklen_t len = sizeof addr;
+      if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+          ::listen(listener_, 16) != 0 ||
+          ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+        throw std::runtime_error("FlippingProxy: cannot listen on loopback");
+      if (port_ok(ntohs(addr.sin_port))) {
+        port_ = ntohs(addr.sin_port);
+      } else {
+        ::close(listener_);
+      }
+    }
+    if (port_ == 0) throw std::runtime_error("FlippingProxy: no port met the condition");
     acceptor_ = std::thread([this] { accept_loop(); });
   }
   ~FlippingProxy() {
@@ -53,10 +74,10 @@ class FlippingProxy {
   bool flipped() const { return flipped_.load(); }
 
  private:
-  // Where one direction of one connection stands in the HTTP/2 byte stream.
+  // Where one direction of one connection stands in the byte stream.
   struct Framing {
-    size_t preface_left = 0;  // the client's 24-byte connection preface comes first
-    std::array<uint8_t, 9> header{};
+    size_t preface_left = 0;  // HTTP/2: the client's 24-byte connection preface comes first
+    std::array<uint8_t, 48> header{};
     size_t header_have = 0;
     size_t payload_left = 0;
     size_t payload_size = 0;
@@ -92,7 +113,7 @@ class FlippingProxy {
   // Copies bytes both ways until either side closes (or the proxy stops), then closes both.
   void pump(int client, int server) {
     Framing to_server, to_client;
-    to_server.preface_left = 24;
+    if (plan_.protocol == Protocol::kHttp2) to_server.preface_left = 24;
     std::vector<uint8_t> buf(1 << 16);
     while (!stop_) {
       std::array<pollfd, 2> p{pollfd{client, POLLIN, 0}, pollfd{server, POLLIN, 0}};
@@ -107,7 +128,8 @@ class FlippingProxy {
           closed = true;
           break;
         }
-        const bool watched = (i == 0) == (plan_.direction == Direction::kToServer);
+        const bool watched = plan_.direction == Direction::kEither ||
+                             (i == 0) == (plan_.direction == Direction::kToServer);
         if (watched) scan(i == 0 ? to_server : to_client, buf.data(), static_cast<size_t>(n));
         size_t sent = 0;
         while (sent < static_cast<size_t>(n)) {
@@ -128,6 +150,8 @@ class FlippingProxy {
 
   // Follows the frames in bytes[0, n) and flips the chosen byte when it passes by.
   void scan(Framing& f, uint8_t* bytes, size_t n) {
+    const bool gloo = plan_.protocol == Protocol::kGloo;
+    const size_t header_size = gloo ? 48 : 9;
     for (size_t i = 0; i < n; ++i) {
       if (f.preface_left > 0) {
         --f.preface_left;
@@ -137,14 +161,23 @@ class FlippingProxy {
         --f.payload_left;
       } else {
         f.header[f.header_have++] = bytes[i];
-        if (f.header_have < 9) continue;
+        if (f.header_have < header_size) continue;
         f.header_have = 0;
-        const size_t length =
-            (size_t{f.header[0]} << 16) | (size_t{f.header[1]} << 8) | f.header[2];
-        const bool data = f.header[3] == 0;
+        size_t length = 0;
+        bool data = false;
+        if (gloo) {
+          const uint64_t total = little_endian(f.header, 0);
+          const uint64_t opcode = little_endian(f.header, 8);
+          length = total >= 48 ? static_cast<size_t>(total - 48) : 0;
+          data = opcode <= 1;  // SEND_BUFFER, SEND_UNBOUND_BUFFER
+          length = data ? length : 0;
+        } else {
+          length = (size_t{f.header[0]} << 16) | (size_t{f.header[1]} << 8) | f.header[2];
+          data = f.header[3] == 0;
+        }
         f.target = false;
         if (data && length >= plan_.min_payload && ++qualifying_ == plan_.nth && !flipped_) {
-          if (plan_.spot == Spot::kFrameHeader) {
+          if (plan_.spot == Spot::kFrameHeader && !gloo) {
             // The stream id's low byte, the header's last: a client's streams are odd, so the
             // frame now names a stream that does not exist.
             if (!flipped_.exchange(true)) bytes[i] ^= 0x01;
@@ -156,6 +189,12 @@ class FlippingProxy {
         f.payload_size = length;
       }
     }
+  }
+
+  static uint64_t little_endian(const std::array<uint8_t, 48>& header, size_t at) {
+    uint64_t v = 0;
+    for (size_t k = 0; k < 8; ++k) v |= uint64_t{header[at + k]} << (8 * k);
+    return v;
   }
 
   const int server_port_;
