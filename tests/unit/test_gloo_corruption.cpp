@@ -193,17 +193,22 @@ Proxy::Plan payload_plan() {
 
 TEST_CASE("gloo: a byte flipped in an allreduce's payload fails it, naming the rank and the op",
           "[gloo][hostile]") {
-  Proxies proxies;
-  proxies.plan = payload_plan();
-  const auto out = run_corrupted(proxies, [](ProcessGroup& pg, int rank) {
-    Tensor t = Tensor::from_vector(ramp(rank, kNumel), {kNumel});
-    pg.allreduce({t})->wait();
-    return t.to_float_vector();
-  });
-  std::vector<float> sum = ramp(0, kNumel);
-  const std::vector<float> one = ramp(1, kNumel);
-  for (size_t i = 0; i < sum.size(); ++i) sum[i] += one[i];
-  check_detected(out, proxies.flipped(), "allreduce(f32[65536])", {sum, sum});
+  // 256 KiB travel in segments followed by their CRCs; 16 KiB as one message per hop, the CRC
+  // behind the bytes in a staging slot.
+  for (int64_t numel : {kNumel, int64_t{4096}}) {
+    Proxies proxies;
+    proxies.plan = payload_plan();
+    const auto out = run_corrupted(proxies, [numel](ProcessGroup& pg, int rank) {
+      Tensor t = Tensor::from_vector(ramp(rank, numel), {numel});
+      pg.allreduce({t})->wait();
+      return t.to_float_vector();
+    });
+    std::vector<float> sum = ramp(0, numel);
+    const std::vector<float> one = ramp(1, numel);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += one[i];
+    check_detected(out, proxies.flipped(), "allreduce(f32[" + std::to_string(numel) + "])",
+                   {sum, sum});
+  }
 }
 
 TEST_CASE("gloo: a byte flipped in an allgather, reduce_scatter or broadcast is detected",

@@ -77,16 +77,14 @@ void ProcessGroupGloo::run_allreduce(PendingOp& op) {
   // rank's chunk only, before the gather hands it to everyone.
   RingBuffer ring{data, even_chunks(static_cast<size_t>(info.numel), size_, element_size),
                   element_size};
-  const uint32_t t = tag(info);
-  ring_reduce_scatter(context_, ring, reduce_function(info.dtype, info.reduce_op, "allreduce"), t,
-                      options_.timeout, ring_scratch_);
+  ChunkFn finish;
   if (info.reduce_op == ReduceOp::Avg) {
-    size_t mine = 0;
-    for (int r = 0; r < rank_; ++r) mine += ring.chunk_bytes[static_cast<size_t>(r)];
-    divide_in_place(data + mine, ring.chunk_bytes[static_cast<size_t>(rank_)] / element_size,
-                    info.dtype, size_);
+    finish = [&](uint8_t* chunk, size_t count) {
+      divide_in_place(chunk, count, info.dtype, size_);
+    };
   }
-  ring_allgather(context_, ring, t, options_.timeout, ring_scratch_);
+  ring_allreduce(context_, ring, reduce_function(info.dtype, info.reduce_op, "allreduce"), finish,
+                 tag(info), options_.timeout, ring_scratch_);
   if (!direct) {
     size_t offset = 0;
     for (Tensor& t : tensors) {

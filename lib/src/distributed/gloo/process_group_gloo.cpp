@@ -270,6 +270,9 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
     // the other ranks are says nothing about bytes that changed on the wire, so it is left out.
     failed_ = failure_message(info, e.what(), false, in_check, false);
+    // Closing the connections now makes the peers' pending transfers fail at once, instead of
+    // at the timeout, even while this process lives on.
+    context_.reset();
     op.work->finish(make_error(failed_));
   } catch (...) {
     // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.
