@@ -5,9 +5,11 @@
 // raw Gloo's call is: blocking) and a plain gloo::allreduce on a second Gloo context
 // rendezvoused through the same store and bound to the same address, alternating the two so
 // they share the machine's noise. Rank 0 prints ours, the peer (raw Gloo) and the ratio per
-// size. --async times `allreduce({t})->wait()` instead, which hands the call to the group's
-// communication thread and back. --diag adds voluntary context switches and CPU time per call:
-// each thread hand-off is a context switch.
+// size. dpar's group runs its own rings with a CRC-32C on every hop (checked_ring.h), so the
+// ratio includes what the checks cost; raw Gloo checks nothing. --async times
+// `allreduce({t})->wait()` instead, which hands the call to the group's communication thread and
+// back. --diag adds voluntary context switches and CPU time per call: each thread hand-off is a
+// context switch.
 // --device gpu measures dpar's NCCL group instead, beside raw NCCL and torch.distributed
 // (bench_allreduce_nccl.cpp; CUDA builds).
 // On a busy machine every wake-up may wait for a time slice, which swamps the comparison;
@@ -188,8 +190,8 @@ int run_worker(const Options& opt) {
         detail ? "ON (slows every call)" : "off",
         opt.async ? "allreduce({t})->wait() (async)" : "allreduce({t}, Sum, false) (sync)");
     std::printf(
-        "  peer: raw gloo::allreduce (default algorithm, gloo::sum<float>) on a second "
-        "context, same store and address\n");
+        "  dpar: its CRC-32C-checked ring; peer: raw gloo::allreduce (default algorithm, "
+        "gloo::sum<float>, no checksum) on a second context, same store and address\n");
     std::printf(
         "  median of %lld repetitions, >= %.2f s each; GB/s = 1e9 B/s; busbw = "
         "2(n-1)/n x algbw\n  ratio and overhead %%: median over repetitions of the adjacent "
