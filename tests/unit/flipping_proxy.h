@@ -29,13 +29,17 @@ class FlippingProxy {
  public:
   enum class Protocol { kHttp2, kGloo };
   enum class Direction { kToServer, kToClient, kEither };
-  enum class Spot { kPayload, kFrameHeader };  // kFrameHeader: HTTP/2 only
+  enum class Spot { kPayload, kFrameHeader };
   struct Plan {
     Direction direction = Direction::kToServer;
     Spot spot = Spot::kPayload;
     int nth = 3;               // which qualifying DATA frame (1-based)
     size_t min_payload = 180;  // DATA frames smaller than this do not count
     Protocol protocol = Protocol::kHttp2;
+    // kFrameHeader: which byte of the frame header. HTTP/2's 8 is the stream id's low byte (a
+    // client's streams are odd, so the frame then names a stream that does not exist); in
+    // Gloo's preamble 0 is the frame length's, 16 the slot's, 32 the payload length's.
+    size_t header_byte = 8;
   };
 
   // port_ok: a condition the proxy's own port must meet (it draws ports until one does).
@@ -177,10 +181,11 @@ class FlippingProxy {
         }
         f.target = false;
         if (data && length >= plan_.min_payload && ++qualifying_ == plan_.nth && !flipped_) {
-          if (plan_.spot == Spot::kFrameHeader && !gloo) {
-            // The stream id's low byte, the header's last: a client's streams are odd, so the
-            // frame now names a stream that does not exist.
-            if (!flipped_.exchange(true)) bytes[i] ^= 0x01;
+          if (plan_.spot == Spot::kFrameHeader) {
+            // The header is complete at bytes[i]; its first bytes may have gone out in an
+            // earlier read already.
+            const size_t back = header_size - 1 - plan_.header_byte;
+            if (back <= i && !flipped_.exchange(true)) bytes[i - back] ^= 0x01;
           } else {
             f.target = true;
           }

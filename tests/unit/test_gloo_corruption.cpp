@@ -6,9 +6,11 @@
 // test_ps_hostile.cpp, the rendezvous ports' in test_hostile_peers.cpp.)
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -264,4 +266,37 @@ TEST_CASE("gloo: a byte flipped in an allgather, reduce_scatter or broadcast is 
       CHECK(out[static_cast<size_t>(root)].error.empty());  // the root's bytes left intact
     }
   }
+}
+
+// Run in a child process by the next case: Gloo aborts the process it runs in.
+TEST_CASE("gloo: child: an allreduce whose frame header is flipped", "[.][gloo-header-child]") {
+  Proxies proxies;
+  proxies.plan = payload_plan();
+  proxies.plan.spot = Proxy::Spot::kFrameHeader;
+  proxies.plan.header_byte = 16;  // the slot's low byte: a slot nobody posted
+  run_corrupted(proxies, [](ProcessGroup& pg, int rank) {
+    Tensor t = Tensor::from_vector(ramp(rank, kNumel), {kNumel});
+    pg.allreduce({t})->wait();
+    return t.to_float_vector();
+  });
+}
+
+TEST_CASE("gloo: a frame header Gloo cannot place stops the process with a line naming the op",
+          "[gloo][hostile]") {
+  // Gloo's event-loop thread throws on such a frame where nothing catches it, and dies holding
+  // the pair's lock: the process cannot go on, so what dpar owes is the line saying why.
+  const std::string command =
+      "/proc/" + std::to_string(::getpid()) + "/exe '[gloo-header-child]' 2>&1";
+  FILE* child = ::popen(command.c_str(), "r");
+  REQUIRE(child != nullptr);
+  std::string output;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, child)) > 0) output.append(buf, n);
+  const int status = ::pclose(child);
+  INFO(output);
+  CHECK(status != 0);
+  CHECK_THAT(output, Contains("dpar: rank ") && Contains("in allreduce(f32[65536]) #1") &&
+                         Contains("a frame on a Gloo connection was corrupted in transit or "
+                                  "forged"));
 }

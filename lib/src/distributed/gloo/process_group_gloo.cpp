@@ -9,6 +9,7 @@
 
 #include "distributed/gloo/bind_address.h"
 #include "distributed/gloo/gloo_mesh.h"
+#include "distributed/gloo/gloo_terminate.h"
 #include "distributed/gloo/reduce_functions.h"
 #include "dpar/core/error.h"
 
@@ -70,12 +71,20 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
                 " (listening on ", bind_address_, "): ", clean_gloo_message(e.what()));
     }
     fingerprints_.resize(static_cast<size_t>(size));
+    note_gloo_group(this, [this] {
+      const CollectiveInfo* info = running_info_.load();
+      std::string where =
+          "rank " + std::to_string(rank_) + " (world size " + std::to_string(size_) + "), ";
+      if (info == nullptr) return where + "between collectives";
+      return where + "in " + info->describe() + " #" + std::to_string(info->seq);
+    });
   }
   heartbeat_ = std::make_unique<ProgressHeartbeat>(store_, rank, size);
   thread_ = std::thread([this] { comm_loop(); });
 }
 
 ProcessGroupGloo::~ProcessGroupGloo() {
+  forget_gloo_group(this);
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     stop_ = true;
@@ -237,6 +246,11 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     return;
   }
   bool in_check = false;
+  running_info_.store(&info);
+  struct Clear {
+    std::atomic<const CollectiveInfo*>& running;
+    ~Clear() { running.store(nullptr); }
+  } clear{running_info_};
   try {
     if (options_.debug_detail && size_ > 1) {
       in_check = true;

@@ -12,6 +12,7 @@
 // timeout), and later collectives fail at once with the first error. With debug_detail, each
 // collective first exchanges fingerprints (collective_check.h) and fails on every rank on a
 // mismatch, which leaves the group usable.
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -102,6 +103,9 @@ class ProcessGroupGloo final : public ProcessGroup,
   std::vector<uint64_t> staging_;  // uint64_t elements: aligned for every dtype
   RingScratch ring_scratch_;
   std::vector<Fingerprint> fingerprints_;
+  // The collective this group is running, for the line written if Gloo's thread takes the
+  // process down (gloo_terminate.h).
+  std::atomic<const CollectiveInfo*> running_info_{nullptr};
   std::string failed_;  // first timeout / transport failure; the group is unusable after it
 
   std::mutex queue_mutex_;
