@@ -191,6 +191,10 @@ TEST_CASE("image write and read round trip", "[data]") {
         read_image(regressions + "fuzz_image/" + name),
         Contains("corrupt JPEG: a Huffman table with") && Contains("codes (at most 256)"));
   }
+  // A PNG whose IDAT chunk claims 1.6 GB in a 99-byte file made stb allocate 2 GiB (fuzz_image).
+  CHECK_THROWS_WITH(read_image(regressions + "fuzz_image/png-chunk-longer-than-file.png"),
+                    Contains("corrupt PNG: the chunk at byte 86 claims 1664024617 bytes, but the "
+                             "file has 13 left"));
   std::string huge_png = "\x89PNG\r\n\x1a\n";
   huge_png += std::string("\0\0\0\x0dIHDR", 8);
   huge_png += std::string("\0\0\x3e\x80\0\0\x3e\x80\x08\x02\0\0\0", 13);
