@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "distributed/gloo/gloo_mesh.h"
 #include "dpar/distributed/process_group.h"
 #include "dpar/distributed/store.h"
 #include "dpar/tensor/tensor.h"
@@ -41,26 +42,15 @@ struct Proxies {
   }
 };
 
-// The port of the address rank `owner` published for `peer` in a Gloo mesh's "addr/<owner>"
-// blob (entries: int32 peer, uint32 length, then Gloo's tcp::Address bytes, which start with a
-// sockaddr_storage), as a pointer into the blob, or null.
-uint8_t* port_field(Bytes& blob, int32_t peer) {
-  size_t at = 0;
-  while (at + 8 <= blob.size()) {
-    int32_t who = 0;
-    uint32_t length = 0;
-    std::memcpy(&who, blob.data() + at, 4);
-    std::memcpy(&length, blob.data() + at + 4, 4);
-    at += 8;
-    if (who == peer && length >= sizeof(sockaddr_in)) {
-      sockaddr_in a{};
-      std::memcpy(&a, blob.data() + at, sizeof a);
-      if (a.sin_family != AF_INET) return nullptr;
-      return blob.data() + at + offsetof(sockaddr_in, sin_port);
-    }
-    at += length;
-  }
-  return nullptr;
+// The port of the IPv4 address rank `owner` published for `peer` in a Gloo mesh's
+// "addr/<owner>" blob (dist::detail::AddressEntry), as a pointer into the blob, or null.
+uint8_t* port_field(Bytes& blob, int32_t peer, int owner) {
+  const auto e = dist::detail::find_address_entry(blob, peer, owner);
+  if (e.length < sizeof(sockaddr_in)) return nullptr;
+  sockaddr_in a{};
+  std::memcpy(&a, blob.data() + e.offset, sizeof a);
+  if (a.sin_family != AF_INET) return nullptr;
+  return blob.data() + e.offset + offsetof(sockaddr_in, sin_port);
 }
 
 uint16_t raw_port(const uint8_t* field) {
@@ -85,8 +75,8 @@ class ProxyingStore final : public Store {
     if (at == std::string::npos) return value;
     const int owner = std::stoi(key.substr(at + 6));
     Bytes mine = inner_->get(key.substr(0, at + 6) + std::to_string(rank_));
-    uint8_t* theirs = port_field(value, rank_);
-    const uint8_t* ours = port_field(mine, owner);
+    uint8_t* theirs = port_field(value, rank_, owner);
+    const uint8_t* ours = port_field(mine, owner, rank_);
     if (theirs == nullptr || ours == nullptr) return value;
     const uint16_t own_raw = raw_port(ours);
     if (own_raw <= raw_port(theirs)) return value;  // this rank waits; the peer connects

@@ -3,6 +3,7 @@
 #include <isa-l/crc.h>
 
 #include <algorithm>
+#include <cstdio>
 
 namespace dpar::detail {
 
@@ -16,6 +17,12 @@ Crc32c& Crc32c::add(const void* data, size_t size) {
     size -= piece;
   }
   return *this;
+}
+
+std::string crc_pair(uint32_t got, uint32_t expected) {
+  char text[24];
+  std::snprintf(text, sizeof text, "%08x != %08x", got, expected);
+  return text;
 }
 
 }  // namespace dpar::detail

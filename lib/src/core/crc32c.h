@@ -4,6 +4,7 @@
 // collectives. One implementation, so the three cannot drift apart.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 namespace dpar::detail {
@@ -24,5 +25,8 @@ class Crc32c {
 };
 
 inline uint32_t crc32c(const void* data, size_t size) { return Crc32c().add(data, size).value(); }
+
+// "got != expected" in hex, as every CRC mismatch message quotes them.
+std::string crc_pair(uint32_t got, uint32_t expected);
 
 }  // namespace dpar::detail

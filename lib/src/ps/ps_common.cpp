@@ -37,10 +37,9 @@ uint32_t chunk_checksum(const rpc::PullMessage& msg) {
 
 std::string corrupted_chunk(const std::string& what, int64_t offset, size_t bytes, uint32_t got,
                             uint32_t expected) {
-  char crcs[64];
-  std::snprintf(crcs, sizeof crcs, "%08x != %08x", got, expected);
   return what + " chunk at offset " + std::to_string(offset) + " (" + std::to_string(bytes) +
-         " bytes) failed its CRC-32C check (" + crcs + "): the bytes were corrupted in transit";
+         " bytes) failed its CRC-32C check (" + dpar::detail::crc_pair(got, expected) +
+         "): the bytes were corrupted in transit";
 }
 
 rpc::Layout to_proto(const ShardLayout& layout) {

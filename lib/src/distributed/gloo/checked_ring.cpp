@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 
 #include "core/crc32c.h"
@@ -57,11 +56,10 @@ class RingGeometry {
   // from the previous rank differs from the one it sent.
   void check(size_t offset, size_t length, uint32_t got, uint32_t sent) const {
     if (got == sent) return;
-    char crcs[32];
-    std::snprintf(crcs, sizeof crcs, "%08x != %08x", got, sent);
     throw CorruptedTransfer(::dpar::detail::str_cat(
         "the ", length, " bytes rank ", rank_, " received from rank ", prev_, " (bytes ", offset,
-        "..", offset + length, " of ", offset_.back(), ") failed their CRC-32C check (", crcs,
+        "..", offset + length, " of ", offset_.back(), ") failed their CRC-32C check (",
+        ::dpar::detail::crc_pair(got, sent),
         "): they were corrupted in transit between the two ranks"));
   }
 

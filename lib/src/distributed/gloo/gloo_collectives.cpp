@@ -124,11 +124,9 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
   std::memcpy(&sent, data + bytes, sizeof sent);
   const uint32_t got = dpar::detail::crc32c(data, bytes);
   if (got != sent) {
-    char crcs[32];
-    std::snprintf(crcs, sizeof crcs, "%08x != %08x", got, sent);
     throw CorruptedTransfer(::dpar::detail::str_cat(
         "the ", bytes, " bytes rank ", rank_, " received from root ", info.root,
-        " failed their CRC-32C check (", crcs,
+        " failed their CRC-32C check (", dpar::detail::crc_pair(got, sent),
         "): they were corrupted in transit; the tensors were left unchanged"));
   }
   size_t offset = 0;

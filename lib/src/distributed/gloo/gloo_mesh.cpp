@@ -159,7 +159,7 @@ struct PeerState {
 
 Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
-// Entries of "addr/<rank>": repeated (int32 peer, uint32 length, address bytes).
+// Entries of "addr/<rank>": see AddressEntry.
 void append_address(Bytes& blob, int32_t peer, const std::vector<char>& address) {
   const auto length = static_cast<uint32_t>(address.size());
   const auto* p = reinterpret_cast<const uint8_t*>(&peer);
@@ -170,19 +170,9 @@ void append_address(Bytes& blob, int32_t peer, const std::vector<char>& address)
 }
 
 std::vector<char> find_address(const Bytes& blob, int32_t peer, int owner) {
-  size_t at = 0;
-  while (at + 8 <= blob.size()) {
-    int32_t who = 0;
-    uint32_t length = 0;
-    std::memcpy(&who, blob.data() + at, 4);
-    std::memcpy(&length, blob.data() + at + 4, 4);
-    at += 8;
-    DPAR_CHECK(length <= blob.size() - at, "rank ", owner,
-               "'s published Gloo addresses are cut short");
-    if (who == peer) return std::vector<char>(blob.begin() + at, blob.begin() + at + length);
-    at += length;
-  }
-  DPAR_FAIL("rank ", owner, " published no Gloo address for rank ", peer);
+  const AddressEntry e = find_address_entry(blob, peer, owner);
+  return std::vector<char>(blob.begin() + static_cast<ptrdiff_t>(e.offset),
+                           blob.begin() + static_cast<ptrdiff_t>(e.offset + e.length));
 }
 
 // One attempt at the mesh (steps 1-4 of gloo_mesh.h). transport is set when every pair of
@@ -386,6 +376,22 @@ class MeshAttempt {
 };
 
 }  // namespace
+
+AddressEntry find_address_entry(const Bytes& blob, int32_t peer, int owner) {
+  size_t at = 0;
+  while (at + 8 <= blob.size()) {
+    int32_t who = 0;
+    uint32_t length = 0;
+    std::memcpy(&who, blob.data() + at, 4);
+    std::memcpy(&length, blob.data() + at + 4, 4);
+    at += 8;
+    DPAR_CHECK(length <= blob.size() - at, "rank ", owner,
+               "'s published Gloo addresses are cut short");
+    if (who == peer) return AddressEntry{at, length};
+    at += length;
+  }
+  DPAR_FAIL("rank ", owner, " published no Gloo address for rank ", peer);
+}
 
 std::string clean_gloo_message(const std::string& what) {
   std::string text = what;

@@ -48,6 +48,16 @@ struct MeshOptions {
   std::function<void(const std::string&)> log;
 };
 
+// Rank `owner`'s published Gloo addresses (the store key "addr/<owner>" of an attempt) are
+// repeated entries (int32 peer, uint32 length, Gloo's tcp::Address bytes, which start with the
+// pair's sockaddr_storage). Where the address for `peer` lies in `blob`; throws dpar::Error when
+// the blob is cut short or holds none for `peer`.
+struct AddressEntry {
+  size_t offset = 0;
+  size_t length = 0;
+};
+AddressEntry find_address_entry(const Bytes& blob, int32_t peer, int owner);
+
 // Gloo's exception texts start with "[/path/file.cc:123] ": the text after it, on one line.
 std::string clean_gloo_message(const std::string& what);
 
