@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "dpar/core/error.h"
 
@@ -18,6 +19,32 @@ void write_all(int fd, const std::string& text) {
     if (n <= 0) return;
     done += static_cast<size_t>(n);
   }
+}
+
+std::string move_earlier_logs(const std::string& dir, const std::vector<std::string>& names) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> earlier;
+  for (const std::string& name : names) {
+    std::error_code ec;
+    if (fs::exists(fs::path(dir) / name, ec)) earlier.push_back(fs::path(dir) / name);
+  }
+  if (earlier.empty()) return "";
+  fs::path target;
+  for (int k = 1;; ++k) {
+    target = fs::path(dir) / ("previous." + std::to_string(k));
+    std::error_code ec;
+    if (!fs::exists(target, ec)) break;
+  }
+  std::error_code ec;
+  fs::create_directory(target, ec);
+  DPAR_CHECK(!ec, "dpar-launch: cannot create ", target.string(),
+             " for the earlier run's logs: ", ec.message());
+  for (const fs::path& file : earlier) {
+    fs::rename(file, target / file.filename(), ec);
+    DPAR_CHECK(!ec, "dpar-launch: cannot move the earlier run's log ", file.string(), " to ",
+               target.string(), ": ", ec.message());
+  }
+  return target.string();
 }
 
 LogSink::LogSink(std::string path, bool append, bool echo, std::string prefix)

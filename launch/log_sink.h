@@ -41,6 +41,12 @@ class LogSink {
   std::deque<std::string> tail_;
 };
 
+// Keeps an earlier run's logs from being overwritten: when any of `names` exists in `dir`,
+// all of them that exist move to dir/previous.<K> (K = 1, 2, ...: the first unused number,
+// so earlier runs stay ordered) and that folder is returned; otherwise "". Throws dpar::Error
+// naming the file when a move fails.
+std::string move_earlier_logs(const std::string& dir, const std::vector<std::string>& names);
+
 // Writes all of `text` to fd, retrying short writes; errors (a closed console) are ignored
 // because losing the echo must never stop the job.
 void write_all(int fd, const std::string& text);

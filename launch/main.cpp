@@ -125,6 +125,15 @@ int launch(int argc, char** argv) {
   }
   check_ports_free(plan);
   make_log_dir(plan.log_dir);
+  if (!plan.log_dir.empty()) {
+    std::vector<std::string> names;
+    for (const Process& p : plan.node().procs) names.push_back(log_file_name(p));
+    const std::string kept = move_earlier_logs(plan.log_dir, names);
+    if (!kept.empty()) {
+      write_all(STDOUT_FILENO, "dpar-launch: " + plan.log_dir +
+                                   " held an earlier run's logs; moved them to " + kept + "\n");
+    }
+  }
 
   if (token_derived) {
     write_all(STDERR_FILENO,

@@ -1,5 +1,6 @@
 #include "options.h"
 
+#include <cstdlib>
 #include <tuple>
 #include <utility>
 
@@ -38,6 +39,26 @@ void check_mode_flags(const Options& o) {
           "--servers/--trainers or --server_num/--trainer_num");
     }
   }
+}
+
+// --nnodes=N; torchrun's elastic range MIN:MAX is named as such, since dpar-launch's world is
+// fixed for the life of the job.
+int64_t parse_node_count(const std::string& text) {
+  if (text.find(':') != std::string::npos) {
+    const std::string min = text.substr(0, text.find(':')), max = text.substr(text.find(':') + 1);
+    if (min != max) {
+      bad("--nnodes=" + text +
+          ": a MIN:MAX range needs elastic membership, which dpar-launch "
+          "does not have; give a fixed number of nodes");
+    }
+    return parse_node_count(min);
+  }
+  char* end = nullptr;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || n < 1 || n > 4096) {
+    bad("--nnodes=" + text + ": expected a number of nodes in 1..4096");
+  }
+  return n;
 }
 
 void check_ps(const Options& o) {
@@ -79,6 +100,28 @@ void check_ps(const Options& o) {
   }
 }
 
+// torchrun's vocabulary, checked against dpar's own flags for the same things.
+void check_torchrun_flags(const Options& o) {
+  if (!o.master.empty() && (!o.master_addr.empty() || o.master_port != 0)) {
+    bad("--master and --master_addr/--master_port both give the store's endpoint; give one");
+  }
+  if (o.master_port < 0 || o.master_port > 65535) {
+    bad("--master_port=" + std::to_string(o.master_port) + ": expected a port in 1..65535");
+  }
+  if (o.nnodes < 0) bad("--nnodes=" + std::to_string(o.nnodes) + ": expected at least 1 node");
+  if (o.standalone) {
+    if (o.ips_given || !o.hostfile.empty() || !o.rank_table.empty()) {
+      bad("--standalone runs one node on this machine; it cannot be combined with --ips, "
+          "--hostfile or --rank_table");
+    }
+    if (o.nnodes > 1) bad("--standalone is one node, but --nnodes=" + std::to_string(o.nnodes));
+    if (!o.master.empty() || !o.master_addr.empty() || o.master_port != 0) {
+      bad("--standalone chooses the store's endpoint itself; leave out --master, --master_addr "
+          "and --master_port");
+    }
+  }
+}
+
 void check(const Options& o) {
   if (o.command.empty()) {
     bad("no program given (usage: dpar-launch [flags] <program> [args...]; see --help)");
@@ -88,6 +131,7 @@ void check(const Options& o) {
   }
   check_mode_flags(o);
   if (o.ps_mode()) check_ps(o);
+  check_torchrun_flags(o);
   if (o.nproc_given && o.nproc_per_node < 1) {
     bad("--nproc_per_node=" + std::to_string(o.nproc_per_node) +
         ": expected at least 1 process per node");
@@ -157,6 +201,16 @@ Options parse_options(const std::vector<std::string>& args) {
   auto& master = flags.add_string("master", "",
                                   "ip:port of the store rank 0 hosts; empty: rank 0's "
                                   "node, the port after the per-rank ports");
+  auto& master_addr = flags.add_string(
+      "master_addr", "", "torchrun's spelling: the store's address (the port: --master_port)");
+  auto& master_port =
+      flags.add_int("master_port", 0, "torchrun's spelling: the store's port (0: derived)");
+  auto& nnodes = flags.add_string("nnodes", "",
+                                  "torchrun's spelling: the number of nodes, which must match the "
+                                  "node list (--ips etc.); MIN:MAX ranges are not supported");
+  auto& standalone = flags.add_bool(
+      "standalone", false,
+      "torchrun's spelling: one node on loopback; free ports are found unless --start_port");
   auto& job_id = flags.add_string(
       "job_id", "",
       "job id shared by all nodes; empty: from the master endpoint (ps mode: from server 0's)");
@@ -201,6 +255,10 @@ Options parse_options(const std::vector<std::string>& args) {
   o.start_port = start_port;
   o.master = master;
   o.job_id = job_id;
+  o.master_addr = master_addr;
+  o.master_port = master_port;
+  o.standalone = standalone;
+  if (flags.was_set("nnodes")) o.nnodes = parse_node_count(nnodes);
   o.run_mode = run_mode;
   o.max_restarts = max_restarts;
   o.grace_period = grace;
@@ -219,6 +277,7 @@ Options parse_options(const std::vector<std::string>& args) {
   o.trainer_num_given = flags.was_set("trainer_num");
   o.job_token_given = flags.was_set("job_token");
   o.server_stop_timeout_given = flags.was_set("server_stop_timeout");
+  o.start_port_given = flags.was_set("start_port");
   check(o);
   return o;
 }

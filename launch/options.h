@@ -19,6 +19,13 @@ struct Options {
   std::string log_dir = "log";  // "": no log files, every process echoes to the console
   int64_t start_port = 6070;
   std::string master;  // ip:port of the store; default derived (see plan.h)
+  // torchrun's spellings: --master_addr/--master_port make up --master (either alone keeps the
+  // other part's default); --nnodes is a fixed node count that must match the node list;
+  // --standalone is one node on loopback with free ports found by the launcher.
+  std::string master_addr;
+  int64_t master_port = 0;
+  int64_t nnodes = 0;  // 0: not given
+  bool standalone = false;
   std::string job_id;  // default derived from the master endpoint
   std::string run_mode = "collective";
   int64_t max_restarts = 0;
@@ -41,6 +48,7 @@ struct Options {
   bool trainer_num_given = false;
   bool job_token_given = false;
   bool server_stop_timeout_given = false;
+  bool start_port_given = false;
   bool ps_mode() const { return run_mode == "ps"; }
   std::vector<std::string> command;  // program and its arguments
 };

@@ -56,6 +56,32 @@ void check_distinct_nodes(const Cluster& cluster) {
   }
 }
 
+// torchrun's --nnodes is a count; dpar derives every rank's endpoint from the nodes' addresses,
+// so the count must agree with the node list rather than replace it.
+void check_node_count(const Options& o, const Cluster& cluster) {
+  const auto listed = static_cast<int64_t>(cluster.nodes.size());
+  if (o.nnodes == 0 || o.nnodes == listed) return;
+  if (!o.ips_given && o.hostfile.empty() && o.rank_table.empty()) {
+    bad("--nnodes=" + std::to_string(o.nnodes) + " needs the nodes' addresses: give --ips=" +
+        "<node 0>,<node 1>,... (the same list on every node; dpar-launch derives each rank's "
+        "endpoint from it) or --hostfile");
+  }
+  bad("--nnodes=" + std::to_string(o.nnodes) + " but " + cluster.source + " lists " +
+      std::to_string(listed) + " node(s)");
+}
+
+// --standalone without --start_port: the first block of `count` consecutive free ports from
+// 29500 on (torchrun's default master port), so two standalone jobs on one machine coexist.
+int free_port_block(const std::string& ip, int count) {
+  for (int first = 29500; first + count <= 65535; first += count) {
+    bool all_free = true;
+    for (int p = first; p < first + count && all_free; ++p) all_free = probe_port(ip, p).empty();
+    if (all_free) return first;
+  }
+  bad("--standalone: found no " + std::to_string(count) + " consecutive free ports on " + ip +
+      " from 29500 on; give --start_port");
+}
+
 }  // namespace
 
 bool LaunchPlan::hosts_rank0() const {
@@ -132,9 +158,13 @@ LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_add
   const Cluster& cluster = plan.cluster;
   if (cluster.world_size() < 1) bad(cluster.source + " describes no processes");
   check_distinct_nodes(cluster);
-  plan.node_rank = select_node(cluster, o.host, static_cast<int>(o.node_rank), local_addresses);
-  plan.start_port = static_cast<int>(o.start_port);
+  check_node_count(o, cluster);
+  // --standalone is the default --ips (loopback), so node 0 is this machine by definition.
+  const int node_rank = o.standalone ? 0 : static_cast<int>(o.node_rank);
+  plan.node_rank = select_node(cluster, o.host, node_rank, local_addresses);
   const int block = cluster.max_local_size();
+  plan.start_port = o.standalone && !o.start_port_given ? free_port_block(plan.node().ip, block + 1)
+                                                        : static_cast<int>(o.start_port);
   if (plan.start_port + block > 65535) {
     bad("--start_port=" + std::to_string(plan.start_port) + ": the endpoints and the store need " +
         "ports " + std::to_string(plan.start_port) + ".." +
@@ -154,23 +184,31 @@ LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_add
     }
   }
 
-  if (o.master.empty()) {
+  if (o.master.empty() && o.master_addr.empty()) {
     plan.master_ip = node_of_rank(cluster, 0).ip;
-    plan.master_port = plan.start_port + block;
+    plan.master_port =
+        o.master_port != 0 ? static_cast<int>(o.master_port) : plan.start_port + block;
   } else {
-    std::string host;
-    if (!split_endpoint(o.master, &host, &plan.master_port)) {
+    // --master=ip:port, or torchrun's --master_addr with --master_port (default: derived).
+    const std::string flag = o.master.empty() ? "--master_addr" : "--master";
+    std::string host = o.master_addr;
+    plan.master_port =
+        o.master_port != 0 ? static_cast<int>(o.master_port) : plan.start_port + block;
+    if (!o.master.empty() && !split_endpoint(o.master, &host, &plan.master_port)) {
       bad("--master=" + o.master + ": expected ip:port with a port in 1..65535");
     }
     plan.master_ip = resolve_ipv4(host);
     if (plan.master_ip.empty()) {
-      bad("--master=" + o.master + ": '" + host + "' is not an IPv4 address or a known host name");
+      bad(flag + "=" + (o.master.empty() ? o.master_addr : o.master) + ": '" + host +
+          "' is not an IPv4 address or a known host name");
     }
-    if (auto it = owner.find(plan.master()); it != owner.end()) {
-      bad("--master=" + o.master + " is also the endpoint of rank " + std::to_string(it->second) +
-          " (duplicate endpoint); pick a port outside " + std::to_string(plan.start_port) + ".." +
-          std::to_string(plan.start_port + block - 1));
-    }
+  }
+  if (auto it = owner.find(plan.master()); it != owner.end()) {
+    const std::string what =
+        !o.master.empty() ? "--master=" + o.master : "the store's endpoint " + plan.master();
+    bad(what + " is also the endpoint of rank " + std::to_string(it->second) +
+        " (duplicate endpoint); pick a port outside " + std::to_string(plan.start_port) + ".." +
+        std::to_string(plan.start_port + block - 1));
   }
   plan.job_id = o.job_id.empty() ? "dpar-" + plan.master_ip + "-" + std::to_string(plan.master_port)
                                  : o.job_id;

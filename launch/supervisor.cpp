@@ -124,6 +124,8 @@ size_t Supervisor::running_count() const {
 void Supervisor::start_all(int restart) {
   stopping_ = killed_ = false;
   failed_ = -1;
+  first_clean_exit_.reset();
+  early_exit_reported_ = false;
   servers_waiting_ = false;
   overdue_servers_.clear();
   const bool to_files = !plan_.log_dir.empty();
@@ -225,6 +227,8 @@ void Supervisor::reap() {
       w.log->finish();
       if (stopping_) {
         w.sweep = true;  // exited on our signal; what it started may still need one
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        if (!first_clean_exit_) first_clean_exit_ = Clock::now();
       } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         failed_ = static_cast<int>(i);
         w.sweep = true;
@@ -258,12 +262,33 @@ void Supervisor::watch_servers() {
   begin_stop(SIGTERM);
 }
 
+void Supervisor::watch_early_exits() {
+  if (plan_.ps_mode || stopping_ || early_exit_reported_ || !first_clean_exit_ ||
+      running_count() == 0 || Clock::now() < *first_clean_exit_ + kEarlyExitNotice) {
+    return;
+  }
+  early_exit_reported_ = true;
+  std::vector<std::string> done, running;
+  for (const Worker& w : workers_) {
+    (w.running ? running : done).push_back(std::to_string(w.proc->rank));
+  }
+  const bool one = running.size() == 1;
+  say(std::string(done.size() == 1 ? "rank " : "ranks ") + join(done, ", ") +
+      " exited with code 0 while " + (one ? "rank " : "ranks ") + join(running, ", ") +
+      (one ? " still runs " : " still run ") +
+      seconds(static_cast<double>(kEarlyExitNotice.count())) +
+      " later; a rank waiting for a finished one in a collective fails at its timeout "
+      "(DPAR_TIMEOUT)");
+}
+
 int Supervisor::poll_timeout_ms() const {
   Clock::time_point until;
   if (stopping_ && !killed_) {
     until = deadline_;
   } else if (servers_waiting_ && !stopping_) {
     until = servers_deadline_;
+  } else if (!plan_.ps_mode && first_clean_exit_ && !early_exit_reported_ && !stopping_) {
+    until = *first_clean_exit_ + kEarlyExitNotice;
   } else {
     return -1;
   }
@@ -328,6 +353,7 @@ Supervisor::Outcome Supervisor::supervise() {
     if (ready > 0 && fds[0].revents != 0) handle_signals();
     reap();
     watch_servers();
+    watch_early_exits();
     if (stopping_ && !killed_ && running_count() > 0 && Clock::now() >= deadline_) {
       say(std::to_string(running_count()) + " local process(es) still running after " +
           seconds(plan_.grace_period) + "; sending SIGKILL");

@@ -6,6 +6,8 @@
 //    lines of its log, and all local workers restart if --max_restarts allows; else status 1
 //  - the launcher gets SIGINT/SIGTERM/SIGHUP   -> the same signal goes to every worker's group,
 //    SIGKILL after the grace period (at once on a second signal); status 128 + signal
+//  - collective mode, a rank exits 0 while others of this node still run 5 s later -> one
+//    line names it (the others may be waiting for it in a collective, until their timeout)
 //  - ps mode, every trainer of the job runs here and all exited 0 -> the servers get
 //    --server_stop_timeout seconds to exit by themselves (the trainers told them to); servers
 //    still running then are stopped as above and the status is 1 (no restart)
@@ -15,6 +17,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +62,7 @@ class Supervisor {
   void signal_groups(int sig);
   void report_failure(const Worker& w) const;
   void watch_servers();
+  void watch_early_exits();
   int poll_timeout_ms() const;
   void kill_leftovers();
   size_t running_count() const;
@@ -76,6 +80,14 @@ class Supervisor {
   bool servers_waiting_ = false;
   Clock::time_point servers_deadline_{};
   std::vector<int> overdue_servers_;  // ids of the servers stopped after the deadline
+  // Collective mode: when the first worker exited 0 while others ran on, and whether that
+  // was reported.
+  std::optional<Clock::time_point> first_clean_exit_;
+  bool early_exit_reported_ = false;
+
+ public:
+  // How long the others may run on after a rank exited 0 before the launcher says so.
+  static constexpr std::chrono::seconds kEarlyExitNotice{5};
 };
 
 // "exited with code 3", "was killed by signal 9 (SIGKILL)".

@@ -18,6 +18,7 @@
 //                    TRAINER), with fail_rank=R comparing R with its server or trainer id
 //   server.KEY=V     ps mode: KEY=V for servers only (e.g. server.sleep=60); trainer.KEY=V
 //                    likewise for trainers
+//   rankR.KEY=V      KEY=V for the process with id R only (e.g. rank0.sleep=8)
 // Any other argument (e.g. a unique marker for pgrep) is ignored.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -126,6 +127,10 @@ int main(int argc, char** argv) {
     who = "trainer ";
   }
   who += std::to_string(rank);
+  const std::string own = "rank" + std::to_string(rank) + ".";
+  for (const auto& [key, value] : std::map<std::string, std::string>(args)) {
+    if (key.rfind(own, 0) == 0) args[key.substr(own.size())] = value;
+  }
   const char* restart_env = std::getenv("DPAR_RESTART_COUNT");
   const int restart = restart_env ? std::atoi(restart_env) : -1;
 

@@ -46,6 +46,13 @@ expect_bad "--host=127.0.0.3 is not one of the nodes in --ips=127.0.0.1,127.0.0.
   --ips=127.0.0.1,127.0.0.2 --host=127.0.0.3 "${W[@]}"
 expect_bad "--run_mode=hybrid: expected collective or ps" --run_mode=hybrid "${W[@]}"
 expect_bad "unknown flag --nprocs" --nprocs=2 "${W[@]}"
+expect_bad "unknown flag --nproc_per_nod (did you mean --nproc-per-node?" --nproc_per_nod=2 "${W[@]}"
+expect_bad "unknown flag -n (flags start with --; did you mean one of --nnodes, --node-rank, --nproc-per-node?" \
+  -n 2 "${W[@]}"
+expect_bad "--nnodes=1:4: a MIN:MAX range needs elastic membership" --nnodes=1:4 "${W[@]}"
+expect_bad "--nnodes=2 needs the nodes' addresses: give --ips=" --nnodes=2 "${W[@]}"
+expect_bad "--nnodes=3 but --ips=127.0.0.1,127.0.0.2 lists 2 node(s)" \
+  --ips=127.0.0.1,127.0.0.2 --nnodes=3 "${W[@]}"
 expect_bad "--start_port=abc: expected an integer" --start_port=abc "${W[@]}"
 expect_bad "--start_port=70000: expected a port in 1..65535" --start_port=70000 "${W[@]}"
 expect_bad "--max_restarts=-1: expected 0 or more" --max_restarts=-1 "${W[@]}"

@@ -62,6 +62,34 @@ echo "== --log_dir='' puts every process on the console behind a rank prefix"
 expect_line "$work/out" "[rank 0] line 1 of rank 0"
 expect_line "$work/out" "[rank 1] line 1 of rank 1"
 
+echo "== a second run into the same --log_dir keeps the first run's logs"
+for run in 1 2 3; do
+  "$launcher" --nproc_per_node=2 --log_dir="$work/runs" --start_port=$port "$worker" \
+    lines=1 "run$run" "$marker" >"$work/out" 2>"$work/err" || { fail "run $run failed"; cat "$work/err"; }
+done
+expect_text "$work/out" "$work/runs held an earlier run's logs; moved them to $work/runs/previous.2"
+expect_line "$work/runs/previous.1/workerlog.1" "line 1 of rank 1"
+[ -f "$work/runs/previous.2/workerlog.0" ] && [ ! -e "$work/runs/previous.3" ] &&
+  ok "runs 1 and 2 kept in previous.1 and previous.2" || fail "$(ls -R "$work/runs")"
+
+echo "== a rank that exits 0 while the others run on is named"
+"$launcher" --nproc_per_node=3 --log_dir="$work/early" --start_port=$port "$worker" sleep=7 \
+  rank1.sleep=0 "$marker" >"$work/out" 2>"$work/err" || { fail "early-exit run failed"; cat "$work/err"; }
+expect_text "$work/err" "dpar-launch: rank 1 exited with code 0 while ranks 0, 2 still run 5 s later"
+"$launcher" --nproc_per_node=2 --log_dir="$work/early" --start_port=$port "$worker" sleep=0.3 \
+  "$marker" >"$work/out" 2>"$work/err" || { fail "plain run failed"; cat "$work/err"; }
+expect_no_text "$work/err" "exited with code 0 while"
+
+echo "== torchrun's spellings: --standalone, --nproc-per-node, --master_addr/--master_port"
+"$launcher" --standalone --nproc-per-node=2 --log_dir="$work/sa" "$worker" "$marker" \
+  >"$work/out" 2>"$work/err" || { fail "standalone run failed"; cat "$work/err"; }
+expect_line "$work/sa/workerlog.1" "WORLD_SIZE=2"
+expect_text "$work/sa/workerlog.0" "MASTER_PORT="
+"$launcher" --nnodes=1 --node_rank=0 --master_addr=127.0.0.1 --master_port=$((port + 9)) \
+  --nproc_per_node=2 --log_dir="$work/tr" --start_port=$port "$worker" "$marker" \
+  >"$work/out" 2>"$work/err" || { fail "torchrun-style run failed"; cat "$work/err"; }
+expect_line "$work/tr/workerlog.1" "MASTER_PORT=$((port + 9))"
+
 echo "== processes a worker leaves behind end with the job"
 "$launcher" --nproc_per_node=2 --log_dir="$work/gc" --start_port=$port \
   "$worker" grandchild=1 sleep=0.2 "$marker" >"$work/out" 2>"$work/err"

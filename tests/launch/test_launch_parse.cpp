@@ -2,12 +2,18 @@
 // descriptions (--ips, hostfile, rank table), node selection, endpoints, the per-process
 // environment and the option checks in collective mode (ps mode: test_launch_ps.cpp). The shell
 // tests next to this file run the real launcher.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
+#include "address.h"
 #include "cluster.h"
 #include "environment.h"
 #include "launch_test_util.h"
+#include "log_sink.h"
 #include "plan.h"
 
 using namespace dpar::launch;
@@ -369,4 +375,78 @@ TEST_CASE("launch: option checks", "[launch]") {
              Contains("--nproc_per_node cannot be combined with --rank_table"));
   CHECK_THAT(error_of([] { options({"--grace_period=-1"}); }), Contains("expected 0..3600"));
   CHECK_THAT(error_of([] { options({"--job_id=a b"}); }), Contains("expected no spaces"));
+}
+
+TEST_CASE("launch: torchrun's spellings", "[launch]") {
+  // --master_addr/--master_port make up the store's endpoint; --nnodes must match the list.
+  LaunchPlan plan =
+      make_plan(options({"--ips=10.0.0.1,10.0.0.2", "--nnodes=2", "--node_rank=1",
+                         "--master_addr=10.0.0.1", "--master_port=29400", "--nproc-per-node=2"}),
+                {});
+  CHECK(plan.master() == "10.0.0.1:29400");
+  CHECK(plan.node_rank == 1);
+  CHECK(plan.cluster.world_size() == 4);
+  // Only the port: rank 0's node; only the address: the derived port.
+  CHECK(make_plan(options({"--node_rank=0", "--master_port=29400"}), {}).master() ==
+        "127.0.0.1:29400");
+  CHECK(make_plan(options({"--node_rank=0", "--master_addr=127.0.0.1", "--start_port=7000"}), {})
+            .master() == "127.0.0.1:7001");
+  CHECK(make_plan(options({"--node_rank=0", "--nnodes=1:1"}), {}).cluster.nodes.size() == 1);
+
+  CHECK_THAT(error_of([] { options({"--nnodes=1:4"}); }),
+             Contains("--nnodes=1:4: a MIN:MAX range needs elastic membership"));
+  CHECK_THAT(error_of([] { options({"--nnodes=two"}); }), Contains("expected a number of nodes"));
+  CHECK_THAT(error_of([] {
+               make_plan(options({"--nnodes=2", "--node_rank=0"}), {});
+             }),
+             Contains("--nnodes=2 needs the nodes' addresses: give --ips="));
+  CHECK_THAT(error_of([] {
+               make_plan(options({"--ips=10.0.0.1,10.0.0.2", "--nnodes=3", "--node_rank=0"}), {});
+             }),
+             Contains("--nnodes=3 but --ips=10.0.0.1,10.0.0.2 lists 2 node(s)"));
+  CHECK_THAT(error_of([] {
+               options({"--master=1.2.3.4:5", "--master_port=7"});
+             }),
+             Contains("both give the store's endpoint"));
+  CHECK_THAT(error_of([] {
+               options({"--standalone", "--ips=10.0.0.1"});
+             }),
+             Contains("--standalone runs one node on this machine"));
+  CHECK_THAT(error_of([] {
+               options({"--standalone", "--master_port=7"});
+             }),
+             Contains("--standalone chooses the store's endpoint itself"));
+}
+
+TEST_CASE("launch: --standalone is loopback with a free block of ports", "[launch]") {
+  LaunchPlan plan = make_plan(options({"--standalone", "--nproc_per_node=3"}), {});
+  CHECK(plan.node().ip == "127.0.0.1");
+  CHECK(plan.start_port >= 29500);
+  CHECK(plan.master_port == plan.start_port + 3);
+  for (int port = plan.start_port; port <= plan.master_port; ++port) {
+    CHECK(probe_port("127.0.0.1", port).empty());
+  }
+  CHECK(make_plan(options({"--standalone", "--start_port=7100"}), {}).start_port == 7100);
+}
+
+TEST_CASE("launch: an earlier run's logs move to previous.K instead of being overwritten",
+          "[launch]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dpar_logs_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<std::string> names{"workerlog.0", "workerlog.1"};
+  CHECK(move_earlier_logs(dir.string(), names).empty());  // a fresh folder: nothing to keep
+  for (int run = 1; run <= 2; ++run) {
+    std::ofstream(dir / "workerlog.0") << "run " << run;
+    CHECK(move_earlier_logs(dir.string(), names) ==
+          (dir / ("previous." + std::to_string(run))).string());
+    CHECK_FALSE(fs::exists(dir / "workerlog.0"));
+  }
+  std::ifstream first(dir / "previous.1" / "workerlog.0");
+  std::string text;
+  std::getline(first, text);
+  CHECK(text == "run 1");
+  CHECK_FALSE(fs::exists(dir / "previous.1" / "workerlog.1"));  // only what existed moves
+  fs::remove_all(dir);
 }

@@ -57,11 +57,41 @@ TEST_CASE("flags: bad input is one clear FlagError", "[flags][errors]") {
   f.add_int("epochs", 1, "");
   f.add_bool("amp", false, "");
   CHECK_THROWS_AS(f.parse({"--epoch=3"}), FlagError);
-  CHECK_THROWS_WITH(f.parse({"--epoch=3"}), "prog: unknown flag --epoch (see --help)");
+  CHECK_THROWS_WITH(f.parse({"--epoch=3"}),
+                    "prog: unknown flag --epoch (did you mean --epochs? see --help)");
+  CHECK_THROWS_WITH(f.parse({"--zzz"}), "prog: unknown flag --zzz (see --help)");
   CHECK_THROWS_WITH(f.parse({"--epochs=three"}), "prog: --epochs=three: expected an integer");
   CHECK_THROWS_WITH(f.parse({"--epochs"}), "prog: --epochs needs a value");
   CHECK_THROWS_WITH(f.parse({"--amp=maybe"}), "prog: --amp=maybe: expected true or false");
   CHECK_THROWS_WITH(f.parse({"stray"}), Catch::Contains("unexpected argument 'stray'"));
+}
+
+TEST_CASE("flags: a typo or a short flag names the nearest long flags", "[flags][errors]") {
+  Flags f("launch", "");
+  f.add_int("nproc_per_node", 1, "");
+  f.add_int("node_rank", -1, "");
+  f.add_string("log_dir", "log", "");
+  f.add_int("lines", 0, "");
+  f.add_alias("devices", "log_dir");
+  // One edit away, either separator.
+  CHECK_THROWS_WITH(
+      f.parse({"--nproc_per_nod=2"}, true),
+      Catch::Contains("unknown flag --nproc_per_nod (did you mean --nproc-per-node?"));
+  // A prefix lists every flag it starts; a shortened name is not silently accepted.
+  CHECK_THROWS_WITH(f.parse({"--nproc=2"}, true),
+                    Catch::Contains("did you mean --nproc-per-node?"));
+  // "-n 2" is a flag mistake, not a program called "-n" (the launcher's positional mode).
+  CHECK_THROWS_WITH(f.parse({"-n", "2", "prog"}, true),
+                    "launch: unknown flag -n (flags start with --; did you mean one of "
+                    "--node-rank, --nproc-per-node? see --help)");
+  CHECK_THROWS_WITH(f.parse({"-l=x", "prog"}, true), Catch::Contains("one of --lines, --log-dir?"));
+  // Aliases are suggested too; far-off names get no guess.
+  CHECK_THROWS_WITH(f.parse({"--device=1"}, true), Catch::Contains("did you mean --devices?"));
+  CHECK_THROWS_WITH(f.parse({"-q"}, true),
+                    "launch: unknown flag -q (flags start with --; see --help)");
+  // Negative numbers stay values; after the program everything is its own.
+  CHECK(f.parse({"--node_rank", "-1", "prog", "-n", "3"}, true) ==
+        std::vector<std::string>{"prog", "-n", "3"});
 }
 
 TEST_CASE("run_main maps errors to exit codes", "[flags]") {

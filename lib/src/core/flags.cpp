@@ -1,10 +1,37 @@
 #include "dpar/core/flags.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <vector>
 
 namespace dpar {
+namespace {
+
+// Levenshtein distance, for "did you mean" on a mistyped flag.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// A number such as "-1" or "-0.5" is a value, not a flag.
+bool looks_numeric(const std::string& arg) {
+  return arg.size() > 1 && (std::isdigit(static_cast<unsigned char>(arg[1])) || arg[1] == '.');
+}
+
+}  // namespace
 
 Flags::Flags(std::string program, std::string description)
     : program_(std::move(program)), description_(std::move(description)) {}
@@ -121,6 +148,19 @@ std::vector<std::string> Flags::parse(const std::vector<std::string>& args, bool
       positional.insert(positional.end(), args.begin() + static_cast<long>(i) + 1, args.end());
       break;
     }
+    // "-n 2": a short flag is never a program name, and none is defined, so say which long
+    // flag was meant instead of trying to run a program called "-n".
+    if (arg.size() > 1 && arg[0] == '-' && arg[1] != '-' && !looks_numeric(arg)) {
+      const std::string name =
+          arg.substr(1, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 1);
+      if (name == "h") {
+        std::cout << usage();
+        std::exit(0);
+      }
+      const std::string hint = suggestion(name);
+      throw FlagError(program_ + ": unknown flag " + arg.substr(0, name.size() + 1) +
+                      " (flags start with --; " + (hint.empty() ? "" : hint + " ") + "see --help)");
+    }
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
       if (allow_positional) {
         positional.insert(positional.end(), args.begin() + static_cast<long>(i), args.end());
@@ -138,8 +178,11 @@ std::vector<std::string> Flags::parse(const std::vector<std::string>& args, bool
     std::string key = canonical(name);
     if (auto a = aliases_.find(key); a != aliases_.end()) key = a->second;
     auto it = flags_.find(key);
-    if (it == flags_.end())
-      throw FlagError(program_ + ": unknown flag --" + name + " (see --help)");
+    if (it == flags_.end()) {
+      const std::string hint = suggestion(name);
+      throw FlagError(program_ + ": unknown flag --" + name + " (" +
+                      (hint.empty() ? "" : hint + " ") + "see --help)");
+    }
     Flag& flag = it->second;
     if (eq != std::string::npos) {
       assign(name, flag, arg.substr(eq + 1));
@@ -157,6 +200,36 @@ std::vector<std::string> Flags::parse(const std::vector<std::string>& args, bool
     }
   }
   return positional;
+}
+
+std::string Flags::suggestion(const std::string& name) const {
+  const std::string key = canonical(name);
+  std::vector<std::string> names = order_;
+  for (const auto& [alias, target] : aliases_) names.push_back(alias);
+  // A prefix ("-n", "--nproc") names every flag it starts; otherwise the nearest names within
+  // a third of the name's length (at least 2 edits).
+  std::vector<std::string> picks;
+  for (const std::string& n : names) {
+    if (key.size() < n.size() && n.compare(0, key.size(), key) == 0) picks.push_back(n);
+  }
+  if (picks.empty()) {
+    const size_t limit = std::max<size_t>(2, key.size() / 3);
+    size_t best = limit + 1;
+    for (const std::string& n : names) {
+      const size_t d = edit_distance(key, n);
+      if (d > limit) continue;
+      if (d < best) {
+        best = d;
+        picks.clear();
+      }
+      if (d == best) picks.push_back(n);
+    }
+  }
+  if (picks.empty()) return "";
+  std::sort(picks.begin(), picks.end());
+  std::string out = picks.size() == 1 ? "did you mean --" : "did you mean one of --";
+  for (size_t i = 0; i < picks.size() && i < 4; ++i) out += (i ? ", --" : "") + picks[i];
+  return out + "?";
 }
 
 bool Flags::was_set(const std::string& name) const {

@@ -63,6 +63,8 @@ class Flags {
     std::unique_ptr<bool> b;
   };
   static std::string canonical(const std::string& name);
+  // "did you mean --nproc-per-node?" for a mistyped or shortened name, or "".
+  std::string suggestion(const std::string& name) const;
   Flag& declare(const std::string& name, Kind kind, std::string help, std::string default_text);
   void assign(const std::string& name, Flag& flag, const std::string& value);
 
