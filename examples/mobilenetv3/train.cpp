@@ -66,9 +66,10 @@ Metrics evaluate(nn::Module& model, data::DataLoader& loader, Device device, boo
   }
   if (progress) progress->finish();
   if (dist::get_world_size() > 1) {
-    Tensor sums = Tensor::from_vector(std::vector<float>{static_cast<float>(m.loss), static_cast<float>(m.top1),
-                                                         static_cast<float>(m.top5), static_cast<float>(m.samples)},
-                                      {4});
+    Tensor sums = Tensor::from_vector(
+        std::vector<float>{static_cast<float>(m.loss), static_cast<float>(m.top1),
+                           static_cast<float>(m.top5), static_cast<float>(m.samples)},
+        {4});
     dist::default_group().allreduce({sums}, dist::ReduceOp::Sum, /*async_op=*/false);
     const std::vector<float> v = sums.to_float_vector();
     m.loss = v[0];
@@ -83,15 +84,17 @@ Metrics evaluate(nn::Module& model, data::DataLoader& loader, Device device, boo
 std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, nn::Module& model,
                                                  double lr, double momentum, double wd) {
   if (name == "sgd" || name == "momentum") {
-    return std::make_unique<optim::SGD>(model.parameters(),
-                                        optim::SGDOptions{.lr = lr, .momentum = momentum, .weight_decay = wd});
+    return std::make_unique<optim::SGD>(
+        model.parameters(), optim::SGDOptions{.lr = lr, .momentum = momentum, .weight_decay = wd});
   }
   if (name == "rmsprop") {
     return std::make_unique<optim::RMSprop>(
-        model.parameters(), optim::RMSpropOptions{.lr = lr, .weight_decay = wd, .momentum = momentum});
+        model.parameters(),
+        optim::RMSpropOptions{.lr = lr, .weight_decay = wd, .momentum = momentum});
   }
   if (name == "adamw") {
-    return std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{.lr = lr, .weight_decay = wd});
+    return std::make_unique<optim::AdamW>(model.parameters(),
+                                          optim::AdamWOptions{.lr = lr, .weight_decay = wd});
   }
   throw FlagError("train: --opt=" + name + ": expected sgd, rmsprop or adamw");
 }
@@ -101,9 +104,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, nn::Mo
 int main(int argc, char** argv) {
   return run_main("train", [&] {
     Flags flags("train", "Trains MobileNetV3 on Fashion-MNIST or an ImageNet-style folder.");
-    auto& model_name = flags.add_string("model", "mobilenet_v3_small", "mobilenet_v3_small or mobilenet_v3_large");
-    auto& data_path = flags.add_string("data-path", data::FashionMnist::kDebianDir,
-                                       "Fashion-MNIST idx folder, or a folder with train/ and val/");
+    auto& model_name =
+        flags.add_string("model", "mobilenet_v3_small", "mobilenet_v3_small or mobilenet_v3_large");
+    auto& data_path =
+        flags.add_string("data-path", data::FashionMnist::kDebianDir,
+                         "Fashion-MNIST idx folder, or a folder with train/ and val/");
     auto& epochs = flags.add_int("epochs", 3, "passes over the training data");
     auto& batch_size = flags.add_int("batch-size", 64, "images per step (per rank)");
     auto& opt_name = flags.add_string("opt", "sgd", "optimizer: sgd, rmsprop or adamw");
@@ -111,10 +116,12 @@ int main(int argc, char** argv) {
     auto& momentum = flags.add_double("momentum", 0.9, "momentum (sgd, rmsprop)");
     auto& weight_decay = flags.add_double("weight-decay", 4e-5, "weight decay");
     auto& scheduler = flags.add_string("lr-scheduler", "cosine", "cosine (with warmup) or step");
-    auto& warmup_epochs = flags.add_double("warmup-epochs", 0.3, "linear warmup length in epochs (cosine)");
+    auto& warmup_epochs =
+        flags.add_double("warmup-epochs", 0.3, "linear warmup length in epochs (cosine)");
     auto& step_epochs = flags.add_int("lr-step-epochs", 1, "epochs per decay (step scheduler)");
     auto& lr_gamma = flags.add_double("lr-gamma", 0.1, "decay factor (step scheduler)");
-    auto& label_smoothing = flags.add_double("label-smoothing", 0.0, "cross-entropy label smoothing");
+    auto& label_smoothing =
+        flags.add_double("label-smoothing", 0.0, "cross-entropy label smoothing");
     auto& grad_comm_dtype = flags.add_string(
         "grad-comm-dtype", "f32",
         "dtype gradients travel in between ranks: f32 (exact), bf16 or f16 (half the bytes)");
@@ -125,18 +132,23 @@ int main(int argc, char** argv) {
     auto& img_size = flags.add_int("img-size", 32, "input image side");
     auto& num_classes = flags.add_int("num-classes", 0, "classes (0: from the data)");
     auto& seed = flags.add_int("seed", 0, "seed for initialisation, shuffling and augmentation");
-    auto& threads = flags.add_int("threads", 0, "intra-op threads (0: OMP_NUM_THREADS or all cores)");
+    auto& threads =
+        flags.add_int("threads", 0, "intra-op threads (0: OMP_NUM_THREADS or all cores)");
     auto& workers = flags.add_int("workers", 1, "data loader threads");
     auto& pretrained = flags.add_string(
         "pretrained", "",
         "weights to start from: a .safetensors state dict or a checkpoint (its model part)");
     auto& output_dir = flags.add_string("output-dir", "", "where to write the trained weights");
     auto& export_inference = flags.add_bool(
-        "export", true, "with --output-dir, rank 0 exports the ONNX inference model to <output-dir>/inference");
+        "export", true,
+        "with --output-dir, rank 0 exports the ONNX inference model to <output-dir>/inference");
     auto& print_freq = flags.add_int("print-freq", 50, "log every N iterations");
-    auto& limit_train = flags.add_int("limit-train", 0, "use only the first N training images (0: all)");
-    auto& limit_val = flags.add_int("limit-val", 0, "use only the first N validation images (0: all)");
-    auto& loss_log = flags.add_string("loss-log", "", "write every step's loss (exact hex) to this file");
+    auto& limit_train =
+        flags.add_int("limit-train", 0, "use only the first N training images (0: all)");
+    auto& limit_val =
+        flags.add_int("limit-val", 0, "use only the first N validation images (0: all)");
+    auto& loss_log =
+        flags.add_string("loss-log", "", "write every step's loss (exact hex) to this file");
     auto& tensorboard = flags.add_string(
         "tensorboard", "",
         "rank 0 writes TensorBoard event files (scalars per logged step and epoch) into this "
@@ -205,7 +217,8 @@ int main(int argc, char** argv) {
       throw FlagError("train: --device=" + device + ": expected cpu, gpu or gpu:<index>");
     }
     // Validate every choice before loading data, so usage errors come back at once.
-    if (opt_name != "sgd" && opt_name != "momentum" && opt_name != "rmsprop" && opt_name != "adamw") {
+    if (opt_name != "sgd" && opt_name != "momentum" && opt_name != "rmsprop" &&
+        opt_name != "adamw") {
       throw FlagError("train: --opt=" + opt_name + ": expected sgd, rmsprop or adamw");
     }
     if (scheduler != "cosine" && scheduler != "step") {
@@ -217,7 +230,8 @@ int main(int argc, char** argv) {
     } else if (grad_comm_dtype == "f16") {
       dp_options.comm_dtype = DType::f16;
     } else if (grad_comm_dtype != "f32") {
-      throw FlagError("train: --grad-comm-dtype=" + grad_comm_dtype + ": expected f32, bf16 or f16");
+      throw FlagError("train: --grad-comm-dtype=" + grad_comm_dtype +
+                      ": expected f32, bf16 or f16");
     }
     dp_options.broadcast_buffers = broadcast_buffers;
     if (threads > 0) set_num_threads(static_cast<int>(threads));
@@ -234,8 +248,9 @@ int main(int argc, char** argv) {
       throw FlagError("train: --test-only evaluates without servers; run it outside a ps job");
     }
     if (ps_mode && !resume.empty() && checkpoint_dir.empty()) {
-      throw FlagError("train: --resume in ps mode needs --checkpoint-dir (where the servers saved "
-                      "their shards)");
+      throw FlagError(
+          "train: --resume in ps mode needs --checkpoint-dir (where the servers saved "
+          "their shards)");
     }
     if (!dist_backend.empty() && dist_backend != "nccl" && dist_backend != "gloo") {
       throw FlagError("train: --dist-backend=" + dist_backend + ": expected nccl or gloo");
@@ -262,7 +277,8 @@ int main(int argc, char** argv) {
     }
 
     const auto splits = mobilenetv3::load_data(data_path, img_size, limit_train, limit_val);
-    const int64_t classes = num_classes > 0 ? num_classes : static_cast<int64_t>(splits.train->class_names().size());
+    const int64_t classes =
+        num_classes > 0 ? num_classes : static_cast<int64_t>(splits.train->class_names().size());
     auto model = models::mobilenet_v3(model_name, classes);
     if (!pretrained.empty()) {
       // A weights file or the model part of a training checkpoint.
@@ -310,7 +326,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<optim::LRScheduler> sched;
     if (scheduler == "cosine") {
       sched = std::make_unique<optim::CosineWarmupLR>(
-          *opt, epochs * steps_per_epoch, static_cast<int64_t>(warmup_epochs * static_cast<double>(steps_per_epoch)));
+          *opt, epochs * steps_per_epoch,
+          static_cast<int64_t>(warmup_epochs * static_cast<double>(steps_per_epoch)));
     } else if (scheduler == "step") {
       sched = std::make_unique<optim::StepLR>(*opt, step_epochs * steps_per_epoch, lr_gamma);
     } else {
@@ -324,19 +341,23 @@ int main(int argc, char** argv) {
     }
     if (nodes.empty()) nodes = "local";
     if (rank == 0) {
-      const std::string device_text = train_device.is_cpu()
-                                          ? "cpu (" + sysinfo::cpu_model() + ")"
-                                          : train_device.str() + " (" + cuda_device_summary(train_device) + ")";
-      std::printf("dpar %s (commit %s) | nodes: %s | device: %s, %d threads per rank | model: %s, %lld "
-                  "classes, %lld parameters\n",
-                  version().c_str(), git_commit().c_str(), nodes.c_str(), device_text.c_str(),
-                  get_num_threads(), model_name.c_str(), static_cast<long long>(classes),
-                  static_cast<long long>(model->num_parameters()));
-      std::printf("data: %s at %s, %zu train / %zu val images, %lldpx | batch size %lld per rank, world size %d, "
-                  "global batch %lld | %lld steps/epoch\n",
-                  splits.kind.c_str(), data_path.c_str(), splits.train->size(), splits.val->size(),
-                  static_cast<long long>(img_size), static_cast<long long>(batch_size), world,
-                  static_cast<long long>(batch_size * world), static_cast<long long>(steps_per_epoch));
+      const std::string device_text =
+          train_device.is_cpu()
+              ? "cpu (" + sysinfo::cpu_model() + ")"
+              : train_device.str() + " (" + cuda_device_summary(train_device) + ")";
+      std::printf(
+          "dpar %s (commit %s) | nodes: %s | device: %s, %d threads per rank | model: %s, %lld "
+          "classes, %lld parameters\n",
+          version().c_str(), git_commit().c_str(), nodes.c_str(), device_text.c_str(),
+          get_num_threads(), model_name.c_str(), static_cast<long long>(classes),
+          static_cast<long long>(model->num_parameters()));
+      std::printf(
+          "data: %s at %s, %zu train / %zu val images, %lldpx | batch size %lld per rank, world "
+          "size %d, "
+          "global batch %lld | %lld steps/epoch\n",
+          splits.kind.c_str(), data_path.c_str(), splits.train->size(), splits.val->size(),
+          static_cast<long long>(img_size), static_cast<long long>(batch_size), world,
+          static_cast<long long>(batch_size * world), static_cast<long long>(steps_per_epoch));
     }
     std::fflush(stdout);
 
@@ -406,9 +427,16 @@ int main(int argc, char** argv) {
     std::unique_ptr<io::CheckpointManager> checkpoints;
     if (!checkpoint_dir.empty()) {
       checkpoints = std::make_unique<io::CheckpointManager>(
-          checkpoint_dir, io::CheckpointManagerOptions{.max_num_checkpoints = max_checkpoints,
-                                                       .rank = rank,
-                                                       .progress = show_checkpoint_progress});
+          checkpoint_dir,
+          io::CheckpointManagerOptions{
+              // resolve_resume already refused a used folder without --resume; a resumed run
+              // continues the folder's rotation.
+              .on_existing =
+                  was_resumed || !resume.empty() ? io::OnExisting::resume : io::OnExisting::refuse,
+              .max_num_checkpoints = max_checkpoints,
+              .rank = rank,
+              .progress = show_checkpoint_progress});
+      // Resumed from an older file than the newest: only the files up to it rotate.
       checkpoints->adopt_existing(global_step);
     }
     std::string class_names;
@@ -473,8 +501,8 @@ int main(int argc, char** argv) {
       if (first_iter > 0) {
         rest_of_epoch = std::make_unique<data::DataLoader>(
             splits.train,
-            std::make_shared<mobilenetv3::SkipSampler>(
-                train_sampler, epoch, static_cast<size_t>(first_iter * batch_size)),
+            std::make_shared<data::SkipSampler>(train_sampler, epoch,
+                                                static_cast<size_t>(first_iter * batch_size)),
             train_options);
         loader = rest_of_epoch.get();
       }
@@ -507,10 +535,11 @@ int main(int argc, char** argv) {
           scaler.update();
         }
         const double loss_value = loss.item();
-        DPAR_CHECK(std::isfinite(loss_value), "train: loss became ", loss_value, " at epoch ", epoch,
-                   " iteration ", iter, "; lower --lr");
-        if (loss_file) std::fprintf(loss_file, "%lld %lld %a\n", static_cast<long long>(epoch),
-                                    static_cast<long long>(iter), loss_value);
+        DPAR_CHECK(std::isfinite(loss_value), "train: loss became ", loss_value, " at epoch ",
+                   epoch, " iteration ", iter, "; lower --lr");
+        if (loss_file)
+          std::fprintf(loss_file, "%lld %lld %a\n", static_cast<long long>(epoch),
+                       static_cast<long long>(iter), loss_value);
         const double current_lr = opt->lr();
         sched->step();
         {
@@ -579,8 +608,8 @@ int main(int argc, char** argv) {
       ps_trainer->finish();  // the servers stop once every trainer has finished
     }
     std::printf("final: top1 %.4f, top5 %.4f on %zu validation images after %lld epochs (%.1f s)\n",
-                last_eval.acc1(), last_eval.acc5(), splits.val->size(), static_cast<long long>(epochs),
-                seconds(train_start, Clock::now()));
+                last_eval.acc1(), last_eval.acc5(), splits.val->size(),
+                static_cast<long long>(epochs), seconds(train_start, Clock::now()));
     if (!output_dir.empty() && rank == 0) {  // only rank 0 writes the model
       std::filesystem::create_directories(output_dir);
       const std::string path = output_dir + "/" + model_name + ".safetensors";

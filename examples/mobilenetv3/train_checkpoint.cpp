@@ -14,20 +14,6 @@ using namespace dpar;
 
 namespace mobilenetv3 {
 
-SkipSampler::SkipSampler(std::shared_ptr<const data::Sampler> base, int64_t epoch, size_t skip)
-    : base_(std::move(base)), epoch_(epoch), skip_(skip) {
-  DPAR_CHECK(skip_ <= base_->size(), "SkipSampler: cannot skip ", skip_, " of ", base_->size(),
-             " indices");
-}
-
-size_t SkipSampler::size() const { return base_->size() - skip_; }
-
-std::vector<size_t> SkipSampler::indices(int64_t epoch) const {
-  DPAR_CHECK(epoch == epoch_, "SkipSampler: built for epoch ", epoch_, ", asked for epoch ", epoch);
-  std::vector<size_t> all = base_->indices(epoch);
-  return std::vector<size_t>(all.begin() + static_cast<std::ptrdiff_t>(skip_), all.end());
-}
-
 std::optional<io::Checkpoint> resolve_resume(const std::string& resume,
                                              const std::string& checkpoint_dir) {
   return io::load_on_rank0_and_broadcast([&]() -> std::optional<io::Checkpoint> {
@@ -35,7 +21,9 @@ std::optional<io::Checkpoint> resolve_resume(const std::string& resume,
     std::string path;
     if (resume.empty()) {
       if (!checkpoint_dir.empty()) {
-        const std::vector<std::string> existing = io::CheckpointManager(checkpoint_dir).list();
+        const std::vector<std::string> existing =
+            io::CheckpointManager(checkpoint_dir, {.on_existing = io::OnExisting::read_only})
+                .list();
         DPAR_CHECK(existing.empty(), "--checkpoint-dir ", checkpoint_dir, " already holds ",
                    existing.size(), " checkpoint(s) (",
                    fs::path(existing.back()).filename().string(),
@@ -45,7 +33,8 @@ std::optional<io::Checkpoint> resolve_resume(const std::string& resume,
       return std::nullopt;
     }
     if (resume == "auto" || resume == "latest") {
-      ckpt = io::CheckpointManager(checkpoint_dir).load_latest_valid(&path);
+      ckpt = io::CheckpointManager(checkpoint_dir, {.on_existing = io::OnExisting::read_only})
+                 .load_latest_valid(&path);
       if (!ckpt) {
         std::printf("--resume %s: no checkpoint in %s yet; starting from scratch\n", resume.c_str(),
                     checkpoint_dir.c_str());
@@ -53,7 +42,8 @@ std::optional<io::Checkpoint> resolve_resume(const std::string& resume,
         return std::nullopt;
       }
     } else if (fs::is_directory(resume)) {
-      ckpt = io::CheckpointManager(resume).load_latest_valid(&path);
+      ckpt = io::CheckpointManager(resume, {.on_existing = io::OnExisting::read_only})
+                 .load_latest_valid(&path);
       DPAR_CHECK(ckpt.has_value(), "--resume ", resume, ": the directory holds no checkpoint");
     } else {
       DPAR_CHECK(fs::exists(resume), "--resume ", resume, ": no such file or directory");

@@ -1,7 +1,7 @@
 #pragma once
 // Checkpoint and resume support for the training program: where --resume points, whether a
-// checkpoint can continue this run exactly, the sampler that replays the rest of an
-// interrupted epoch, and the DPAR_TEST_DIE_AT_STEP test hook.
+// checkpoint can continue this run exactly, and the DPAR_TEST_DIE_AT_STEP test hook. (The rest
+// of an interrupted epoch is replayed by the library's data::SkipSampler.)
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,22 +12,6 @@
 #include "dpar/io/checkpoint.h"
 
 namespace mobilenetv3 {
-
-// base's order for one epoch from position `skip` on: the batches of an interrupted epoch that
-// were not trained yet. The DataLoader seeds each sample's augmentation from (seed, epoch,
-// dataset index), never from the position, so these batches are bitwise the ones the
-// uninterrupted run would have built.
-class SkipSampler : public dpar::data::Sampler {
- public:
-  SkipSampler(std::shared_ptr<const dpar::data::Sampler> base, int64_t epoch, size_t skip);
-  size_t size() const override;
-  std::vector<size_t> indices(int64_t epoch) const override;
-
- private:
-  std::shared_ptr<const dpar::data::Sampler> base_;
-  int64_t epoch_;
-  size_t skip_;
-};
 
 // What the run being started looks like, for the resume checks.
 struct RunShape {

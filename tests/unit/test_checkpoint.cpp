@@ -303,3 +303,50 @@ TEST_CASE("manager: resume skips a corrupt newest checkpoint with a warning", "[
   mgr.adopt_existing(2);
   CHECK_FALSE(fs::exists(mgr.step_path(9) + ".tmp"));
 }
+
+TEST_CASE("manager: a folder holding another run's checkpoints is refused, resumed or replaced",
+          "[checkpoint]") {
+  TempDir dir;
+  Run a(5);
+  {
+    io::CheckpointManager first(dir / "ck", {.max_num_checkpoints = 2});
+    for (int64_t k = 1; k <= 3; ++k) {
+      a.step(k);
+      first.save_step(a.capture(k));
+    }
+  }
+  // A second run into the same folder: refused, naming the folder and its files.
+  CHECK_THAT(error_of([&] { io::CheckpointManager second(dir / "ck"); }),
+             Catch::Contains("already holds 3 checkpoint(s) of an earlier run (latest.ckpt, "
+                             "step_2.ckpt, step_3.ckpt)") &&
+                 Catch::Contains("on_existing = resume"));
+  // Other ranks write nothing, so they do not look.
+  CHECK_NOTHROW(io::CheckpointManager(dir / "ck", {.rank = 1}));
+
+  // read_only lists and loads but never writes.
+  io::CheckpointManager reader(dir / "ck", {.on_existing = io::OnExisting::read_only});
+  REQUIRE(reader.load_latest_valid());
+  CHECK(reader.load_latest_valid()->state.global_step == 3);
+  CHECK_THAT(error_of([&] { reader.save_step(a.capture(3)); }), Catch::Contains("read_only"));
+
+  // resume: the earlier files join the rotation by themselves (no adopt_existing call), so
+  // max_num_checkpoints keeps counting them.
+  {
+    io::CheckpointManager resumed(
+        dir / "ck", {.on_existing = io::OnExisting::resume, .max_num_checkpoints = 2});
+    a.step(4);
+    resumed.save_step(a.capture(4));
+    CHECK_FALSE(fs::exists(resumed.step_path(2)));
+    CHECK(fs::exists(resumed.step_path(3)));
+    CHECK(io::read_checkpoint_state(resumed.latest_path()).global_step == 4);
+  }
+
+  // overwrite: the earlier run's files are gone, with a note.
+  std::vector<std::string> notes;
+  io::CheckpointManagerOptions options{.on_existing = io::OnExisting::overwrite};
+  options.warn = [&](const std::string& w) { notes.push_back(w); };
+  io::CheckpointManager fresh(dir / "ck", options);
+  CHECK(fresh.list().empty());
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Catch::Contains("removed 3 checkpoint(s) of an earlier run"));
+}

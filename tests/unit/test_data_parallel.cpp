@@ -1,12 +1,18 @@
 // DataParallel with 2 ranks as threads of this process: one StoreServer on loopback, and per
 // rank its own StoreClient, Gloo Group and model copy. Results are compared on the main thread
 // (Catch2 assertions are not thread-safe) against one process training on the same samples.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <regex>
+#include <thread>
 
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/data/sampler.h"
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/distributed/store.h"
 #include "dpar/nn/init.h"
@@ -18,6 +24,7 @@
 using namespace dpar;
 using namespace dpar::dist;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 using Values = std::vector<std::vector<float>>;
 
 namespace {
@@ -120,7 +127,7 @@ optim::SGDOptions sgd() {
 
 // Runs fn(rank, group) on two threads (ranks 0 and 1) against one loopback store.
 template <class F>
-auto run_two_ranks(F fn) {
+auto run_two_ranks(F fn, Millis collective_timeout = std::chrono::seconds(30)) {
   StoreServer server("127.0.0.1", 0, "dp-test", 2);
   const std::string endpoint = server.endpoint();
   using R = decltype(fn(0, std::shared_ptr<Group>()));
@@ -131,7 +138,7 @@ auto run_two_ranks(F fn) {
     so.log_waiting = false;
     auto store = std::make_shared<StoreClient>(endpoint, StoreIdentity{"dp-test", 2, rank}, so);
     ProcessGroupOptions po;
-    po.timeout = std::chrono::seconds(30);
+    po.timeout = collective_timeout;
     auto group = std::make_shared<Group>(store, rank, 2, po);
     return fn(rank, group);
   };
@@ -619,4 +626,71 @@ TEST_CASE("broadcast_buffers: every training forward starts from rank 0's buffer
       }
     }
   }
+}
+
+TEST_CASE("evaluating through DataParallel on rank 0 alone names DataParallel's broadcast",
+          "[data_parallel][errors]") {
+  // The user never called a broadcast: the waiting rank says which of DataParallel's own
+  // collectives it is in after a quarter of the timeout, and the error says what to do.
+  const std::string log =
+      std::filesystem::temp_directory_path() / ("dp_notice_" + std::to_string(::getpid()) + ".txt");
+  auto errors = run_two_ranks(
+      [&](int rank, std::shared_ptr<Group> group) {
+        DataParallel dp(std::make_shared<Net>(4, 4), options_for(group));
+        dp.train();
+        {
+          const Batch b = make_batch(900, 4).slice(rank * 2, rank * 2 + 2);
+          loss_of(dp, b).backward();
+        }
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past rank 0's timeout
+          return std::string();
+        }
+        dp.eval();
+        NoGradGuard no_grad;
+        const int saved = ::dup(2);
+        FILE* f = std::fopen(log.c_str(), "w");
+        ::dup2(::fileno(f), 2);
+        const std::string e = error_of([&] { dp.forward(make_batch(901, 2).x); });
+        std::fflush(stderr);
+        ::dup2(saved, 2);
+        ::close(saved);
+        std::fclose(f);
+        return e;
+      },
+      std::chrono::seconds(2));
+  CHECK_THAT(errors[0], StartsWith("DataParallel's buffer broadcast before a forward (every rank "
+                                   "must run it; evaluate dp.module() on one rank, or set "
+                                   "broadcast_buffers = false): broadcast("));
+  CHECK_THAT(errors[0], Contains("timed out after 2"));
+  std::ifstream in(log);
+  const std::string notice((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(notice, Contains("dpar: rank 0 has waited 0 s in DataParallel's buffer broadcast "
+                              "before a forward") ||
+                         Contains("dpar: rank 0 has waited 1 s in DataParallel's buffer broadcast "
+                                  "before a forward"));
+  std::filesystem::remove(log);
+}
+
+TEST_CASE("DataParallel and DistributedSampler under a launcher need init_parallel_env()",
+          "[data_parallel][errors]") {
+  // What dpar-launch puts in a rank's environment; init_parallel_env() not called.
+  ::setenv("DPAR_RANK", "1", 1);
+  ::setenv("DPAR_WORLD_SIZE", "2", 1);
+  ::setenv("DPAR_MASTER", "127.0.0.1:29999", 1);
+  const std::string dp_error =
+      error_of([] { DataParallel dp(std::make_shared<Net>(4, 4), DataParallelOptions{}); });
+  const std::string sampler_error = error_of([] { data::DistributedSampler s(10, 0, 1); });
+  ::unsetenv("DPAR_RANK");
+  ::unsetenv("DPAR_WORLD_SIZE");
+  ::unsetenv("DPAR_MASTER");
+  CHECK_THAT(dp_error,
+             StartsWith("DataParallel: this process was started by dpar-launch as rank 1 of 2 "
+                        "(DPAR_WORLD_SIZE=2) but dpar::dist::init_parallel_env() was not called, "
+                        "so it would train alone as rank 0 of 1; call init_parallel_env() first"));
+  CHECK_THAT(sampler_error, StartsWith("DistributedSampler: this process was started by "
+                                       "dpar-launch as rank 1 of 2 (DPAR_WORLD_SIZE=2)"));
+  // Without a launcher both are a single process, as before.
+  CHECK_NOTHROW(DataParallel(std::make_shared<Net>(4, 4), DataParallelOptions{}));
+  CHECK(data::DistributedSampler(10, 0, 1).size() == 10);
 }

@@ -5,6 +5,7 @@
 
 #include "dpar/core/error.h"
 #include "dpar/core/random.h"
+#include "dpar/distributed/parallel_env.h"
 
 namespace dpar::data {
 
@@ -35,6 +36,25 @@ DistributedSampler::DistributedSampler(size_t n, int64_t rank, int64_t world_siz
   DPAR_CHECK(world_size > 0, "DistributedSampler: world_size must be positive, got ", world_size);
   DPAR_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank,
              " out of range for world_size ", world_size);
+  // rank 0 of 1 is what get_rank()/get_world_size() say before init_parallel_env().
+  if (world_size == 1) dist::require_init_under_launcher("DistributedSampler");
+}
+
+SkipSampler::SkipSampler(std::shared_ptr<const Sampler> base, int64_t epoch, size_t start)
+    : base_(std::move(base)), epoch_(epoch), start_(start) {
+  DPAR_CHECK(base_ != nullptr, "SkipSampler: the base sampler is null");
+  DPAR_CHECK(start_ <= base_->size(), "SkipSampler: cannot start at position ", start_, " of ",
+             base_->size(), " indices");
+}
+
+size_t SkipSampler::size() const { return base_->size() - start_; }
+
+std::vector<size_t> SkipSampler::indices(int64_t epoch) const {
+  DPAR_CHECK(epoch == epoch_, "SkipSampler: built for epoch ", epoch_, ", asked for epoch ", epoch,
+             " (it replays the rest of one interrupted epoch; use the base sampler for later "
+             "epochs)");
+  std::vector<size_t> all = base_->indices(epoch);
+  return std::vector<size_t>(all.begin() + static_cast<std::ptrdiff_t>(start_), all.end());
 }
 
 size_t DistributedSampler::size() const {

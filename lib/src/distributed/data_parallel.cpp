@@ -137,16 +137,32 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
   // A child, so apply(), repr() and train() reach it; the overrides below drop the prefix.
   register_module("module", module_);
   Module::train(module_->is_training());
-  if (!options_.group) options_.group = default_group_ptr();
-  // No group (init_parallel_env() not called) or a world of one: nothing to synchronise, so
-  // a plain wrapper whose gradients stay the module's own.
+  if (!options_.group) {
+    // Under a launcher (world size > 1 in the environment) a missing init_parallel_env() would
+    // make every process train alone as rank 0 of 1: an error, as in PyTorch's DDP.
+    require_init_under_launcher("DataParallel");
+    options_.group = default_group_ptr();
+  }
+  // No group (a single process) or a world of one: nothing to synchronise, so a plain
+  // wrapper whose gradients stay the module's own.
   if (!options_.group || options_.group->size() == 1) return;
   Group& group = *options_.group;
 
-  verify_same_model(group, *module_);
+  try {
+    verify_same_model(group, *module_);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    if (what.rfind("DataParallel: ", 0) == 0) throw;  // the mismatch itself
+    DPAR_FAIL(
+        "DataParallel's model check at construction (every rank must build its "
+        "DataParallel): ",
+        what);
+  }
   std::vector<Tensor> state = module_->parameters();
   for (auto& b : module_->buffers()) state.push_back(b);
-  broadcast_coalesced(group, state, 0);
+  broadcast_coalesced(group, state, 0,
+                      "DataParallel's broadcast of rank 0's parameters and buffers at "
+                      "construction (every rank must build its DataParallel)");
 
   nn::NamedTensors trainable;
   for (auto& [name, t] : module_->named_parameters()) {
@@ -182,7 +198,12 @@ Tensor DataParallel::run_forward(const Tensor& input, int64_t local_batch_size) 
   const bool training = module_->is_training();
   if (reducer_ && options_.broadcast_buffers && (training || !buffers_in_sync_)) {
     std::vector<Tensor> buffers = module_->buffers();
-    if (!buffers.empty()) broadcast_coalesced(*options_.group, buffers, 0);
+    if (!buffers.empty()) {
+      broadcast_coalesced(*options_.group, buffers, 0,
+                          "DataParallel's buffer broadcast before a forward (every rank must run "
+                          "it; evaluate dp.module() on one rank, or set broadcast_buffers = "
+                          "false)");
+    }
   }
   buffers_in_sync_ = !training;
   if (reducer_) reducer_->prepare_forward(sync_enabled_, local_batch_size);

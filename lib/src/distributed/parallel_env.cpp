@@ -165,6 +165,31 @@ void init_parallel_env(const ParallelEnv& env, const InitOptions& options) {
   }
 }
 
+void require_init_under_launcher(const char* who) {
+  if (is_initialized()) return;
+  const auto env = current_environment();
+  if (env.count("TRAINING_ROLE")) return;  // parameter-server mode forms no collective group
+  ParallelEnv launched;
+  try {
+    launched = parse_parallel_env(env);
+  } catch (const Error&) {
+    return;  // an inconsistent environment is init_parallel_env()'s to report, naming it
+  }
+  if (launched.world_size <= 1) return;
+  static const std::map<std::string, std::string> world_variable{
+      {"dpar-launch", "DPAR_WORLD_SIZE"},
+      {"torchrun", "WORLD_SIZE"},
+      {"paddle", "PADDLE_TRAINERS_NUM"},
+      {"slurm", "SLURM_NTASKS"},
+      {"openmpi", "OMPI_COMM_WORLD_SIZE"}};
+  const auto var = world_variable.find(launched.source);
+  DPAR_FAIL(who, ": this process was started by ", launched.source, " as rank ", launched.rank,
+            " of ", launched.world_size, " (",
+            var == world_variable.end() ? "world size" : var->second, "=", launched.world_size,
+            ") but dpar::dist::init_parallel_env() was not called, so it would train alone as "
+            "rank 0 of 1; call init_parallel_env() first");
+}
+
 bool is_initialized() {
   auto& g = global();
   std::lock_guard<std::mutex> lock(g.mutex);

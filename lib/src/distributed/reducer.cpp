@@ -36,7 +36,32 @@ double seconds(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
-void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int root) {
+void wait_explained(Work& work, const Group& group, const std::string& purpose) {
+  using std::chrono::milliseconds;
+  const Millis notice =
+      std::clamp<Millis>(group.timeout() / 4, milliseconds(500),
+                         std::chrono::duration_cast<Millis>(std::chrono::minutes(1)));
+  try {
+    try {
+      work.wait(notice);
+      return;
+    } catch (const Error&) {
+      if (work.is_completed()) throw;  // the collective's own failure
+    }
+    std::fprintf(stderr,
+                 "dpar: rank %d has waited %.0f s in %s (rank %d of %d; the other ranks have not "
+                 "joined it yet)\n",
+                 group.rank(), std::chrono::duration<double>(notice).count(), purpose.c_str(),
+                 group.rank(), group.size());
+    std::fflush(stderr);
+    work.wait();
+  } catch (const std::exception& e) {
+    DPAR_FAIL(purpose, ": ", e.what());
+  }
+}
+
+void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int root,
+                         const std::string& purpose) {
   // One packed buffer per device (the group routes by device).
   std::map<std::pair<int, int>, std::vector<size_t>> by_device;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -61,7 +86,11 @@ void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int r
         view_at(packed, offsets[k], tensors[members[k]]).copy_(tensors[members[k]]);
       }
     }
-    group.broadcast({packed}, root, /*async_op=*/false);
+    if (purpose.empty()) {
+      group.broadcast({packed}, root, /*async_op=*/false);
+    } else {
+      wait_explained(*group.broadcast({packed}, root), group, purpose);
+    }
     if (group.rank() != root) {
       for (size_t k = 0; k < members.size(); ++k) {
         Tensor dst = tensors[members[k]];
@@ -353,8 +382,11 @@ void Reducer::complete(size_t k) {
   try {
     bucket.work->wait();
   } catch (const std::exception& e) {
-    DPAR_FAIL("DataParallel: gradient all-reduce of bucket ", k, " (", bucket.params.size(),
-              " parameters, ", bucket.buffer.numel(), " elements) failed: ", e.what());
+    DPAR_FAIL("DataParallel's gradient all-reduce of bucket ", k, " (", bucket.params.size(),
+              " parameters, ", bucket.buffer.numel(),
+              " elements) in backward failed (every rank must run backward on its DataParallel "
+              "output): ",
+              e.what());
   }
   bucket.done = true;
   bucket.completed = Clock::now();

@@ -27,7 +27,16 @@ namespace dpar::dist {
 
 // Broadcasts tensors of any dtypes and layouts from root as ONE collective: the tensors are
 // packed bytewise into a single buffer (a broadcast moves bits, so their dtypes do not matter).
-void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int root = 0);
+// purpose: what the broadcast is for, in the user's terms, when the user did not call it
+// (DataParallel's own broadcasts); see wait_explained.
+void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int root = 0,
+                         const std::string& purpose = "");
+
+// Waits for a collective that DataParallel issued on the user's behalf. Its failure comes back
+// as "<purpose>: <the group's error>", and a rank still waiting after a quarter of the group's
+// timeout (at most a minute) prints one line naming the purpose, so that a rank left alone in a
+// collective the user never called is not silent until the timeout.
+void wait_explained(Work& work, const Group& group, const std::string& purpose);
 
 // "all_reduce tensors: 142, after fusion: 3 buckets [1.0 MB, 8.7 MB, 25.1 MB]"
 std::string format_bucket_summary(const std::vector<BucketInfo>& buckets);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -36,12 +37,46 @@ CheckpointManager::CheckpointManager(std::string dir, CheckpointManagerOptions o
   DPAR_CHECK(options_.max_num_checkpoints >= 0,
              "CheckpointManager: max_num_checkpoints must be >= 0 (0 keeps all), got ",
              options_.max_num_checkpoints);
-  if (writes()) {
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    DPAR_CHECK(!ec && fs::is_directory(dir_), "CheckpointManager: cannot create directory ", dir_,
-               ": ", ec ? ec.message() : std::string("exists and is not a directory"));
+  if (!writes() || options_.on_existing == OnExisting::read_only) return;
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  DPAR_CHECK(!ec && fs::is_directory(dir_), "CheckpointManager: cannot create directory ", dir_,
+             ": ", ec ? ec.message() : std::string("exists and is not a directory"));
+  const std::vector<std::string> existing = list();
+  if (existing.empty()) return;
+  switch (options_.on_existing) {
+    case OnExisting::refuse: {
+      std::string names;
+      for (size_t i = 0; i < existing.size() && i < 3; ++i) {
+        names += (i ? ", " : "") + fs::path(existing[i]).filename().string();
+      }
+      if (existing.size() > 3) names += ", ...";
+      DPAR_FAIL("CheckpointManager: ", dir_, " already holds ", existing.size(),
+                " checkpoint(s) of an earlier run (", names,
+                "); continue that run with on_existing = resume (train --resume auto), replace it "
+                "with on_existing = overwrite, or use an empty folder");
+    }
+    case OnExisting::resume:
+      adopt_existing(std::numeric_limits<int64_t>::max());
+      return;
+    case OnExisting::overwrite:
+      for (const std::string& path : existing) {
+        std::error_code rm;
+        fs::remove(path, rm);
+        DPAR_CHECK(!rm, "CheckpointManager: cannot remove ", path,
+                   " of the earlier run: ", rm.message());
+      }
+      warn("removed " + std::to_string(existing.size()) + " checkpoint(s) of an earlier run from " +
+           dir_ + " (on_existing = overwrite)");
+      return;
+    case OnExisting::read_only:
+      return;
   }
+}
+
+void CheckpointManager::check_writable() const {
+  DPAR_CHECK(options_.on_existing != OnExisting::read_only, "CheckpointManager: ", dir_,
+             " was opened read_only; saving into it is not allowed");
 }
 
 std::string CheckpointManager::epoch_path(int64_t epoch) const {
@@ -81,6 +116,7 @@ std::vector<std::string> CheckpointManager::list() const {
 
 std::string CheckpointManager::save_epoch(const Checkpoint& ckpt, int64_t epoch, bool is_best) {
   if (!writes()) return {};
+  check_writable();
   const std::string path = epoch_path(epoch);
   save_checkpoint(path, ckpt, options_.progress);
   point(latest_path(), path, ckpt);
@@ -91,6 +127,7 @@ std::string CheckpointManager::save_epoch(const Checkpoint& ckpt, int64_t epoch,
 
 std::string CheckpointManager::save_step(const Checkpoint& ckpt) {
   if (!writes()) return {};
+  check_writable();
   const std::string path = step_path(ckpt.state.global_step);
   save_checkpoint(path, ckpt, options_.progress);
   point(latest_path(), path, ckpt);
@@ -100,6 +137,7 @@ std::string CheckpointManager::save_step(const Checkpoint& ckpt) {
 
 std::string CheckpointManager::save_best(const Checkpoint& ckpt) {
   if (!writes()) return {};
+  check_writable();
   save_checkpoint(best_path(), ckpt, options_.progress);
   return best_path();
 }

@@ -4,6 +4,7 @@
 // restart sees the same order.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace dpar::data {
@@ -43,6 +44,9 @@ class RandomSampler : public Sampler {
 // is padded by wrapping around to a multiple of world_size, and rank takes every
 // world_size-th index starting at its rank. Shards are disjoint apart from the padding and
 // all have ceil(n / world_size) indices, so every rank runs the same number of steps.
+// A process that a launcher started as one rank of several (its environment says so) must
+// call dist::init_parallel_env() before passing dist::get_rank()/get_world_size() here: the
+// constructor throws, naming the variable, when it gets rank 0 of 1 in that situation.
 class DistributedSampler : public Sampler {
  public:
   DistributedSampler(size_t n, int64_t rank, int64_t world_size, bool shuffle = true,
@@ -56,6 +60,24 @@ class DistributedSampler : public Sampler {
   int64_t world_size_;
   bool shuffle_;
   uint64_t seed_;
+};
+
+// Exact mid-epoch resume: base's order for `epoch` from position `start` on, i.e. the
+// batches of an interrupted epoch that were not trained yet. The DataLoader seeds each
+// sample's augmentation from (seed, epoch, dataset index), never from the position, so these
+// batches are bitwise those the uninterrupted run would have built. Built for one epoch:
+// asking it for another is an error (use base for the following epochs). start must be at
+// most base.size(); start = (batches trained) * batch size of this rank.
+class SkipSampler : public Sampler {
+ public:
+  SkipSampler(std::shared_ptr<const Sampler> base, int64_t epoch, size_t start);
+  size_t size() const override;
+  std::vector<size_t> indices(int64_t epoch) const override;
+
+ private:
+  std::shared_ptr<const Sampler> base_;
+  int64_t epoch_;
+  size_t start_;
 };
 
 // A uniformly random permutation of 0..n-1 (Fisher-Yates on a Generator seeded with seed).

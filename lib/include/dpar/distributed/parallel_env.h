@@ -48,8 +48,9 @@ struct InitOptions {
 // The state behind init_parallel_env(): the store server (rank 0 hosts it), this rank's store
 // client and the default Group. The free functions below use one process-wide instance;
 // tests and embedders may create several, e.g. one per thread acting as a rank. A world of
-// one has no store and no group (no network at all). Construction blocks until every rank
-// has joined (a barrier) and throws dpar::Error naming the master endpoint on failure.
+// one has no store and a group of one (no network at all: its collectives return their input).
+// Construction blocks until every rank has joined (a barrier) and throws dpar::Error naming
+// the master endpoint on failure.
 class ParallelContext {
  public:
   explicit ParallelContext(const ParallelEnv& env, const InitOptions& options = {});
@@ -59,7 +60,7 @@ class ParallelContext {
 
   const ParallelEnv& env() const { return env_; }
   const std::shared_ptr<Store>& store() const { return store_; }  // null for a world of one
-  const std::shared_ptr<Group>& group() const { return group_; }  // null for a world of one
+  const std::shared_ptr<Group>& group() const { return group_; }  // size 1 for a world of one
   void barrier();                                                 // no-op for a world of one
   // Drops the group and the store client; rank 0 first waits (bounded) until every rank has
   // called destroy() so the store outlives its last user, then stops the server. Idempotent.
@@ -77,12 +78,18 @@ void init_parallel_env(const InitOptions& options = {});
 // The same from an explicit description (tests; embedding).
 void init_parallel_env(const ParallelEnv& env, const InitOptions& options = {});
 bool is_initialized();
+// Throws dpar::Error when the environment says this process is one rank of a larger job (a
+// launcher started it: DPAR_WORLD_SIZE, WORLD_SIZE, ... > 1) but init_parallel_env() has not
+// been called, naming the variable and the call: `who` (DataParallel, DistributedSampler)
+// would otherwise run alone as rank 0 of 1. Parameter-server processes (TRAINING_ROLE) and
+// single processes pass.
+void require_init_under_launcher(const char* who);
 int get_rank();        // 0 when not initialised
 int get_world_size();  // 1 when not initialised
 int get_local_rank();
 const ParallelEnv& parallel_env();
-Group& default_group();                      // throws if not initialised or a world of one
-std::shared_ptr<Group> default_group_ptr();  // null if not initialised or a world of one
+Group& default_group();                      // throws if not initialised
+std::shared_ptr<Group> default_group_ptr();  // null if not initialised
 void barrier();
 void destroy();  // tears down the default group and the store (idempotent)
 

@@ -115,6 +115,7 @@ class Group {
                                        ReduceOp op = ReduceOp::Sum, bool async_op = true);
   void barrier();  // on the CPU backend
   const std::shared_ptr<Store>& store() const { return store_; }
+  Millis timeout() const { return options_.timeout; }  // of every collective
 
  private:
   std::shared_ptr<Store> store_;

@@ -109,7 +109,19 @@ nn::LoadReport load_model_weights(nn::Module& model, const std::string& path, bo
 std::optional<Checkpoint> load_on_rank0_and_broadcast(
     const std::function<std::optional<Checkpoint>()>& load);
 
+// What a CheckpointManager does when its folder already holds checkpoints (rank 0 decides):
+//   refuse     a dpar::Error naming the folder and its files: a second run into the same
+//              folder must not write beside the first one's checkpoints, point best.ckpt at
+//              its own model and leave --resume to pick the other run's newest file
+//   resume     continue that run: its rotating files join the rotation (oldest first, so
+//              max_num_checkpoints keeps counting them) and leftovers of interrupted writes
+//              are removed, as adopt_existing() does
+//   overwrite  start afresh: the earlier run's *.ckpt files are removed, with a note
+//   read_only  list and load only; every save is an error (tools that inspect a folder)
+enum class OnExisting { refuse, resume, overwrite, read_only };
+
 struct CheckpointManagerOptions {
+  OnExisting on_existing = OnExisting::refuse;
   int64_t max_num_checkpoints = 3;  // rotating files (model_{e}, step_{g}) kept; 0 keeps all
   int rank = 0;                     // only rank 0 writes; other ranks' saves do nothing
   // Where notes about skipped or removed files go (default: "dpar: warning: ..." on stderr).
@@ -121,7 +133,7 @@ struct CheckpointManagerOptions {
 
 class CheckpointManager {
  public:
-  // Rank 0 creates dir if needed.
+  // Rank 0 creates dir if needed and applies options.on_existing to what it holds.
   CheckpointManager(std::string dir, CheckpointManagerOptions options = {});
 
   const std::string& dir() const { return dir_; }
@@ -149,13 +161,15 @@ class CheckpointManager {
 
   // Adopts the rotating files already in dir with global step <= global_step (the run being
   // continued) into the rotation, oldest first, and removes leftover "*.ckpt.tmp" files of
-  // interrupted writes. Rank 0 only; call once after resolving where the run starts.
+  // interrupted writes. Rank 0 only. OnExisting::resume does this for every step; call it
+  // when the run continues from an older checkpoint than the newest.
   void adopt_existing(int64_t global_step);
 
  private:
   void rotate(const std::string& path, int64_t global_step);
   void point(const std::string& link, const std::string& target, const Checkpoint& checkpoint);
   void warn(const std::string& message) const;
+  void check_writable() const;
 
   std::string dir_;
   CheckpointManagerOptions options_;
