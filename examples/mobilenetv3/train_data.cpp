@@ -41,10 +41,12 @@ DataSplits load_data(const std::string& data_path, int64_t img_size, int64_t lim
         std::make_shared<data::RandomHorizontalFlip>(0.5)};
     std::vector<std::shared_ptr<const data::Transform>> val_steps{
         std::make_shared<data::Resize>(img_size, img_size)};
-    splits.train = std::make_shared<data::FashionMnist>(
-        data_path, data::Split::Train, data::Compose(train_steps, norm), static_cast<size_t>(limit_train));
-    splits.val = std::make_shared<data::FashionMnist>(
-        data_path, data::Split::Test, data::Compose(val_steps, norm), static_cast<size_t>(limit_val));
+    splits.train = std::make_shared<data::FashionMnist>(data_path, data::Split::Train,
+                                                        data::Compose(train_steps, norm),
+                                                        static_cast<size_t>(limit_train));
+    splits.val = std::make_shared<data::FashionMnist>(data_path, data::Split::Test,
+                                                      data::Compose(val_steps, norm),
+                                                      static_cast<size_t>(limit_val));
   } else {
     splits.kind = "image-folder";
     DPAR_CHECK(fs::is_directory(root / "train"), "data path ", data_path,
@@ -62,7 +64,8 @@ DataSplits load_data(const std::string& data_path, int64_t img_size, int64_t lim
                ": train/ and val/ have different class folders");
     splits.train = train;
     splits.val = val;
-    auto first_n = [](std::shared_ptr<const data::Dataset> d, int64_t n) -> std::shared_ptr<const data::Dataset> {
+    auto first_n = [](std::shared_ptr<const data::Dataset> d,
+                      int64_t n) -> std::shared_ptr<const data::Dataset> {
       if (n <= 0 || static_cast<size_t>(n) >= d->size()) return d;
       std::vector<size_t> idx(static_cast<size_t>(n));
       for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;

@@ -122,6 +122,14 @@ TEST_CASE("Fashion-MNIST splits, labels and pixels", "[data]") {
           Approx((193.f / 255.f - mean[c]) / stdv[c]));
   }
 
+  // One channel with Fashion-MNIST's own statistics, for a model of one's own.
+  FashionMnist grey(FashionMnist::kDebianDir, Split::Train, FashionMnist::transform(), 1);
+  Example g = grey.get(0, rng);
+  REQUIRE(g.image.shape() == Shape{1, 28, 28});
+  CHECK(g.image.to_float_vector()[10 * 28 + 13] == Approx((193.f / 255.f - 0.2860f) / 0.3530f));
+  Image colour(2, 2, 3);
+  CHECK_THROWS_WITH(ToTensorNormalize::grey()(colour), Contains("expects grey images, got 3"));
+
   FashionMnist small(FashionMnist::kDebianDir, Split::Test, Compose(), 100);
   CHECK(small.size() == 100);
   CHECK(small.label(1) == 2);
@@ -362,6 +370,16 @@ TEST_CASE("samplers", "[data][sampler]") {
   CHECK(DistributedSampler(10, 0, 3, true, 7).indices(0) !=
         DistributedSampler(10, 0, 3, true, 7).indices(1));
   CHECK_THROWS_WITH(DistributedSampler(10, 3, 3), Contains("rank 3 out of range"));
+
+  // SkipSampler: the rest of one interrupted epoch, in the base's order.
+  auto base = std::make_shared<DistributedSampler>(10, 1, 2, true, 7);
+  SkipSampler rest(base, 3, 2);
+  CHECK(rest.size() == 3);
+  const std::vector<size_t> full = base->indices(3);
+  CHECK(rest.indices(3) == std::vector<size_t>(full.begin() + 2, full.end()));
+  CHECK(SkipSampler(base, 3, 5).indices(3).empty());
+  CHECK_THROWS_WITH(rest.indices(4), Contains("built for epoch 3, asked for epoch 4"));
+  CHECK_THROWS_WITH(SkipSampler(base, 3, 6), Contains("cannot start at position 6 of 5"));
 }
 
 // ---- DataLoader ------------------------------------------------------------------------------

@@ -266,10 +266,16 @@ TEST_CASE("layers register torch's parameters with torch's default init", "[nn]"
   for (float v : fc.weight.to_float_vector()) CHECK(std::abs(v) <= 1.0 / std::sqrt(10.0));
   CHECK(fc.repr() == "Linear(in_features=10, out_features=3, bias=True)");
 
-  // Same seed, same values.
+  // Same seed, same values; the named options build the same layer as the positional form.
   manual_seed(0);
   nn::Conv2d again(8, 16, 3, 2, 1, 1, 4, true);
   CHECK(again.weight.to_float_vector() == conv.weight.to_float_vector());
+  manual_seed(0);
+  nn::Conv2d named(nn::Conv2dOptions(8, 16, 3).stride(2).padding(1).groups(4));
+  CHECK(named.weight.to_float_vector() == conv.weight.to_float_vector());
+  CHECK(named.repr() == conv.repr());
+  CHECK_FALSE(nn::Conv2d(nn::Conv2dOptions(3, 4, 1).bias(false)).bias.defined());
+  CHECK(nn::Conv2d(nn::Conv2dOptions(3, 4, 3).dilation(2)).dilation == 2);
 }
 
 TEST_CASE("init functions match torch.nn.init's statistics", "[nn][init]") {

@@ -1,5 +1,8 @@
 #pragma once
-// Umbrella header: everything a training program needs.
+// Umbrella header: everything a training program needs - tensors and ops, nn, optimizers,
+// data, the distributed API (init_parallel_env, DataParallel, collectives), checkpoints,
+// ONNX export, the inference runtime and TensorBoard files. The parameter-server API has its
+// own header, dpar/ps/ps.h.
 #include "dpar/autograd/engine.h"
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/core/device.h"
@@ -7,6 +10,7 @@
 #include "dpar/core/error.h"
 #include "dpar/core/flags.h"
 #include "dpar/core/profiler.h"
+#include "dpar/core/progress.h"
 #include "dpar/core/random.h"
 #include "dpar/core/threads.h"
 #include "dpar/core/version.h"
@@ -14,7 +18,16 @@
 #include "dpar/data/dataset.h"
 #include "dpar/data/sampler.h"
 #include "dpar/data/transforms.h"
+#include "dpar/distributed/data_parallel.h"
+#include "dpar/distributed/parallel_env.h"
+#include "dpar/distributed/process_group.h"
+#include "dpar/distributed/store.h"
+#include "dpar/infer/runtime.h"
+#include "dpar/io/checkpoint.h"
+#include "dpar/io/onnx_export.h"
+#include "dpar/io/onnx_quantize.h"
 #include "dpar/io/safetensors.h"
+#include "dpar/io/summary_writer.h"
 #include "dpar/nn/init.h"
 #include "dpar/nn/layers.h"
 #include "dpar/nn/module.h"

@@ -76,6 +76,10 @@ std::string find_file(const std::string& dir, const std::string& name) {
 
 }  // namespace
 
+Compose FashionMnist::transform(std::vector<std::shared_ptr<const Transform>> steps) {
+  return Compose(std::move(steps), ToTensorNormalize::grey());
+}
+
 FashionMnist::FashionMnist(const std::string& dir, Split split, Compose transform, size_t limit)
     : transform_(std::move(transform)) {
   const std::string prefix = split == Split::Train ? "train" : "t10k";

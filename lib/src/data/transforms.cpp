@@ -261,13 +261,21 @@ ToTensorNormalize::ToTensorNormalize(std::array<float, 3> mean, std::array<float
   }
 }
 
+ToTensorNormalize ToTensorNormalize::grey(float mean, float std) {
+  ToTensorNormalize t({mean, mean, mean}, {std, std, std});
+  t.channels_ = 1;
+  return t;
+}
+
 Tensor ToTensorNormalize::operator()(const Image& image) const {
   check_image(image, "ToTensorNormalize");
   const int64_t h = image.height, w = image.width, c = image.channels;
-  Tensor out = Tensor::empty({3, h, w});
+  DPAR_CHECK(channels_ == 3 || c == 1, "ToTensorNormalize::grey: expects grey images, got ", c,
+             " channels (", h, "x", w, ")");
+  Tensor out = Tensor::empty({channels_, h, w});
   float* dst = out.data<float>();
   const int64_t plane = h * w;
-  for (int64_t ch = 0; ch < 3; ++ch) {
+  for (int64_t ch = 0; ch < channels_; ++ch) {
     // Per-channel lookup table: 256 values instead of a divide per pixel.
     float lut[256];
     for (int v = 0; v < 256; ++v) {

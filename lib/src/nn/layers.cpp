@@ -65,6 +65,10 @@ Tensor Sequential::forward(const Tensor& input) {
 }
 
 // ---- Conv2d ------------------------------------------------------------------------------
+Conv2d::Conv2d(const Conv2dOptions& o)
+    : Conv2d(o.in_channels_, o.out_channels_, o.kernel_size_, o.stride_, o.padding_, o.dilation_,
+             o.groups_, o.bias_) {}
+
 Conv2d::Conv2d(int64_t in_channels_, int64_t out_channels_, int64_t kernel_size_, int64_t stride_,
                int64_t padding_, int64_t dilation_, int64_t groups_, bool bias_)
     : Module("Conv2d"),
@@ -99,7 +103,7 @@ void Conv2d::reset_parameters(Generator& gen) {
 }
 
 Tensor Conv2d::forward(const Tensor& input) {
-  Conv2dOptions options;
+  dpar::Conv2dOptions options;
   options.stride = {stride, stride};
   options.padding = {padding, padding};
   options.dilation = {dilation, dilation};

@@ -24,7 +24,7 @@
 namespace dpar::data {
 
 struct Batch {
-  Tensor images;                // f32 [B,3,H,W], contiguous
+  Tensor images;                // f32 [B,C,H,W], contiguous (C from the transform: 3 or 1)
   Tensor labels;                // i64 [B]
   std::vector<size_t> indices;  // dataset indices of the B examples
   size_t size() const { return indices.size(); }

@@ -34,9 +34,14 @@ enum class Split { Train, Test };
 // Fashion-MNIST from its idx files (train-images-idx3-ubyte[.gz], ...; gzip or plain) in dir:
 // 60000 train / 10000 test 28x28 grey images, 10 classes. The whole split is loaded into
 // memory at construction (47 MB for train). limit > 0 keeps only the first limit examples.
+// The default transform gives 3 ImageNet-normalised channels (for ImageNet-shaped models);
+// pass FashionMnist::transform() for [1,28,28] images normalised with Fashion-MNIST's own
+// statistics.
 class FashionMnist : public Dataset {
  public:
   static constexpr const char* kDebianDir = "/usr/share/datasets/fashion-mnist";
+  // One channel, (x / 255 - 0.2860) / 0.3530, after the given image steps (e.g. a flip).
+  static Compose transform(std::vector<std::shared_ptr<const Transform>> steps = {});
 
   FashionMnist(const std::string& dir, Split split, Compose transform = Compose(),
                size_t limit = 0);

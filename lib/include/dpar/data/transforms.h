@@ -72,24 +72,34 @@ class CenterCrop : public Transform {
 };
 
 // uint8 HWC -> f32 [3,H,W] contiguous with (x / 255 - mean[c]) / std[c]; grey images are
-// replicated to 3 channels.
+// replicated to 3 channels. grey() makes [1,H,W] from grey images instead (a colour image is
+// then an error), with one mean and std.
 class ToTensorNormalize {
  public:
   static constexpr std::array<float, 3> kImageNetMean{0.485f, 0.456f, 0.406f};
   static constexpr std::array<float, 3> kImageNetStd{0.229f, 0.224f, 0.225f};
+  // Fashion-MNIST's own statistics (its 60000 training images, pixel values / 255).
+  static constexpr float kFashionMnistMean = 0.2860f;
+  static constexpr float kFashionMnistStd = 0.3530f;
   explicit ToTensorNormalize(std::array<float, 3> mean = kImageNetMean,
                              std::array<float, 3> std = kImageNetStd);
+  static ToTensorNormalize grey(float mean = kFashionMnistMean, float std = kFashionMnistStd);
   Tensor operator()(const Image& image) const;
+  int64_t channels() const { return channels_; }
 
  private:
   std::array<float, 3> mean_;
   std::array<float, 3> inv_std_;
+  int64_t channels_ = 3;
 };
 
 // Image transforms applied in order, then the tensor conversion.
 class Compose {
  public:
-  Compose() = default;  // just ToTensorNormalize with ImageNet statistics
+  // Just ToTensorNormalize with ImageNet statistics: 3 channels, for ImageNet-pretrained
+  // models. Fashion-MNIST models of one's own want FashionMnist::transform() (1 channel, its
+  // own statistics).
+  Compose() = default;
   explicit Compose(std::vector<std::shared_ptr<const Transform>> steps,
                    ToTensorNormalize to_tensor = ToTensorNormalize());
   Image apply_image(Image image, Generator& rng) const;  // the image steps only

@@ -45,8 +45,27 @@ class Sequential : public Module {
 // 2-D convolution with square kernel/stride/padding/dilation. Parameters: weight
 // [out, in/groups, k, k], bias [out] (when bias). Default init as torch: kaiming-uniform with
 // a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
+// Conv2d's settings by name, as libtorch's torch::nn::Conv2dOptions, so that a call cannot
+// swap padding and dilation by position:
+//   nn::Conv2d conv(nn::Conv2dOptions(3, 16, 3).stride(2).padding(1).bias(false));
+struct Conv2dOptions {
+  Conv2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  Conv2dOptions& stride(int64_t v) { return stride_ = v, *this; }
+  Conv2dOptions& padding(int64_t v) { return padding_ = v, *this; }
+  Conv2dOptions& dilation(int64_t v) { return dilation_ = v, *this; }
+  Conv2dOptions& groups(int64_t v) { return groups_ = v, *this; }
+  Conv2dOptions& bias(bool v) { return bias_ = v, *this; }
+
+  int64_t in_channels_, out_channels_, kernel_size_;
+  int64_t stride_ = 1, padding_ = 0, dilation_ = 1, groups_ = 1;
+  bool bias_ = true;
+};
+
 class Conv2d : public Module {
  public:
+  explicit Conv2d(const Conv2dOptions& options);
+  // The positional form (PyTorch's argument order); prefer Conv2dOptions.
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
          int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1, bool bias = true);
   Tensor forward(const Tensor& input) override;
