@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,4 +56,33 @@ inline dpar::Tensor leaf_on(const dpar::Tensor& t, dpar::Device device) {
   dpar::Tensor out = t.detach().to(device).clone();
   out.set_requires_grad(true);
   return out;
+}
+
+using GpuOpFn = std::function<dpar::Tensor(const std::vector<dpar::Tensor>&)>;
+
+// Runs op on the CPU and on the GPU with the same inputs; checks the outputs and the input
+// gradients of sum(out * r) for a fixed random r to `tol` relative (f32: 1e-4).
+inline void compare_op(const char* name, const GpuOpFn& op, const std::vector<dpar::Tensor>& inputs,
+                       double tol = 1e-4) {
+  using namespace dpar;
+  INFO(name);
+  std::vector<Tensor> cpu_in, gpu_in;
+  for (const Tensor& t : inputs) {
+    const bool grad = is_floating(t.dtype());
+    cpu_in.push_back(grad ? leaf_on(t, Device::cpu()) : t);
+    gpu_in.push_back(grad ? leaf_on(t, kGpu) : t.to(kGpu));
+  }
+  Tensor cpu_out = op(cpu_in), gpu_out = op(gpu_in);
+  REQUIRE(gpu_out.device() == kGpu);
+  CHECK(relative_error(cpu_out, gpu_out) <= tol);
+  if (!cpu_out.requires_grad()) return;
+  const Tensor r = random_tensor(cpu_out.shape(), 99);
+  sum(cpu_out * r).backward();
+  sum(gpu_out * r.to(kGpu)).backward();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!cpu_in[i].requires_grad() || !cpu_in[i].grad().defined()) continue;
+    INFO("gradient of input " << i);
+    REQUIRE(gpu_in[i].grad().defined());
+    CHECK(relative_error(cpu_in[i].grad(), gpu_in[i].grad()) <= tol);
+  }
 }

@@ -12,34 +12,6 @@ namespace {
 
 constexpr double kTol = 1e-4;
 
-using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-// Runs op on CPU and on the GPU with the same inputs; checks the outputs and the input
-// gradients of sum(out * r) for a fixed random r.
-void compare_op(const char* name, const OpFn& op, const std::vector<Tensor>& inputs,
-                double tol = kTol) {
-  INFO(name);
-  std::vector<Tensor> cpu_in, gpu_in;
-  for (const Tensor& t : inputs) {
-    const bool grad = is_floating(t.dtype());
-    cpu_in.push_back(grad ? leaf_on(t, Device::cpu()) : t);
-    gpu_in.push_back(grad ? leaf_on(t, kGpu) : t.to(kGpu));
-  }
-  Tensor cpu_out = op(cpu_in), gpu_out = op(gpu_in);
-  REQUIRE(gpu_out.device() == kGpu);
-  CHECK(relative_error(cpu_out, gpu_out) <= tol);
-  if (!cpu_out.requires_grad()) return;
-  const Tensor r = random_tensor(cpu_out.shape(), 99);
-  sum(cpu_out * r).backward();
-  sum(gpu_out * r.to(kGpu)).backward();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!cpu_in[i].requires_grad() || !cpu_in[i].grad().defined()) continue;
-    INFO("gradient of input " << i);
-    REQUIRE(gpu_in[i].grad().defined());
-    CHECK(relative_error(cpu_in[i].grad(), gpu_in[i].grad()) <= tol);
-  }
-}
-
 Tensor channels_last(const Tensor& t) { return t.contiguous(MemoryFormat::ChannelsLast); }
 
 }  // namespace

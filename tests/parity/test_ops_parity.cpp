@@ -171,6 +171,25 @@ TEST_CASE("parity: activations match torch", "[parity][activation]") {
   }
 }
 
+TEST_CASE("parity: the activations and pointwise maths of a second model match torch",
+          "[parity][activation]") {
+  const std::map<std::string, std::function<Tensor(const Tensor&)>> ops{
+      {"tanh", [](const Tensor& x) { return dpar::tanh(x); }},
+      {"gelu", [](const Tensor& x) { return gelu(x); }},
+      {"gelu_tanh", [](const Tensor& x) { return gelu(x, GeluApproximation::tanh); }},
+      {"silu", [](const Tensor& x) { return silu(x); }},
+      {"softplus", [](const Tensor& x) { return softplus(x); }},
+      {"softplus_b2_t3", [](const Tensor& x) { return softplus(x, 2.0, 3.0); }},
+      {"leaky_relu", [](const Tensor& x) { return leaky_relu(x, 0.1); }},
+      {"abs", [](const Tensor& x) { return dpar::abs(x); }},
+      {"clamp", [](const Tensor& x) { return clamp(x, -0.5, 0.8); }},
+      {"pow3", [](const Tensor& x) { return dpar::pow(x, 3.0); }},
+      {"pow_half", [](const Tensor& x) { return dpar::pow(x, 0.5); }}};
+  for (const auto& [name, fn] : ops) {
+    run_all(name, {name}, [fn = fn](const Fixture&, Args& a) { return fn(a["x"]); });
+  }
+}
+
 TEST_CASE("parity: exp, log and sqrt match torch", "[parity][unary]") {
   const std::map<std::string, Tensor (*)(const Tensor&)> ops{
       {"exp", dpar::exp}, {"log", dpar::log}, {"sqrt", dpar::sqrt}};

@@ -79,6 +79,40 @@ TEST_CASE("unary values", "[unary]") {
   }
 }
 
+TEST_CASE("the activations and pointwise maths of a second model", "[unary]") {
+  const std::vector<float> pts{-2, -0.5, 0, 1, 3};
+  check_close(eval_at([](const Tensor& t) { return dpar::tanh(t); }, pts),
+              {-0.96402758f, -0.46211716f, 0.f, 0.76159416f, 0.99505475f});
+  // Reference values from torch 1.13 (F.gelu, F.gelu(approximate="tanh"), F.silu, F.softplus).
+  check_close(eval_at([](const Tensor& t) { return gelu(t); }, pts),
+              {-0.04550010f, -0.15426879f, 0.f, 0.84134471f, 2.99595022f});
+  check_close(eval_at([](const Tensor& t) { return gelu(t, GeluApproximation::tanh); }, pts),
+              {-0.04540229f, -0.15428600f, 0.f, 0.84119201f, 2.99636269f});
+  check_close(eval_at([](const Tensor& t) { return silu(t); }, pts),
+              {-0.23840584f, -0.18877034f, 0.f, 0.73105860f, 2.85772252f});
+  check_close(eval_at([](const Tensor& t) { return softplus(t); }, pts),
+              {0.12692800f, 0.47407699f, 0.69314718f, 1.31326163f, 3.04858732f});
+  check_close(eval_at([](const Tensor& t) { return softplus(t, 1.0, 2.0); }, pts),
+              {0.12692800f, 0.47407699f, 0.69314718f, 1.31326163f, 3.f});
+  check_close(eval_at([](const Tensor& t) { return leaky_relu(t); }, pts),
+              {-0.02f, -0.005f, 0.f, 1.f, 3.f});
+  check_close(eval_at([](const Tensor& t) { return dpar::abs(t); }, pts), {2, 0.5, 0, 1, 3});
+  check_close(eval_at([](const Tensor& t) { return clamp(t, -1.0, 2.0); }, pts),
+              {-1, -0.5, 0, 1, 2});
+  check_close(eval_at([](const Tensor& t) { return clamp(t, std::nullopt, 0.5); }, pts),
+              {-2, -0.5, 0, 0.5, 0.5});
+  check_close(eval_at([](const Tensor& t) { return dpar::pow(t, 2.0); }, pts), {4, 0.25, 0, 1, 9});
+  // Gradients where the formulas have kinks or special cases, as PyTorch defines them.
+  check_close(grad_at([](const Tensor& t) { return dpar::abs(t); }, {-1.f, 0.f, 2.f}), {-1, 0, 1});
+  check_close(grad_at([](const Tensor& t) { return clamp(t, -1.0, 2.0); }, {-1.f, 0.f, 2.f, 3.f}),
+              {1, 1, 1, 0});
+  check_close(grad_at([](const Tensor& t) { return leaky_relu(t, 0.1); }, {-1.f, 0.f, 1.f}),
+              {0.1f, 0.1f, 1.f});
+  check_close(grad_at([](const Tensor& t) { return dpar::pow(t, 0.0); }, {0.f, 2.f}), {0, 0});
+  CHECK_THROWS_WITH(clamp(Tensor::zeros({2}), std::nullopt), Catch::Contains("at least one"));
+  CHECK_THROWS_WITH(softplus(Tensor::zeros({2}), 0.0), Catch::Contains("beta must be positive"));
+}
+
 TEST_CASE("activation gradients at the kinks follow PyTorch", "[unary]") {
   const std::vector<float> pts{-4, -3, -1, 0, 3, 4};
   // relu: gradient 0 at 0
@@ -108,6 +142,19 @@ TEST_CASE("unary gradients match finite differences", "[unary][gradcheck]") {
       {"hardswish", [](const Tensor& t) { return hardswish(t); }, -5, 5, {-3, 3}},
       {"hardsigmoid", [](const Tensor& t) { return hardsigmoid(t); }, -5, 5, {-3, 3}},
       {"sigmoid", [](const Tensor& t) { return sigmoid(t); }, -4, 4, {}},
+      {"tanh", [](const Tensor& t) { return dpar::tanh(t); }, -3, 3, {}},
+      {"gelu", [](const Tensor& t) { return gelu(t); }, -4, 4, {}},
+      {"gelu_tanh", [](const Tensor& t) { return gelu(t, GeluApproximation::tanh); }, -4, 4, {}},
+      {"silu", [](const Tensor& t) { return silu(t); }, -5, 5, {}},
+      {"softplus", [](const Tensor& t) { return softplus(t); }, -5, 5, {}},
+      // beta 2, threshold 3: the linear piece above x = 1.5 (continuous up to rounding)
+      {"softplus_b2", [](const Tensor& t) { return softplus(t, 2.0, 3.0); }, -3, 3, {1.5}},
+      {"leaky_relu", [](const Tensor& t) { return leaky_relu(t, 0.2); }, -2, 2, {0}},
+      {"abs", [](const Tensor& t) { return dpar::abs(t); }, -2, 2, {0}},
+      {"clamp", [](const Tensor& t) { return clamp(t, -0.5, 0.7); }, -2, 2, {-0.5, 0.7}},
+      {"clamp_min", [](const Tensor& t) { return clamp(t, 0.1); }, -2, 2, {0.1}},
+      {"pow", [](const Tensor& t) { return dpar::pow(t, 3.0); }, -2, 2, {}},
+      {"pow_frac", [](const Tensor& t) { return dpar::pow(t, 0.5); }, 0.5, 3, {}},
   };
   Generator gen(11);
   for (const Case& c : cases) {

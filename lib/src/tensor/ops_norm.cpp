@@ -107,7 +107,7 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   Tensor z = y;
   if (act != Activation::none) {
     z = Tensor::empty_like(y);
-    kernels::unary.get(device)(unary_op(act), y, z);
+    kernels::unary.get(device)(unary_op(act), y, z, {});
   }
   if (!grad) return z;
 
@@ -143,7 +143,7 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
           Tensor dy = dz;
           if (act != Activation::none) {
             dy = Tensor::empty_like(ys);
-            kernels::unary_backward.get(ys.device())(unary_op(act), dz, ys, dy);
+            kernels::unary_backward.get(ys.device())(unary_op(act), dz, ys, dy, {});
           }
           kernels::batch_norm_backward.get(ys.device())(xs, dy, ws, bs, mean, var, use_batch_stats,
                                                         eps, dx, dw, db);

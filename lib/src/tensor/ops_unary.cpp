@@ -1,6 +1,7 @@
-// Pointwise unary ops (exp, log, sqrt, square), activations and dropout.
+// Pointwise unary ops (exp, log, sqrt, square, abs, clamp, pow), activations and dropout.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
@@ -18,18 +19,18 @@ void check_input(const Tensor& x, const char* op) {
              " (convert with .to(DType::f32))");
 }
 
-Tensor unary(UnaryOp op, const char* name, const Tensor& x) {
+Tensor unary(UnaryOp op, const char* name, const Tensor& x, kernels::UnaryArgs args = {}) {
   DPAR_PROFILE_SCOPE(name);
   check_input(x, name);
   // empty_like keeps a dense input's layout (channels-last stays channels-last).
   Tensor out = Tensor::empty_like(x);
-  kernels::unary.get(x.device())(op, x, out);
+  kernels::unary.get(x.device())(op, x, out, args);
   if (autograd::needs_grad({x})) {
     Tensor saved = kernels::unary_saves_output(op) ? out.detach() : x.detach();
     autograd::record(name, {x}, {out},
-                     [op, saved](const autograd::GradList& g, const autograd::NeedsGrad&) {
+                     [op, saved, args](const autograd::GradList& g, const autograd::NeedsGrad&) {
                        Tensor gx = Tensor::empty_like(saved);
-                       kernels::unary_backward.get(saved.device())(op, g[0], saved, gx);
+                       kernels::unary_backward.get(saved.device())(op, g[0], saved, gx, args);
                        return autograd::GradList{gx};
                      });
   }
@@ -46,6 +47,30 @@ Tensor relu(const Tensor& x) { return unary(UnaryOp::relu, "relu", x); }
 Tensor hardswish(const Tensor& x) { return unary(UnaryOp::hardswish, "hardswish", x); }
 Tensor hardsigmoid(const Tensor& x) { return unary(UnaryOp::hardsigmoid, "hardsigmoid", x); }
 Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::sigmoid, "sigmoid", x); }
+Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, "tanh", x); }
+Tensor gelu(const Tensor& x, GeluApproximation approximate) {
+  return approximate == GeluApproximation::tanh ? unary(UnaryOp::gelu_tanh, "gelu_tanh", x)
+                                                : unary(UnaryOp::gelu, "gelu", x);
+}
+Tensor silu(const Tensor& x) { return unary(UnaryOp::silu, "silu", x); }
+Tensor softplus(const Tensor& x, double beta, double threshold) {
+  DPAR_CHECK(beta > 0, "softplus: beta must be positive, got ", beta);
+  return unary(UnaryOp::softplus, "softplus", x,
+               {static_cast<float>(beta), static_cast<float>(threshold)});
+}
+Tensor leaky_relu(const Tensor& x, double negative_slope) {
+  return unary(UnaryOp::leaky_relu, "leaky_relu", x, {static_cast<float>(negative_slope), 0.f});
+}
+Tensor abs(const Tensor& x) { return unary(UnaryOp::abs, "abs", x); }
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
+  DPAR_CHECK(min || max, "clamp: give at least one of min and max");
+  const float inf = std::numeric_limits<float>::infinity();
+  return unary(UnaryOp::clamp, "clamp", x,
+               {min ? static_cast<float>(*min) : -inf, max ? static_cast<float>(*max) : inf});
+}
+Tensor pow(const Tensor& x, double exponent) {
+  return unary(UnaryOp::pow, "pow", x, {static_cast<float>(exponent), 0.f});
+}
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   DPAR_PROFILE_SCOPE("dropout");

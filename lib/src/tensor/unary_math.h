@@ -21,8 +21,14 @@ namespace dpar::kernels {
 DPAR_HOST_DEVICE float max_keep_nan(float a, float b) { return a < b ? b : a; }
 DPAR_HOST_DEVICE float min_keep_nan(float a, float b) { return b < a ? b : a; }
 
+// The constants of the GELU forms, as PyTorch writes them.
+constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
+constexpr float kGeluKappa = 0.044715f;
+
 template <UnaryOp Op>
-DPAR_HOST_DEVICE float unary_value(float x) {
+DPAR_HOST_DEVICE float unary_value(float x, UnaryArgs args = {}) {
   if constexpr (Op == UnaryOp::exp) {
     return expf(x);
   } else if constexpr (Op == UnaryOp::log) {
@@ -37,15 +43,35 @@ DPAR_HOST_DEVICE float unary_value(float x) {
     return x * min_keep_nan(max_keep_nan(x + 3.f, 0.f), 6.f) / 6.f;
   } else if constexpr (Op == UnaryOp::hardsigmoid) {
     return min_keep_nan(max_keep_nan(x + 3.f, 0.f), 6.f) / 6.f;
-  } else {
-    static_assert(Op == UnaryOp::sigmoid);
+  } else if constexpr (Op == UnaryOp::sigmoid) {
     return 1.f / (1.f + expf(-x));
+  } else if constexpr (Op == UnaryOp::tanh) {
+    return tanhf(x);
+  } else if constexpr (Op == UnaryOp::gelu) {
+    return 0.5f * x * (1.f + erff(x * kSqrt1_2));
+  } else if constexpr (Op == UnaryOp::gelu_tanh) {
+    return 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + kGeluKappa * x * x * x)));
+  } else if constexpr (Op == UnaryOp::silu) {
+    return x / (1.f + expf(-x));
+  } else if constexpr (Op == UnaryOp::softplus) {
+    // Linear above the threshold, where log1p(exp) would only round to x.
+    return x * args.a > args.b ? x : log1pf(expf(x * args.a)) / args.a;
+  } else if constexpr (Op == UnaryOp::leaky_relu) {
+    return x > 0.f ? x : x * args.a;
+  } else if constexpr (Op == UnaryOp::abs) {
+    return fabsf(x);
+  } else if constexpr (Op == UnaryOp::clamp) {
+    // NaN stays NaN (PyTorch's clamp propagates it).
+    return min_keep_nan(max_keep_nan(x, args.a), args.b);
+  } else {
+    static_assert(Op == UnaryOp::pow);
+    return powf(x, args.a);
   }
 }
 
 // g: incoming gradient; s: the saved tensor (output or input, see unary_saves_output).
 template <UnaryOp Op>
-DPAR_HOST_DEVICE float unary_grad(float g, float s) {
+DPAR_HOST_DEVICE float unary_grad(float g, float s, UnaryArgs args = {}) {
   if constexpr (Op == UnaryOp::exp) {
     return g * s;
   } else if constexpr (Op == UnaryOp::log) {
@@ -63,9 +89,37 @@ DPAR_HOST_DEVICE float unary_grad(float g, float s) {
     return s < -3.f ? 0.f : (s <= 3.f ? mid : g);
   } else if constexpr (Op == UnaryOp::hardsigmoid) {
     return s > -3.f && s < 3.f ? g * (1.f / 6.f) : 0.f;  // 1/6 strictly inside (-3, 3)
-  } else {
-    static_assert(Op == UnaryOp::sigmoid);
+  } else if constexpr (Op == UnaryOp::sigmoid) {
     return g * (1.f - s) * s;
+  } else if constexpr (Op == UnaryOp::tanh) {
+    return g * (1.f - s * s);  // s is the output
+  } else if constexpr (Op == UnaryOp::gelu) {
+    const float cdf = 0.5f * (1.f + erff(s * kSqrt1_2));
+    const float pdf = kInvSqrt2Pi * expf(-0.5f * s * s);
+    return g * (cdf + s * pdf);
+  } else if constexpr (Op == UnaryOp::gelu_tanh) {
+    const float inner = kSqrt2OverPi * (s + kGeluKappa * s * s * s);
+    const float t = tanhf(inner);
+    const float left_derivative = 0.5f * (1.f + t);
+    const float right_derivative =
+        0.5f * s * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluKappa * s * s);
+    return g * (left_derivative + right_derivative);
+  } else if constexpr (Op == UnaryOp::silu) {
+    const float sig = 1.f / (1.f + expf(-s));
+    return g * sig * (1.f + s * (1.f - sig));
+  } else if constexpr (Op == UnaryOp::softplus) {
+    const float z = expf(s * args.a);
+    return s * args.a > args.b ? g : g * z / (z + 1.f);
+  } else if constexpr (Op == UnaryOp::leaky_relu) {
+    return s > 0.f ? g : g * args.a;
+  } else if constexpr (Op == UnaryOp::abs) {
+    return s > 0.f ? g : (s < 0.f ? -g : 0.f);  // sign(x) * g, 0 at 0
+  } else if constexpr (Op == UnaryOp::clamp) {
+    return s >= args.a && s <= args.b ? g : 0.f;  // PyTorch: passes at the bounds
+  } else {
+    static_assert(Op == UnaryOp::pow);
+    // exponent * x^(exponent - 1), and exactly 0 for exponent 0 (PyTorch's masked_fill).
+    return args.a == 0.f ? 0.f : g * args.a * powf(s, args.a - 1.f);
   }
 }
 
@@ -89,6 +143,24 @@ void dispatch_unary(UnaryOp op, Fn&& fn) {
       return fn(std::integral_constant<UnaryOp, UnaryOp::hardsigmoid>{});
     case UnaryOp::sigmoid:
       return fn(std::integral_constant<UnaryOp, UnaryOp::sigmoid>{});
+    case UnaryOp::tanh:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::tanh>{});
+    case UnaryOp::gelu:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::gelu>{});
+    case UnaryOp::gelu_tanh:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::gelu_tanh>{});
+    case UnaryOp::silu:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::silu>{});
+    case UnaryOp::softplus:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::softplus>{});
+    case UnaryOp::leaky_relu:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::leaky_relu>{});
+    case UnaryOp::abs:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::abs>{});
+    case UnaryOp::clamp:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::clamp>{});
+    case UnaryOp::pow:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::pow>{});
   }
 }
 

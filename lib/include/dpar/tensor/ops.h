@@ -23,6 +23,11 @@ Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor sqrt(const Tensor& x);
 Tensor square(const Tensor& x);
+Tensor abs(const Tensor& x);
+// Elementwise min(max(x, min), max); either bound may be left out. The gradient passes where
+// min <= x <= max (PyTorch's convention at the bounds).
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max = {});
+Tensor pow(const Tensor& x, double exponent);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
@@ -39,6 +44,14 @@ Tensor relu(const Tensor& x);
 Tensor hardswish(const Tensor& x);    // x * relu6(x + 3) / 6
 Tensor hardsigmoid(const Tensor& x);  // relu6(x + 3) / 6
 Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+// GELU: x * Phi(x) with the normal CDF (none, PyTorch's default), or its tanh approximation.
+enum class GeluApproximation : uint8_t { none, tanh };
+Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::none);
+Tensor silu(const Tensor& x);  // x * sigmoid(x)
+// log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's defaults).
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
 // Inverted dropout: zeroes with probability p and scales survivors by 1/(1-p) when training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
 

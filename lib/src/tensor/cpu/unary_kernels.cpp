@@ -17,13 +17,13 @@ using kernels::UnaryOp;
 constexpr int64_t kParallelThreshold = 65536;
 
 template <UnaryOp Op>
-void unary_typed(const Tensor& x, Tensor& out) {
+void unary_typed(const Tensor& x, Tensor& out, kernels::UnaryArgs args) {
   const float* px = static_cast<const float*>(x.raw_data());
   float* po = static_cast<float*>(out.raw_data());
   if (x.strides() == out.strides() && out.is_dense()) {
     const int64_t n = out.numel();
 #pragma omp parallel for schedule(static) if (n > kParallelThreshold)
-    for (int64_t i = 0; i < n; ++i) po[i] = kernels::unary_value<Op>(px[i]);
+    for (int64_t i = 0; i < n; ++i) po[i] = kernels::unary_value<Op>(px[i], args);
     return;
   }
   for_each_row<2>(
@@ -32,15 +32,17 @@ void unary_typed(const Tensor& x, Tensor& out) {
         float* o = po + off[0];
         const float* xi = px + off[1];
         if (st[0] == 1 && st[1] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = kernels::unary_value<Op>(xi[i]);
+          for (int64_t i = 0; i < n; ++i) o[i] = kernels::unary_value<Op>(xi[i], args);
         } else {
-          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = kernels::unary_value<Op>(xi[i * st[1]]);
+          for (int64_t i = 0; i < n; ++i)
+            o[i * st[0]] = kernels::unary_value<Op>(xi[i * st[1]], args);
         }
       });
 }
 
 template <UnaryOp Op>
-void unary_backward_typed(const Tensor& grad, const Tensor& saved, Tensor& grad_in) {
+void unary_backward_typed(const Tensor& grad, const Tensor& saved, Tensor& grad_in,
+                          kernels::UnaryArgs args) {
   const float* pg = static_cast<const float*>(grad.raw_data());
   const float* ps = static_cast<const float*>(saved.raw_data());
   float* po = static_cast<float*>(grad_in.raw_data());
@@ -48,7 +50,7 @@ void unary_backward_typed(const Tensor& grad, const Tensor& saved, Tensor& grad_
       grad_in.is_dense()) {
     const int64_t n = grad_in.numel();
 #pragma omp parallel for schedule(static) if (n > kParallelThreshold)
-    for (int64_t i = 0; i < n; ++i) po[i] = kernels::unary_grad<Op>(pg[i], ps[i]);
+    for (int64_t i = 0; i < n; ++i) po[i] = kernels::unary_grad<Op>(pg[i], ps[i], args);
     return;
   }
   for_each_row<3>(
@@ -58,21 +60,23 @@ void unary_backward_typed(const Tensor& grad, const Tensor& saved, Tensor& grad_
         const float* g = pg + off[1];
         const float* s = ps + off[2];
         if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = kernels::unary_grad<Op>(g[i], s[i]);
+          for (int64_t i = 0; i < n; ++i) o[i] = kernels::unary_grad<Op>(g[i], s[i], args);
         } else {
           for (int64_t i = 0; i < n; ++i)
-            o[i * st[0]] = kernels::unary_grad<Op>(g[i * st[1]], s[i * st[2]]);
+            o[i * st[0]] = kernels::unary_grad<Op>(g[i * st[1]], s[i * st[2]], args);
         }
       });
 }
 
-void unary_cpu(UnaryOp op, const Tensor& x, Tensor& out) {
-  kernels::dispatch_unary(op, [&](auto tag) { unary_typed<decltype(tag)::value>(x, out); });
+void unary_cpu(UnaryOp op, const Tensor& x, Tensor& out, kernels::UnaryArgs args) {
+  kernels::dispatch_unary(op, [&](auto tag) { unary_typed<decltype(tag)::value>(x, out, args); });
 }
 
-void unary_backward_cpu(UnaryOp op, const Tensor& grad, const Tensor& saved, Tensor& grad_in) {
-  kernels::dispatch_unary(
-      op, [&](auto tag) { unary_backward_typed<decltype(tag)::value>(grad, saved, grad_in); });
+void unary_backward_cpu(UnaryOp op, const Tensor& grad, const Tensor& saved, Tensor& grad_in,
+                        kernels::UnaryArgs args) {
+  kernels::dispatch_unary(op, [&](auto tag) {
+    unary_backward_typed<decltype(tag)::value>(grad, saved, grad_in, args);
+  });
 }
 
 // out = x * (mask * scale): a dropped NaN stays NaN, as with PyTorch's x * noise.

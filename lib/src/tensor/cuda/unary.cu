@@ -16,31 +16,34 @@ namespace {
 using kernels::UnaryOp;
 
 template <UnaryOp Op>
-__global__ void unary_flat_kernel(const float* x, float* out, int64_t n) {
-  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = kernels::unary_value<Op>(x[i]); }
+__global__ void unary_flat_kernel(const float* x, float* out, int64_t n, kernels::UnaryArgs a) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = kernels::unary_value<Op>(x[i], a); }
 }
 
 template <UnaryOp Op>
-__global__ void unary_strided_kernel(const float* x, float* out, StridedIndexer<2> ix, int64_t n) {
+__global__ void unary_strided_kernel(const float* x, float* out, StridedIndexer<2> ix, int64_t n,
+                                     kernels::UnaryArgs a) {
   DPAR_CUDA_KERNEL_LOOP(i, n) {
     int64_t off[2];
     ix.offsets(i, off);
-    out[off[0]] = kernels::unary_value<Op>(x[off[1]]);
+    out[off[0]] = kernels::unary_value<Op>(x[off[1]], a);
   }
 }
 
 template <UnaryOp Op>
-__global__ void unary_backward_flat_kernel(const float* g, const float* s, float* out, int64_t n) {
-  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = kernels::unary_grad<Op>(g[i], s[i]); }
+__global__ void unary_backward_flat_kernel(const float* g, const float* s, float* out, int64_t n,
+                                           kernels::UnaryArgs a) {
+  DPAR_CUDA_KERNEL_LOOP(i, n) { out[i] = kernels::unary_grad<Op>(g[i], s[i], a); }
 }
 
 template <UnaryOp Op>
 __global__ void unary_backward_strided_kernel(const float* g, const float* s, float* out,
-                                              StridedIndexer<3> ix, int64_t n) {
+                                              StridedIndexer<3> ix, int64_t n,
+                                              kernels::UnaryArgs a) {
   DPAR_CUDA_KERNEL_LOOP(i, n) {
     int64_t off[3];
     ix.offsets(i, off);
-    out[off[0]] = kernels::unary_grad<Op>(g[off[1]], s[off[2]]);
+    out[off[0]] = kernels::unary_grad<Op>(g[off[1]], s[off[2]], a);
   }
 }
 
@@ -49,7 +52,7 @@ void require_f32(const Tensor& t, const char* op, const char* which) {
              t.dtype());
 }
 
-void unary_cuda(UnaryOp op, const Tensor& x, Tensor& out) {
+void unary_cuda(UnaryOp op, const Tensor& x, Tensor& out, kernels::UnaryArgs args) {
   DeviceGuard guard(out.device());
   require_f32(x, "unary", "x");
   require_f32(out, "unary", "out");
@@ -64,15 +67,16 @@ void unary_cuda(UnaryOp op, const Tensor& x, Tensor& out) {
   kernels::dispatch_unary(op, [&](auto tag) {
     constexpr UnaryOp kOp = decltype(tag)::value;
     if (flat) {
-      unary_flat_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(px, po, n);
+      unary_flat_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(px, po, n, args);
     } else {
-      unary_strided_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(px, po, ix, n);
+      unary_strided_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(px, po, ix, n, args);
     }
   });
   check_launch("unary");
 }
 
-void unary_backward_cuda(UnaryOp op, const Tensor& grad, const Tensor& saved, Tensor& grad_in) {
+void unary_backward_cuda(UnaryOp op, const Tensor& grad, const Tensor& saved, Tensor& grad_in,
+                         kernels::UnaryArgs args) {
   DeviceGuard guard(grad_in.device());
   require_f32(grad, "unary_backward", "grad");
   require_f32(saved, "unary_backward", "saved");
@@ -91,9 +95,10 @@ void unary_backward_cuda(UnaryOp op, const Tensor& grad, const Tensor& saved, Te
   kernels::dispatch_unary(op, [&](auto tag) {
     constexpr UnaryOp kOp = decltype(tag)::value;
     if (flat) {
-      unary_backward_flat_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(pg, ps, po, n);
+      unary_backward_flat_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(pg, ps, po, n, args);
     } else {
-      unary_backward_strided_kernel<kOp><<<blocks_for(n), kThreads, 0, stream>>>(pg, ps, po, ix, n);
+      unary_backward_strided_kernel<kOp>
+          <<<blocks_for(n), kThreads, 0, stream>>>(pg, ps, po, ix, n, args);
     }
   });
   check_launch("unary_backward");
