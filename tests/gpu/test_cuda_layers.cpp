@@ -20,3 +20,34 @@ TEST_CASE("activations and pointwise maths match the CPU") {
   compare_op("gelu on a transposed view", [](auto& t) { return gelu(t[0].transpose(0, 2)); },
              {wide});
 }
+
+TEST_CASE("comparisons, where, gather, index_select, embedding and max/min match the CPU") {
+  DPAR_REQUIRE_GPU();
+  const Tensor x = random_tensor({4, 6, 5}, 7, -3, 3), y = random_tensor({5}, 8, -3, 3);
+  for (const auto& cmp : {eq(x, y), lt(x, y), ge(x, 0.5)}) CHECK(cmp.dtype() == DType::u8);
+  CHECK(lt(x, y).to(DType::f32).to_float_vector() ==
+        lt(x.to(kGpu), y.to(kGpu)).to(DType::f32).to_float_vector());
+  const Tensor cond = gt(random_tensor({4, 6, 5}, 9), 0.0);
+  compare_op("where", [&](auto& t) { return where(cond.to(t[0].device()), t[0], t[1]); }, {x, y});
+  compare_op("masked_fill",
+             [&](auto& t) { return masked_fill(t[0], cond.to(t[0].device()), -2.0); }, {x});
+  const Tensor index = Tensor::from_vector(std::vector<int64_t>{0, 5, 5, 2, 1, 3, 3, 0}, {4, 2, 1});
+  compare_op("gather", [](auto& t) { return gather(t[0], 1, t[1]); }, {x, index});
+  const Tensor rows = Tensor::from_vector(std::vector<int64_t>{2, 2, 0, 5}, {4});
+  compare_op("index_select (repeats accumulate)",
+             [](auto& t) { return index_select(t[0], 1, t[1]); }, {x, rows});
+  const Tensor ids = Tensor::from_vector(std::vector<int64_t>{1, 3, 3, 0, 2, 1}, {2, 3});
+  compare_op("embedding with padding", [](auto& t) { return embedding(t[0], t[1], 3); },
+             {random_tensor({4, 8}, 10), ids});
+  compare_op("max over dim 1", [](auto& t) { return max(t[0], 1).values; }, {x});
+  compare_op("min over dim 2 keepdim", [](auto& t) { return min(t[0], 2, true).values; }, {x});
+  CHECK(max(x, 1).indices.to_int_vector() == max(x.to(kGpu), 1).indices.to_int_vector());
+}
+
+TEST_CASE("an index outside its range on the GPU is an error at the next synchronisation") {
+  DPAR_REQUIRE_GPU();
+  const Tensor w = random_tensor({4, 3}, 11).to(kGpu);
+  const Tensor bad = Tensor::from_vector(std::vector<int64_t>{1, 4}, {2}).to(kGpu);
+  CHECK_THROWS_WITH(embedding(w, bad).to(Device::cpu()),
+                    Catch::Contains("index 4 is outside [0, 4)"));
+}

@@ -11,6 +11,8 @@ Every file uses the same tensor names, so the C++ side can treat all cases alike
              running_mean, running_var
                           batch_norm running statistics BEFORE the call
              target       class indices for cross_entropy (i64 [N])
+             index        i64 indices (gather, index_select, embedding)
+             cond         u8 0/1 condition (where, masked_fill)
   config     cfg.stride, cfg.padding, cfg.dilation (i64 [2]), cfg.groups (i64 [1])   conv2d
              cfg.training (i64 [1]: 0/1), cfg.momentum, cfg.eps (f32 [1])        batch_norm
              cfg.dim (i64 [1])                       softmax / log_softmax
@@ -211,6 +213,27 @@ def classification_cases(c):
                 {"x": logits, "target": target}, config={"label_smoothing": f32(ls)})
 
 
+def index_cases(c):
+    """gather, index_select, embedding, where, masked_fill, max/min over a dim."""
+    def randint(hi, *shape):
+        return torch.randint(0, hi, shape, generator=c.gen)
+
+    c.write("gather_dim1", lambda x, index: torch.gather(x, 1, index),
+            {"x": c.randn(3, 5, 4), "index": randint(5, 3, 2, 4)})
+    c.write("index_select_dim0", lambda x, index: torch.index_select(x, 0, index),
+            {"x": c.randn(4, 6), "index": torch.tensor([3, 0, 3, 1, 2])})
+    c.write("embedding_pad2", lambda weight, index: F.embedding(index, weight, padding_idx=2),
+            {"weight": c.randn(10, 6), "index": torch.tensor([[2, 5, 9, 0], [2, 2, 7, 1], [3, 3, 4, 8]])})
+    cond = (torch.rand(3, 4, generator=c.gen) > 0.5).to(torch.uint8)
+    c.write("where_bcast", lambda x, y, cond: torch.where(cond.bool(), x, y),
+            {"x": c.randn(3, 4), "y": c.randn(4), "cond": cond})
+    c.write("masked_fill", lambda x, cond: x.masked_fill(cond.bool(), -1.5),
+            {"x": c.randn(3, 4), "cond": cond})
+    c.write("max_dim1", lambda x: torch.max(x, 1).values, {"x": c.randn(4, 7)})
+    c.write("min_dim0_keepdim", lambda x: torch.min(x, 0, keepdim=True).values,
+            {"x": c.randn(4, 7)})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -225,6 +248,7 @@ def main():
     linear_cases(c)
     binary_cases(c)
     classification_cases(c)
+    index_cases(c)
     print(f"fixtures_ops: wrote {len(c.written)} cases to {args.out}")
 
 

@@ -234,3 +234,20 @@ TEST_CASE("parity: cross_entropy matches torch", "[parity][cross_entropy]") {
     return cross_entropy(a["x"], f["target"], f.float_at("cfg.label_smoothing"));
   });
 }
+
+TEST_CASE("parity: gather, index_select, embedding, where and max/min match torch",
+          "[parity][index]") {
+  run_all("gather", {"gather_dim1"},
+          [](const Fixture& f, Args& a) { return gather(a["x"], 1, f["index"]); });
+  run_all("index_select", {"index_select_dim0"},
+          [](const Fixture& f, Args& a) { return index_select(a["x"], 0, f["index"]); });
+  run_all("embedding", {"embedding_pad2"},
+          [](const Fixture& f, Args& a) { return embedding(a["weight"], f["index"], 2); });
+  run_all("where", {"where_bcast"},
+          [](const Fixture& f, Args& a) { return where(f["cond"], a["x"], a["y"]); });
+  run_all("masked_fill", {"masked_fill"},
+          [](const Fixture& f, Args& a) { return masked_fill(a["x"], f["cond"], -1.5); });
+  run_all("max", {"max_dim1"}, [](const Fixture&, Args& a) { return max(a["x"], 1).values; });
+  run_all("min", {"min_dim0_keepdim"},
+          [](const Fixture&, Args& a) { return min(a["x"], 0, true).values; });
+}

@@ -64,6 +64,47 @@ Tensor argmax(const Tensor& x, int64_t dim);  // i64, not differentiable
 // Indices (i64, [N,k]) of the k largest entries of each row of a 2-D tensor, largest first.
 Tensor topk_indices(const Tensor& x, int64_t k);
 
+// ---- comparisons, selection and indexing -----------------------------------------------------
+// Elementwise comparisons with broadcasting: u8 tensors of 0 and 1 (PyTorch's bool); NaN
+// compares unequal to everything. Not differentiable.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
+// cond ? a : b elementwise, all three broadcast together; cond is u8 (a comparison's result).
+// Gradients flow to the chosen side only.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, double b);
+// x with `value` where mask (u8, broadcast to x) is 1, e.g. -inf over masked attention scores.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// out[i][j][k] = x[i][index[i][j][k]][k] for dim 1 (torch.gather); index i64 of x's rank,
+// no larger than x outside dim. An out-of-range index is an error naming it.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// The entries of x at the 1-D i64 `index` along dim (torch.index_select); repeats allowed.
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// Rows of weight [num_embeddings, D] at indices (i64, any shape) -> indices.shape + [D]. The
+// padding_idx row (negative counts from the end) gets no gradient, as in torch's Embedding.
+Tensor embedding(const Tensor& weight, const Tensor& indices,
+                 std::optional<int64_t> padding_idx = std::nullopt);
+// Largest (smallest) values along dim and their positions (i64, the first among equals; NaN
+// counts as the largest), as torch.max(x, dim). The gradient goes to those positions.
+struct MaxResult {
+  Tensor values;
+  Tensor indices;
+};
+MaxResult max(const Tensor& x, int64_t dim, bool keepdim = false);
+MaxResult min(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor max(const Tensor& x);  // over all elements: a 0-d tensor
+Tensor min(const Tensor& x);
+
 // ---- linear algebra -------------------------------------------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b);  // [M,K] x [K,N]
 // y = x W^T + b; x [N,in], weight [out,in], bias [out] or undefined.

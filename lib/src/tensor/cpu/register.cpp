@@ -16,6 +16,7 @@ void register_linear_kernels();
 void register_softmax_kernels();
 void register_optim_kernels();
 void register_amp_kernels();
+void register_index_kernels();
 }  // namespace cpu
 
 namespace detail {
@@ -30,6 +31,7 @@ void register_cpu_backend() {
   cpu::register_softmax_kernels();
   cpu::register_optim_kernels();
   cpu::register_amp_kernels();
+  cpu::register_index_kernels();
 }
 
 }  // namespace detail

@@ -36,6 +36,9 @@ std::string describe(int code, long long value, long long bound) {
   switch (code) {
     case kCrossEntropyTargetOutOfRange:
       return detail::str_cat("cross_entropy: target ", value, " is outside [0, ", bound, ")");
+    case kIndexOutOfRange:
+      return detail::str_cat("gather/index_select/embedding/nll_loss: index ", value,
+                             " is outside [0, ", bound, ")");
     default:
       return detail::str_cat("a CUDA kernel reported error code ", code, " (value ", value,
                              ", bound ", bound, ")");

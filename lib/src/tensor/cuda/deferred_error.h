@@ -13,6 +13,7 @@ namespace dpar::cuda {
 enum DeferredErrorCode : int {
   kNoDeferredError = 0,
   kCrossEntropyTargetOutOfRange = 1,  // value = the target, bound = the class count
+  kIndexOutOfRange = 2,  // gather/index_select/embedding/nll_loss: value = index, bound = size
 };
 
 // One per device. Only the first report after a synchronisation is kept: later ones are most

@@ -20,6 +20,7 @@ void register_optim_kernels();
 void register_optim_multi_kernels();
 void register_amp_kernels();
 void register_pinned_memory();
+void register_index_kernels();
 }  // namespace cuda
 
 namespace detail {
@@ -38,6 +39,7 @@ void register_cuda_backend() {
   cuda::register_optim_multi_kernels();
   cuda::register_amp_kernels();
   cuda::register_pinned_memory();
+  cuda::register_index_kernels();
   profiler::set_device_sync(&cuda::wait_for_device_work);
 }
 
