@@ -51,3 +51,19 @@ TEST_CASE("an index outside its range on the GPU is an error at the next synchro
   CHECK_THROWS_WITH(embedding(w, bad).to(Device::cpu()),
                     Catch::Contains("index 4 is outside [0, 4)"));
 }
+
+TEST_CASE("cat, stack, batched matmul, linear on [..., C] and BatchNorm1d match the CPU") {
+  DPAR_REQUIRE_GPU();
+  const Tensor a = random_tensor({2, 3, 4}, 12), b = random_tensor({2, 2, 4}, 13);
+  compare_op("cat", [](auto& t) { return cat({t[0], t[1], t[0]}, 1); }, {a, b});
+  compare_op("stack", [](auto& t) { return stack({t[0], t[0]}, 3); }, {a});
+  compare_op("batched matmul with broadcasting",
+             [](auto& t) { return matmul(t[0], t[1].transpose(-2, -1)); },
+             {random_tensor({2, 1, 5, 8}, 14), random_tensor({3, 6, 8}, 15)});
+  compare_op("linear on [B,T,C]", [](auto& t) { return linear(t[0], t[1], t[2]); },
+             {random_tensor({2, 7, 8}, 16), random_tensor({5, 8}, 17), random_tensor({5}, 18)});
+  compare_op(
+      "batch_norm on [N,C,L]",
+      [](auto& t) { return batch_norm(t[0], t[1], t[2], {}, {}, true, 0.1, 1e-5); },
+      {random_tensor({4, 3, 6}, 19), random_tensor({3}, 20, 0.5f, 1.5f), random_tensor({3}, 21)});
+}

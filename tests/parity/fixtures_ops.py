@@ -234,6 +234,31 @@ def index_cases(c):
             {"x": c.randn(4, 7)})
 
 
+def shape_cases(c):
+    """cat, stack, N-d matmul, linear on [..., C], BatchNorm1d shapes."""
+    c.write("cat_dim1", lambda x, y: torch.cat([x, y, x], 1),
+            {"x": c.randn(2, 3, 4), "y": c.randn(2, 2, 4)})
+    c.write("stack_dim1", lambda x, y: torch.stack([x, y], 1),
+            {"x": c.randn(3, 4), "y": c.randn(3, 4)})
+    c.write("matmul_bcast", lambda x, y: torch.matmul(x, y),
+            {"x": c.randn(2, 1, 3, 4), "y": c.randn(3, 4, 5)})
+    c.write("matmul_3d_2d", lambda x, y: torch.matmul(x, y),
+            {"x": c.randn(2, 5, 4), "y": c.randn(4, 3)})
+    c.write("matmul_vec", lambda x, y: torch.matmul(x, y), {"x": c.randn(4), "y": c.randn(2, 4, 3)})
+    c.write("linear_3d", lambda x, weight, bias: F.linear(x, weight, bias),
+            {"x": c.randn(2, 3, 6), "weight": c.randn(4, 6, scale=0.3), "bias": c.randn(4)})
+    momentum, eps = 0.1, 1e-5
+    for name, shape in [("batch_norm1d_2d", (8, 5)), ("batch_norm1d_3d", (4, 5, 6))]:
+        def fn(x, running_mean, running_var, weight, bias):
+            out = F.batch_norm(x, running_mean, running_var, weight, bias, training=True,
+                               momentum=momentum, eps=eps)
+            return out, {"running_mean_after": running_mean, "running_var_after": running_var}
+        c.write(name, fn, {"x": c.randn(*shape) * 2 + 0.5, "weight": c.rand(5, lo=0.5, hi=1.5),
+                           "bias": c.randn(5, scale=0.2), "running_mean": c.randn(5, scale=0.3),
+                           "running_var": c.rand(5, lo=0.5, hi=1.5)},
+                config={"training": i64(1), "momentum": f32(momentum), "eps": f32(eps)})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -249,6 +274,7 @@ def main():
     binary_cases(c)
     classification_cases(c)
     index_cases(c)
+    shape_cases(c)
     print(f"fixtures_ops: wrote {len(c.written)} cases to {args.out}")
 
 

@@ -251,3 +251,21 @@ TEST_CASE("parity: gather, index_select, embedding, where and max/min match torc
   run_all("min", {"min_dim0_keepdim"},
           [](const Fixture&, Args& a) { return min(a["x"], 0, true).values; });
 }
+
+TEST_CASE("parity: cat, stack, N-d matmul, linear on [..., C] and BatchNorm1d match torch",
+          "[parity][shape]") {
+  run_all("cat", {"cat_dim1"}, [](const Fixture&, Args& a) {
+    return cat({a["x"], a["y"], a["x"]}, 1);
+  });
+  run_all("stack", {"stack_dim1"}, [](const Fixture&, Args& a) {
+    return stack({a["x"], a["y"]}, 1);
+  });
+  run_all("matmul", {"matmul_bcast", "matmul_3d_2d", "matmul_vec"},
+          [](const Fixture&, Args& a) { return matmul(a["x"], a["y"]); });
+  run_all("linear", {"linear_3d"},
+          [](const Fixture&, Args& a) { return linear(a["x"], a["weight"], a["bias"]); });
+  run_all("batch_norm1d", {"batch_norm1d_2d", "batch_norm1d_3d"}, [](const Fixture& f, Args& a) {
+    return batch_norm(a["x"], a["weight"], a["bias"], a["running_mean"], a["running_var"], true,
+                      f.float_at("cfg.momentum"), f.float_at("cfg.eps"));
+  });
+}

@@ -1,7 +1,9 @@
-// matmul and linear (y = x W^T + b), both on the gemm kernel slot.
+// matmul (2-D, batched with broadcasting, vectors) and linear (y = x W^T + b on [..., in]), on
+// the gemm kernel slot.
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/linear_kernels.h"
 #include "tensor/nn_kernels.h"
@@ -28,10 +30,71 @@ Tensor gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   return detail::cast_for_compute(c, DType::f32);
 }
 
-}  // namespace
+// The stacked matrix products of a [..., M, K] and b [..., K, N] already expanded to one batch
+// shape: c[i] = op(a[i]) op(b[i]) for every batch index i, into a new contiguous tensor.
+Tensor batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, DType compute) {
+  const Shape batch(a.shape().begin(), a.shape().end() - 2);
+  const int64_t m = trans_a ? a.size(-1) : a.size(-2);
+  const int64_t n = trans_b ? b.size(-2) : b.size(-1);
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  const Tensor ac = detail::cast_for_compute(a, compute);
+  const Tensor bc = detail::cast_for_compute(b, compute);
+  Tensor c = Tensor::empty(out_shape, compute, a.device());
+  const int64_t count = shape_numel(batch);
+  std::vector<int64_t> index(batch.size(), 0);
+  auto matrix = [&](const Tensor& t, const std::vector<int64_t>& idx) {
+    int64_t offset = t.storage_offset();
+    for (size_t k = 0; k < idx.size(); ++k) offset += idx[k] * t.stride(static_cast<int64_t>(k));
+    return Tensor::from_storage(t.storage(), offset, {t.size(-2), t.size(-1)},
+                                {t.stride(-2), t.stride(-1)}, t.dtype());
+  };
+  const Tensor none;
+  for (int64_t i = 0; i < count; ++i) {
+    Tensor ci = matrix(c, index);
+    kernels::gemm.get(a.device())(matrix(ac, index), trans_a, matrix(bc, index), trans_b, none, ci);
+    for (int64_t k = static_cast<int64_t>(index.size()) - 1; k >= 0; --k) {
+      if (++index[static_cast<size_t>(k)] < batch[static_cast<size_t>(k)]) break;
+      index[static_cast<size_t>(k)] = 0;
+    }
+  }
+  return detail::cast_for_compute(c, DType::f32);
+}
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  DPAR_PROFILE_SCOPE("matmul");
+// a [..., M, K] x b [..., K, N] with the batch dims broadcast (both at least 2-D).
+Tensor matmul_batched(const Tensor& a, const Tensor& b) {
+  const Shape batch_a(a.shape().begin(), a.shape().end() - 2);
+  const Shape batch_b(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = detail::broadcast_shapes(batch_a, batch_b, "matmul");
+  auto expanded = [&](const Tensor& t) {
+    Shape shape = batch;
+    shape.push_back(t.size(-2));
+    shape.push_back(t.size(-1));
+    return detail::expand_to(t, shape);
+  };
+  const Tensor ae = expanded(a), be = expanded(b);
+  const DType compute = detail::autocast_compute_dtype(a.device());
+  Tensor out = batched_gemm(ae, false, be, false, compute);
+  if (autograd::needs_grad({a, b})) {
+    autograd::record(
+        "matmul", {a, b}, {out},
+        [ae = ae.detach(), be = be.detach(), sa = a.shape(), sb = b.shape(), compute](
+            const autograd::GradList& g, const autograd::NeedsGrad& need) {
+          // dA = G B^T and dB = A^T G per batch, summed over the dims each operand was
+          // broadcast along.
+          autograd::GradList grads(2);
+          if (need[0])
+            grads[0] = detail::sum_to_shape(batched_gemm(g[0], false, be, true, compute), sa);
+          if (need[1])
+            grads[1] = detail::sum_to_shape(batched_gemm(ae, true, g[0], false, compute), sb);
+          return grads;
+        });
+  }
+  return out;
+}
+
+Tensor matmul_2d(const Tensor& a, const Tensor& b) {
   check_matrix(a, "matmul", "first operand");
   check_matrix(b, "matmul", "second operand");
   DPAR_CHECK(a.size(1) == b.size(0), "matmul: inner dimensions differ: ", a.shape(), " x ",
@@ -53,8 +116,46 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  DPAR_PROFILE_SCOPE("matmul");
+  DPAR_CHECK(a.defined() && b.defined(), "matmul: an operand is undefined");
+  DPAR_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must be at least 1-D, got ", a.shape(),
+             " and ", b.shape());
+  DPAR_CHECK(a.dtype() == DType::f32 && b.dtype() == DType::f32,
+             "matmul: operands must be f32, got ", a.str(), " and ", b.str());
+  DPAR_CHECK(a.device() == b.device(), "matmul: operands on different devices (", a.device(),
+             " and ", b.device(), ")");
+  // torch.matmul's rules: a 1-D operand is a row (first) or a column (second) vector whose
+  // extra dim is dropped from the result.
+  if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
+  if (b.dim() == 1) return matmul(a, b.unsqueeze(1)).squeeze(-1);
+  DPAR_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: ", a.shape(), " x ",
+             b.shape());
+  if (a.dim() == 2 && b.dim() == 2) return matmul_2d(a, b);
+  if (b.dim() == 2) {
+    // [..., M, K] x [K, N]: one product of [prod(...) * M, K] x [K, N].
+    Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+    out_shape.push_back(b.size(1));
+    return matmul_2d(a.reshape({a.numel() / a.size(-1), a.size(-1)}), b).reshape(out_shape);
+  }
+  return matmul_batched(a, b);
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DPAR_PROFILE_SCOPE("linear");
+  DPAR_CHECK(x.defined(), "linear: input is undefined");
+  if (x.dim() != 2 && x.dim() >= 1) {
+    // [..., in] -> [..., out] through one 2-D product over the flattened leading dims.
+    DPAR_CHECK(weight.defined() && weight.dim() == 2, "linear: weight must be 2-D [out, in], got ",
+               weight.defined() ? weight.shape() : Shape{});
+    Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+    out_shape.push_back(weight.size(0));
+    return linear(x.reshape({x.numel() / std::max<int64_t>(1, x.size(-1)), x.size(-1)}), weight,
+                  bias)
+        .reshape(out_shape);
+  }
   check_matrix(x, "linear", "input");
   check_matrix(weight, "linear", "weight");
   DPAR_CHECK(x.size(1) == weight.size(1), "linear: input ", x.shape(), " has ", x.size(1),

@@ -48,9 +48,18 @@ kernels::UnaryOp unary_op(Activation act) {
 Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       Tensor running_mean, Tensor running_var, bool training, double momentum,
                       double eps, Activation act) {
-  DPAR_PROFILE_SCOPE(act == Activation::none ? "batch_norm" : "batch_norm_act");
   DPAR_CHECK(x.defined(), "batch_norm: input is undefined");
-  DPAR_CHECK(x.dim() == 4, "batch_norm: expected a 4-D input [N,C,H,W], got ", x.shape());
+  if (x.dim() == 2 || x.dim() == 3) {
+    // BatchNorm1d: [N,C] and [N,C,L] are [N,C,1,1] and [N,C,L,1] to the 4-D kernels (the
+    // statistics run over N and L either way); views, so autograd sees the reshape.
+    const Shape shape4 = x.dim() == 2 ? Shape{x.size(0), x.size(1), 1, 1}
+                                      : Shape{x.size(0), x.size(1), x.size(2), 1};
+    return batch_norm_act(x.reshape(shape4), weight, bias, std::move(running_mean),
+                          std::move(running_var), training, momentum, eps, act)
+        .reshape(x.shape());
+  }
+  DPAR_PROFILE_SCOPE(act == Activation::none ? "batch_norm" : "batch_norm_act");
+  DPAR_CHECK(x.dim() == 4, "batch_norm: expected [N,C], [N,C,L] or [N,C,H,W], got ", x.shape());
   DPAR_CHECK(x.dtype() == DType::f32, "batch_norm: input has dtype ", x.dtype(), " (shape ",
              x.shape(), "); batch_norm supports f32");
   const int64_t C = x.size(1);

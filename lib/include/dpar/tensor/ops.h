@@ -64,6 +64,18 @@ Tensor argmax(const Tensor& x, int64_t dim);  // i64, not differentiable
 // Indices (i64, [N,k]) of the k largest entries of each row of a 2-D tensor, largest first.
 Tensor topk_indices(const Tensor& x, int64_t k);
 
+// ---- joining and splitting ------------------------------------------------------------------
+// Concatenation along an existing dim (shapes equal elsewhere; same dtype and device);
+// channels-last inputs give a channels-last result. Differentiable for float dtypes.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// Joins equal shapes along a new dim (0..rank).
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// Views of consecutive pieces along dim: of split_size each (the last may be shorter), of the
+// given sizes (summing to the dim), or `chunks` pieces of ceil(n / chunks) (torch.chunk).
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+
 // ---- comparisons, selection and indexing -----------------------------------------------------
 // Elementwise comparisons with broadcasting: u8 tensors of 0 and 1 (PyTorch's bool); NaN
 // compares unequal to everything. Not differentiable.
@@ -106,8 +118,11 @@ Tensor max(const Tensor& x);  // over all elements: a 0-d tensor
 Tensor min(const Tensor& x);
 
 // ---- linear algebra -------------------------------------------------------------------------
-Tensor matmul(const Tensor& a, const Tensor& b);  // [M,K] x [K,N]
-// y = x W^T + b; x [N,in], weight [out,in], bias [out] or undefined.
+// torch.matmul: [M,K] x [K,N]; [..., M, K] x [..., K, N] with the batch dims broadcast (a
+// 2-D second operand folds the first one's batch into M: one product); a 1-D operand is a row
+// or column vector whose dim is dropped from the result.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// y = x W^T + b; x [..., in] (any leading dims), weight [out,in], bias [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 // ---- convolution and normalisation (oneDNN on CPU) -------------------------------------------
@@ -122,7 +137,8 @@ struct Conv2dOptions {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
               const Conv2dOptions& options = {});
 
-// Training: normalises with batch statistics and updates running stats in place
+// x [N,C,H,W], or [N,C] / [N,C,L] (BatchNorm1d). Training: normalises with batch statistics
+// and updates running stats in place
 // (running = (1-momentum)*running + momentum*batch, unbiased variance, PyTorch convention).
 // Eval: uses the running statistics. weight/bias may be undefined (affine=false).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,

@@ -1,0 +1,117 @@
+// Joining and splitting along a dim: cat, stack, split, chunk.
+#include "dpar/autograd/function.h"
+#include "dpar/autograd/grad_mode.h"
+#include "dpar/core/profiler.h"
+#include "dpar/tensor/ops.h"
+
+namespace dpar {
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  DPAR_PROFILE_SCOPE("cat");
+  DPAR_CHECK(!tensors.empty(), "cat: expected at least one tensor");
+  const Tensor& first = tensors[0];
+  DPAR_CHECK(first.defined(), "cat: tensor 0 is undefined");
+  DPAR_CHECK(first.dim() > 0, "cat: tensor 0 is 0-d; cat needs at least one dim");
+  const int64_t d = normalize_dim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  shape[static_cast<size_t>(d)] = 0;
+  bool all_channels_last = first.dim() == 4;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    DPAR_CHECK(t.defined(), "cat: tensor ", i, " is undefined");
+    DPAR_CHECK(t.dtype() == first.dtype() && t.device() == first.device(), "cat: tensor ", i,
+               " is ", t.str(), " but tensor 0 is ", first.str());
+    DPAR_CHECK(t.dim() == first.dim(), "cat: tensor ", i, " has shape ", t.shape(),
+               ", tensor 0 has ", first.shape(), " (the same number of dims is needed)");
+    for (int64_t k = 0; k < t.dim(); ++k) {
+      DPAR_CHECK(k == d || t.size(k) == first.size(k), "cat: tensor ", i, " has shape ", t.shape(),
+                 ", tensor 0 has ", first.shape(), ": they differ in dim ", k,
+                 ", not only in the cat dim ", d);
+    }
+    shape[static_cast<size_t>(d)] += t.size(d);
+    all_channels_last = all_channels_last && t.is_contiguous(MemoryFormat::ChannelsLast);
+  }
+  // Channels-last inputs (a CNN's activations) give a channels-last result.
+  const MemoryFormat format =
+      all_channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device(), format);
+  std::vector<int64_t> sizes;
+  {
+    NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (const Tensor& t : tensors) {
+      out.slice(d, offset, offset + t.size(d)).copy_(t);
+      offset += t.size(d);
+      sizes.push_back(t.size(d));
+    }
+  }
+  if (is_floating(first.dtype()) && autograd::needs_grad(tensors)) {
+    autograd::record("cat", tensors, {out},
+                     [d, sizes](const autograd::GradList& g, const autograd::NeedsGrad& need) {
+                       autograd::GradList grads(sizes.size());
+                       int64_t offset = 0;
+                       for (size_t i = 0; i < sizes.size(); ++i) {
+                         if (need[i]) grads[i] = g[0].slice(d, offset, offset + sizes[i]);
+                         offset += sizes[i];
+                       }
+                       return grads;
+                     });
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  DPAR_CHECK(!tensors.empty(), "stack: expected at least one tensor");
+  DPAR_CHECK(tensors[0].defined(), "stack: tensor 0 is undefined");
+  // The new dim may be one past the last (dim == rank), as in torch.stack.
+  const int64_t d = normalize_dim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> parts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    DPAR_CHECK(tensors[i].defined() && tensors[i].shape() == tensors[0].shape(), "stack: tensor ",
+               i, " has shape ", tensors[i].defined() ? tensors[i].shape() : Shape{},
+               ", tensor 0 has ", tensors[0].shape(), " (stack needs equal shapes)");
+    parts.push_back(tensors[i].unsqueeze(d));
+  }
+  return cat(parts, d);
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  DPAR_CHECK(x.defined(), "split: input is undefined");
+  DPAR_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
+  const int64_t d = normalize_dim(dim, x.dim(), "split");
+  std::vector<Tensor> parts;
+  for (int64_t start = 0; start < x.size(d); start += split_size) {
+    parts.push_back(x.slice(d, start, std::min(start + split_size, x.size(d))));
+  }
+  if (parts.empty()) parts.push_back(x);  // an empty dim: one empty part, as torch.split
+  return parts;
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  DPAR_CHECK(x.defined(), "split: input is undefined");
+  const int64_t d = normalize_dim(dim, x.dim(), "split");
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    DPAR_CHECK(s >= 0, "split: sizes must be non-negative, got ", s);
+    total += s;
+  }
+  DPAR_CHECK(total == x.size(d), "split: sizes sum to ", total, " but dim ", d, " of ", x.shape(),
+             " has ", x.size(d));
+  std::vector<Tensor> parts;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    parts.push_back(x.slice(d, start, start + s));
+    start += s;
+  }
+  return parts;
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  DPAR_CHECK(x.defined(), "chunk: input is undefined");
+  DPAR_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks);
+  const int64_t d = normalize_dim(dim, x.dim(), "chunk");
+  // torch.chunk: pieces of ceil(n / chunks), so there may be fewer than `chunks`.
+  return split(x, std::max<int64_t>(1, (x.size(d) + chunks - 1) / chunks), d);
+}
+
+}  // namespace dpar
