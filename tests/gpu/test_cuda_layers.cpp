@@ -67,3 +67,18 @@ TEST_CASE("cat, stack, batched matmul, linear on [..., C] and BatchNorm1d match 
       [](auto& t) { return batch_norm(t[0], t[1], t[2], {}, {}, true, 0.1, 1e-5); },
       {random_tensor({4, 3, 6}, 19), random_tensor({3}, 20, 0.5f, 1.5f), random_tensor({3}, 21)});
 }
+
+TEST_CASE("layer_norm and group_norm match the CPU") {
+  DPAR_REQUIRE_GPU();
+  compare_op("layer_norm (ViT width)", [](auto& t) { return layer_norm(t[0], {192}, t[1], t[2]); },
+             {random_tensor({2, 65, 192}, 22, -2, 3), random_tensor({192}, 23, 0.5f, 1.5f),
+              random_tensor({192}, 24)});
+  compare_op("layer_norm over two dims",
+             [](auto& t) {
+               return layer_norm(t[0], {4, 6});
+             },
+             {random_tensor({3, 4, 6}, 25)});
+  compare_op("group_norm", [](auto& t) { return group_norm(t[0], 2, t[1], t[2]); },
+             {random_tensor({2, 6, 5, 4}, 26), random_tensor({6}, 27, 0.5f, 1.5f),
+              random_tensor({6}, 28)});
+}

@@ -259,6 +259,18 @@ def shape_cases(c):
                 config={"training": i64(1), "momentum": f32(momentum), "eps": f32(eps)})
 
 
+def norm_layer_cases(c):
+    """LayerNorm (affine and not, over one and two dims) and GroupNorm."""
+    c.write("layer_norm_affine", lambda x, weight, bias: F.layer_norm(x, (8,), weight, bias, 1e-5),
+            {"x": c.randn(2, 5, 8) * 2 + 1, "weight": c.rand(8, lo=0.5, hi=1.5),
+             "bias": c.randn(8, scale=0.3)})
+    c.write("layer_norm_2d_noaffine", lambda x: F.layer_norm(x, (4, 6), eps=1e-6),
+            {"x": c.randn(3, 4, 6) * 3})
+    c.write("group_norm", lambda x, weight, bias: F.group_norm(x, 3, weight, bias, 1e-5),
+            {"x": c.randn(2, 6, 5, 4) + 0.5, "weight": c.rand(6, lo=0.5, hi=1.5),
+             "bias": c.randn(6, scale=0.3)})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -275,6 +287,7 @@ def main():
     classification_cases(c)
     index_cases(c)
     shape_cases(c)
+    norm_layer_cases(c)
     print(f"fixtures_ops: wrote {len(c.written)} cases to {args.out}")
 
 

@@ -269,3 +269,15 @@ TEST_CASE("parity: cat, stack, N-d matmul, linear on [..., C] and BatchNorm1d ma
                       f.float_at("cfg.momentum"), f.float_at("cfg.eps"));
   });
 }
+
+TEST_CASE("parity: layer_norm and group_norm match torch", "[parity][layer_norm]") {
+  run_all("layer_norm", {"layer_norm_affine"}, [](const Fixture&, Args& a) {
+    return layer_norm(a["x"], {8}, a["weight"], a["bias"], 1e-5);
+  });
+  run_all("layer_norm", {"layer_norm_2d_noaffine"}, [](const Fixture&, Args& a) {
+    return layer_norm(a["x"], {4, 6}, {}, {}, 1e-6);
+  });
+  run_all("group_norm", {"group_norm"}, [](const Fixture&, Args& a) {
+    return group_norm(a["x"], 3, a["weight"], a["bias"], 1e-5);
+  });
+}

@@ -152,6 +152,15 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       Tensor running_mean, Tensor running_var, bool training, double momentum,
                       double eps, Activation act);
 
+// Normalises over the last dims (normalized_shape) of x with the biased variance, then
+// weight * x_hat + bias (each [normalized_shape] or undefined), as torch's layer_norm.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+// x [N,C,...]: each sample's channels in num_groups groups, normalised per (sample, group),
+// then weight[c] * x_hat + bias[c] (each [C] or undefined), as torch's group_norm.
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+
 Tensor global_avg_pool2d(const Tensor& x);  // [N,C,H,W] -> [N,C,1,1]
 
 // ---- classification -------------------------------------------------------------------------

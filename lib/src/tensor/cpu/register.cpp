@@ -17,6 +17,7 @@ void register_softmax_kernels();
 void register_optim_kernels();
 void register_amp_kernels();
 void register_index_kernels();
+void register_layer_norm_kernels();
 }  // namespace cpu
 
 namespace detail {
@@ -32,6 +33,7 @@ void register_cpu_backend() {
   cpu::register_optim_kernels();
   cpu::register_amp_kernels();
   cpu::register_index_kernels();
+  cpu::register_layer_norm_kernels();
 }
 
 }  // namespace detail

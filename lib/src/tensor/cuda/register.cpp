@@ -21,6 +21,7 @@ void register_optim_multi_kernels();
 void register_amp_kernels();
 void register_pinned_memory();
 void register_index_kernels();
+void register_layer_norm_kernels();
 }  // namespace cuda
 
 namespace detail {
@@ -40,6 +41,7 @@ void register_cuda_backend() {
   cuda::register_amp_kernels();
   cuda::register_pinned_memory();
   cuda::register_index_kernels();
+  cuda::register_layer_norm_kernels();
   profiler::set_device_sync(&cuda::wait_for_device_work);
 }
 
