@@ -82,3 +82,16 @@ TEST_CASE("layer_norm and group_norm match the CPU") {
              {random_tensor({2, 6, 5, 4}, 26), random_tensor({6}, 27, 0.5f, 1.5f),
               random_tensor({6}, 28)});
 }
+
+TEST_CASE("losses match the CPU") {
+  DPAR_REQUIRE_GPU();
+  const Tensor target = Tensor::from_vector(std::vector<int64_t>{3, -100, 0, 9, 4}, {5});
+  compare_op("cross_entropy with ignore_index",
+             [&](auto& t) { return cross_entropy(t[0], target.to(t[0].device()), 0.1, -100); },
+             {random_tensor({5, 10}, 29, -3, 3)});
+  compare_op("mse_loss", [](auto& t) { return mse_loss(t[0], t[1]); },
+             {random_tensor({3, 7}, 30), random_tensor({3, 7}, 31)});
+  compare_op("bce_with_logits",
+             [](auto& t) { return binary_cross_entropy_with_logits(t[0], t[1]); },
+             {random_tensor({4, 5}, 32, -5, 5), random_tensor({4, 5}, 33, 0, 1)});
+}

@@ -271,6 +271,19 @@ def norm_layer_cases(c):
              "bias": c.randn(6, scale=0.3)})
 
 
+def loss_cases(c):
+    """cross_entropy with ignore_index, nll_loss, mse_loss, binary_cross_entropy_with_logits."""
+    target = torch.tensor([3, -100, 0, 9, -100, 4])
+    c.write("cross_entropy_ignore", lambda x, target: F.cross_entropy(x, target, ignore_index=-100,
+                                                                      label_smoothing=0.1),
+            {"x": c.randn(6, 10, scale=2.0), "target": target})
+    c.write("nll_loss_ignore", lambda x, target: F.nll_loss(x, target, ignore_index=-100),
+            {"x": F.log_softmax(c.randn(6, 10), 1), "target": target})
+    c.write("mse_loss", lambda x, y: F.mse_loss(x, y), {"x": c.randn(3, 7), "y": c.randn(3, 7)})
+    c.write("bce_with_logits", lambda x, y: F.binary_cross_entropy_with_logits(x, y),
+            {"x": c.randn(4, 5, scale=4.0), "y": c.rand(4, 5)})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -288,6 +301,7 @@ def main():
     index_cases(c)
     shape_cases(c)
     norm_layer_cases(c)
+    loss_cases(c)
     print(f"fixtures_ops: wrote {len(c.written)} cases to {args.out}")
 
 

@@ -18,6 +18,9 @@ Cases (the C++ test builds the same optimizers from the same options):
   adamw                      AdamW lr=0.01 betas=(0.9, 0.99) weight_decay=0.1
   adamw_skip                 as adamw, but parameter 1 has no gradient at step 1 (skipped:
                              neither it nor its state advances)
+  adam                       Adam lr=0.01 (no weight decay)
+  adam_l2                    Adam lr=0.01 betas=(0.8, 0.95) eps=1e-6 weight_decay=0.05 (L2: added
+                             to the gradient, unlike AdamW)
 """
 import argparse
 import os
@@ -45,6 +48,9 @@ CASES = {
                                          foreach=False),
     "adamw_skip": lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.9, 0.99), weight_decay=0.1,
                                               foreach=False),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01, foreach=False),
+    "adam_l2": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.8, 0.95), eps=1e-6,
+                                          weight_decay=0.05, foreach=False),
 }
 
 

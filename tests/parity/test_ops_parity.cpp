@@ -281,3 +281,14 @@ TEST_CASE("parity: layer_norm and group_norm match torch", "[parity][layer_norm]
     return group_norm(a["x"], 3, a["weight"], a["bias"], 1e-5);
   });
 }
+
+TEST_CASE("parity: losses match torch", "[parity][loss]") {
+  run_all("cross_entropy", {"cross_entropy_ignore"},
+          [](const Fixture& f, Args& a) { return cross_entropy(a["x"], f["target"], 0.1, -100); });
+  run_all("nll_loss", {"nll_loss_ignore"},
+          [](const Fixture& f, Args& a) { return nll_loss(a["x"], f["target"], -100); });
+  run_all("mse_loss", {"mse_loss"},
+          [](const Fixture&, Args& a) { return mse_loss(a["x"], a["y"]); });
+  run_all("bce_with_logits", {"bce_with_logits"},
+          [](const Fixture&, Args& a) { return binary_cross_entropy_with_logits(a["x"], a["y"]); });
+}

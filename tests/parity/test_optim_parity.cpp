@@ -97,5 +97,20 @@ TEST_CASE("optimizers follow torch.optim trajectories", "[parity][optim]") {
         },
         table);
   }
+  run_case(
+      fx, "adam",
+      [](std::vector<Tensor> p) {
+        return std::make_unique<Adam>(std::move(p), AdamOptions{.lr = 0.01});
+      },
+      table);
+  run_case(
+      fx, "adam_l2",
+      [](std::vector<Tensor> p) {
+        return std::make_unique<Adam>(
+            std::move(p),
+            AdamOptions{
+                .lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.05});
+      },
+      table);
   table.print("optimizer parity (5 steps, 3 parameters)");
 }

@@ -1,11 +1,12 @@
-// AdamW: option checks, bias corrections (in double, as torch computes them in Python) and
+// AdamW and Adam: option checks, bias corrections (in double, as torch computes them in Python) and
 // the fused update (per parameter, or all of a device at once).
 #include "dpar/optim/adamw.h"
-#include "dpar/core/profiler.h"
 
 #include <cmath>
 
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/core/profiler.h"
+#include "dpar/tensor/ops.h"
 #include "optim/optim_kernels.h"
 
 namespace dpar::optim {
@@ -24,6 +25,15 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
   lr_ = options.lr;
 }
 
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& o)
+    : AdamW(std::move(params), {.lr = o.lr,
+                                .beta1 = o.beta1,
+                                .beta2 = o.beta2,
+                                .eps = o.eps,
+                                .weight_decay = o.weight_decay}) {
+  use_l2_weight_decay();
+}
+
 std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
 
 void AdamW::step() {
@@ -31,7 +41,7 @@ void AdamW::step() {
   NoGradGuard no_grad;
   const AdamWOptions& o = options_;
   kernels::AdamwStepArgs args;
-  args.decay = static_cast<float>(1.0 - lr_ * o.weight_decay);
+  args.decay = l2_weight_decay_ ? 1.f : static_cast<float>(1.0 - lr_ * o.weight_decay);
   args.beta1 = static_cast<float>(o.beta1);
   args.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
   args.beta2 = static_cast<float>(o.beta2);
@@ -44,6 +54,12 @@ void AdamW::step() {
     for (size_t i : indices) {
       Operands ops;
       if (!prepare(i, ops, /*zero_init=*/true)) continue;
+      if (l2_weight_decay_ && o.weight_decay != 0) {
+        // torch's grad.add(param, alpha=weight_decay): a new tensor; p.grad is left alone.
+        Tensor g = ops.grad.clone();
+        add_(g, ops.param, o.weight_decay);
+        ops.grad = g;
+      }
       const double t = static_cast<double>(ops.state->step + 1);
       args.step_size = static_cast<float>(lr_ / (1.0 - std::pow(o.beta1, t)));
       args.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));

@@ -169,6 +169,23 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // Mean cross-entropy of logits [N,K] against class indices (i64 [N]), with label smoothing
 // as in torch.nn.functional.cross_entropy.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0);
+// The same with rows whose target is ignore_index left out (the mean runs over the others),
+// as torch's ignore_index (e.g. padding tokens).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
+                     std::optional<int64_t> ignore_index);
+
+// ---- losses ---------------------------------------------------------------------------------
+enum class Reduction : uint8_t { mean, sum, none };
+// -log_probs[i, target[i]] over rows i of [N,C] (log_softmax's output), rows with target ==
+// ignore_index left out of the loss and of the mean.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target,
+                std::optional<int64_t> ignore_index = std::nullopt,
+                Reduction reduction = Reduction::mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+// Binary cross-entropy of sigmoid(logits) against targets in [0, 1], computed stably from
+// the logits (torch's binary_cross_entropy_with_logits).
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction = Reduction::mean);
 
 // ---- in-place updates, not recorded (optimizers, init) ---------------------------------------
 Tensor& add_(Tensor& self, const Tensor& other, double alpha = 1.0);  // self += alpha * other
