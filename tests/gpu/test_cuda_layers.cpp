@@ -95,3 +95,26 @@ TEST_CASE("losses match the CPU") {
              [](auto& t) { return binary_cross_entropy_with_logits(t[0], t[1]); },
              {random_tensor({4, 5}, 32, -5, 5), random_tensor({4, 5}, 33, 0, 1)});
 }
+
+TEST_CASE("max, average and adaptive pooling match the CPU in both layouts") {
+  DPAR_REQUIRE_GPU();
+  // Distinct values: max pooling's choice is the same on both devices.
+  std::vector<float> v(2 * 3 * 9 * 8);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 37) % v.size()) * 0.01f;
+  const Tensor x = Tensor::from_vector(v, {2, 3, 9, 8});
+  for (const bool cl : {false, true}) {
+    INFO("channels-last " << cl);
+    const Tensor in = cl ? x.contiguous(MemoryFormat::ChannelsLast) : x;
+    compare_op("max_pool2d 3x3 s2 p1", [](auto& t) { return max_pool2d(t[0], {3}, {2}, {1}); },
+               {in});
+    compare_op("max_pool2d ceil", [](auto& t) { return max_pool2d(t[0], {3}, {2}, {0}, true); },
+               {in});
+    compare_op("avg_pool2d exclude pad",
+               [](auto& t) { return avg_pool2d(t[0], {3}, {2}, {1}, true, false); }, {in});
+    compare_op("adaptive_avg_pool2d",
+               [](auto& t) {
+                 return adaptive_avg_pool2d(t[0], {3, 5});
+               },
+               {in});
+  }
+}

@@ -284,6 +284,26 @@ def loss_cases(c):
             {"x": c.randn(4, 5, scale=4.0), "y": c.rand(4, 5)})
 
 
+def pool_cases(c):
+    """max/avg pooling (padding, stride, ceil mode, count_include_pad) and adaptive averages.
+    max pooling gets distinct values (a permutation), so ties cannot route gradients apart."""
+    def distinct(*shape):
+        n = 1
+        for d in shape:
+            n *= d
+        return (torch.randperm(n, generator=c.gen).float() * 0.05 - 1.0).reshape(shape)
+
+    c.write("max_pool_3x3s2p1", lambda x: F.max_pool2d(x, 3, 2, 1), {"x": distinct(2, 3, 9, 8)})
+    c.write("max_pool_3x3s2_ceil", lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True),
+            {"x": distinct(2, 3, 8, 8)})
+    c.write("avg_pool_3x3s2p1", lambda x: F.avg_pool2d(x, 3, 2, 1), {"x": c.randn(2, 3, 9, 8)})
+    c.write("avg_pool_3x3s2p1_exclude_ceil",
+            lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+            {"x": c.randn(2, 3, 8, 7)})
+    c.write("adaptive_avg_pool_3x5", lambda x: F.adaptive_avg_pool2d(x, (3, 5)),
+            {"x": c.randn(2, 3, 7, 9)})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -302,6 +322,7 @@ def main():
     shape_cases(c)
     norm_layer_cases(c)
     loss_cases(c)
+    pool_cases(c)
     print(f"fixtures_ops: wrote {len(c.written)} cases to {args.out}")
 
 

@@ -292,3 +292,17 @@ TEST_CASE("parity: losses match torch", "[parity][loss]") {
   run_all("bce_with_logits", {"bce_with_logits"},
           [](const Fixture&, Args& a) { return binary_cross_entropy_with_logits(a["x"], a["y"]); });
 }
+
+TEST_CASE("parity: max, average and adaptive pooling match torch", "[parity][pool]") {
+  run_all("max_pool2d", {"max_pool_3x3s2p1"},
+          [](const Fixture&, Args& a) { return max_pool2d(a["x"], {3}, {2}, {1}); });
+  run_all("max_pool2d", {"max_pool_3x3s2_ceil"},
+          [](const Fixture&, Args& a) { return max_pool2d(a["x"], {3}, {2}, {0}, true); });
+  run_all("avg_pool2d", {"avg_pool_3x3s2p1"},
+          [](const Fixture&, Args& a) { return avg_pool2d(a["x"], {3}, {2}, {1}); });
+  run_all("avg_pool2d", {"avg_pool_3x3s2p1_exclude_ceil"},
+          [](const Fixture&, Args& a) { return avg_pool2d(a["x"], {3}, {2}, {1}, true, false); });
+  run_all("adaptive_avg_pool2d", {"adaptive_avg_pool_3x5"}, [](const Fixture&, Args& a) {
+    return adaptive_avg_pool2d(a["x"], {3, 5});
+  });
+}

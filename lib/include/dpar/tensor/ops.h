@@ -162,6 +162,21 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}
                   const Tensor& bias = {}, double eps = 1e-5);
 
 Tensor global_avg_pool2d(const Tensor& x);  // [N,C,H,W] -> [N,C,1,1]
+// Pooling over k x k windows of x [N,C,H,W], as torch's max_pool2d / avg_pool2d: sizes are
+// {k} or {kH, kW}; the stride defaults to the kernel size; padding at most half the kernel;
+// ceil_mode rounds the output size up (a window must still start inside the input or the
+// left padding). Max ignores padding (NaN wins); the average divides by the window size
+// including padding unless count_include_pad is false. The output keeps x's layout
+// (channels-last stays channels-last).
+Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel_size,
+                  const std::vector<int64_t>& stride = {},
+                  const std::vector<int64_t>& padding = {0}, bool ceil_mode = false);
+Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel_size,
+                  const std::vector<int64_t>& stride = {},
+                  const std::vector<int64_t>& padding = {0}, bool ceil_mode = false,
+                  bool count_include_pad = true);
+// Average over torch's adaptive windows to an output_size ({n} or {h, w}) grid.
+Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size);
 
 // ---- classification -------------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);

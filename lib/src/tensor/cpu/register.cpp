@@ -18,6 +18,7 @@ void register_optim_kernels();
 void register_amp_kernels();
 void register_index_kernels();
 void register_layer_norm_kernels();
+void register_window_pool_kernels();
 }  // namespace cpu
 
 namespace detail {
@@ -34,6 +35,7 @@ void register_cpu_backend() {
   cpu::register_amp_kernels();
   cpu::register_index_kernels();
   cpu::register_layer_norm_kernels();
+  cpu::register_window_pool_kernels();
 }
 
 }  // namespace detail

@@ -22,6 +22,7 @@ void register_amp_kernels();
 void register_pinned_memory();
 void register_index_kernels();
 void register_layer_norm_kernels();
+void register_window_pool_kernels();
 }  // namespace cuda
 
 namespace detail {
@@ -42,6 +43,7 @@ void register_cuda_backend() {
   cuda::register_pinned_memory();
   cuda::register_index_kernels();
   cuda::register_layer_norm_kernels();
+  cuda::register_window_pool_kernels();
   profiler::set_device_sync(&cuda::wait_for_device_work);
 }
 
