@@ -118,3 +118,20 @@ TEST_CASE("max, average and adaptive pooling match the CPU in both layouts") {
                {in});
   }
 }
+
+TEST_CASE("attention on the GPU (op chain) matches the CPU's fused kernel") {
+  DPAR_REQUIRE_GPU();
+  const Tensor q = random_tensor({2, 3, 17, 16}, 34), k = random_tensor({2, 3, 17, 16}, 35);
+  const Tensor v = random_tensor({2, 3, 17, 16}, 36);
+  compare_op("sdpa", [](auto& t) { return scaled_dot_product_attention(t[0], t[1], t[2]); },
+             {q, k, v});
+  compare_op("sdpa causal",
+             [](auto& t) { return scaled_dot_product_attention(t[0], t[1], t[2], {}, 0.0, true); },
+             {q, k, v});
+  const Tensor mask = gt(random_tensor({17, 17}, 37), -0.5);
+  compare_op("sdpa with a u8 mask",
+             [&](auto& t) {
+               return scaled_dot_product_attention(t[0], t[1], t[2], mask.to(t[0].device()));
+             },
+             {q, k, v});
+}

@@ -304,6 +304,28 @@ def pool_cases(c):
             {"x": c.randn(2, 3, 7, 9)})
 
 
+def attention_cases(c):
+    """scaled dot-product attention, written out as torch computes it: softmax(q k^T / sqrt(E)
+    + mask) v (torch 1.13 has no public F.scaled_dot_product_attention)."""
+    def sdpa(q, k, v, mask=None, causal=False):
+        s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if mask is not None:
+            s = s.masked_fill(mask == 0, float("-inf"))
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2], s.shape[-1]).triu(1).bool(), float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+    c.write("sdpa", lambda x, y, weight: sdpa(x, y, weight),
+            {"x": c.randn(2, 3, 6, 8), "y": c.randn(2, 3, 9, 8), "weight": c.randn(2, 3, 9, 5)})
+    c.write("sdpa_causal", lambda x, y, weight: sdpa(x, y, weight, causal=True),
+            {"x": c.randn(2, 2, 7, 4), "y": c.randn(2, 2, 7, 4), "weight": c.randn(2, 2, 7, 4)})
+    mask = (torch.rand(6, 9, generator=c.gen) > 0.3).to(torch.uint8)
+    mask[:, 0] = 1  # every query sees at least one key
+    c.write("sdpa_mask", lambda x, y, weight, cond: sdpa(x, y, weight, mask=cond),
+            {"x": c.randn(2, 6, 8), "y": c.randn(2, 9, 8), "weight": c.randn(2, 9, 8),
+             "cond": mask})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -323,6 +345,7 @@ def main():
     norm_layer_cases(c)
     loss_cases(c)
     pool_cases(c)
+    attention_cases(c)
     print(f"fixtures_ops: wrote {len(c.written)} cases to {args.out}")
 
 

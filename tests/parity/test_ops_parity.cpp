@@ -306,3 +306,16 @@ TEST_CASE("parity: max, average and adaptive pooling match torch", "[parity][poo
     return adaptive_avg_pool2d(a["x"], {3, 5});
   });
 }
+
+TEST_CASE("parity: scaled dot-product attention matches torch", "[parity][attention]") {
+  // query x, key y, value "weight" (the harness's names for three differentiable inputs).
+  run_all("sdpa", {"sdpa"}, [](const Fixture&, Args& a) {
+    return scaled_dot_product_attention(a["x"], a["y"], a["weight"]);
+  });
+  run_all("sdpa", {"sdpa_causal"}, [](const Fixture&, Args& a) {
+    return scaled_dot_product_attention(a["x"], a["y"], a["weight"], {}, 0.0, true);
+  });
+  run_all("sdpa", {"sdpa_mask"}, [](const Fixture& f, Args& a) {
+    return scaled_dot_product_attention(a["x"], a["y"], a["weight"], f["cond"]);
+  });
+}

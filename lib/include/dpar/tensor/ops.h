@@ -202,6 +202,20 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction =
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         Reduction reduction = Reduction::mean);
 
+// ---- attention ------------------------------------------------------------------------------
+// torch's scaled_dot_product_attention: softmax(q k^T * scale + mask) v over query [..., Lq, E],
+// key [..., Lk, E], value [..., Lk, Ev] (the same leading batch/head dims). attn_mask
+// broadcasts to [..., Lq, Lk]: u8 keeps the 1 positions (torch's True), f32 is added;
+// is_causal lets query i see keys j <= i; scale defaults to 1/sqrt(E). dropout_p > 0 drops
+// attention weights (pass 0 in eval, as torch's modules do). On the CPU one fused kernel
+// computes each (batch, head) slice while it is in cache (two small products around a row
+// softmax, keeping the softmax for the backward); elsewhere the same maths runs as an op chain.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = {}, double dropout_p = 0.0,
+                                    bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt,
+                                    Generator& gen = default_generator());
+
 // ---- in-place updates, not recorded (optimizers, init) ---------------------------------------
 Tensor& add_(Tensor& self, const Tensor& other, double alpha = 1.0);  // self += alpha * other
 Tensor& mul_(Tensor& self, double value);

@@ -19,6 +19,7 @@ void register_amp_kernels();
 void register_index_kernels();
 void register_layer_norm_kernels();
 void register_window_pool_kernels();
+void register_attention_kernels();
 }  // namespace cpu
 
 namespace detail {
@@ -36,6 +37,7 @@ void register_cpu_backend() {
   cpu::register_index_kernels();
   cpu::register_layer_norm_kernels();
   cpu::register_window_pool_kernels();
+  cpu::register_attention_kernels();
 }
 
 }  // namespace detail
