@@ -135,3 +135,32 @@ TEST_CASE("attention on the GPU (op chain) matches the CPU's fused kernel") {
              },
              {q, k, v});
 }
+
+TEST_CASE("a TransformerEncoderLayer on the GPU matches the CPU, forward and backward") {
+  DPAR_REQUIRE_GPU();
+  manual_seed(3);
+  auto cpu = std::make_shared<nn::TransformerEncoderLayer>(
+      nn::TransformerEncoderLayerOptions{.d_model = 32,
+                                         .nhead = 4,
+                                         .dim_feedforward = 64,
+                                         .dropout = 0.0,
+                                         .activation = nn::TransformerActivation::gelu,
+                                         .batch_first = true,
+                                         .norm_first = true});
+  manual_seed(3);
+  auto gpu = std::make_shared<nn::TransformerEncoderLayer>(cpu->options);
+  gpu->to(kGpu);
+  const Tensor x = random_tensor({2, 9, 32}, 38);
+  Tensor xc = leaf_on(x, Device::cpu()), xg = leaf_on(x, kGpu);
+  const Tensor yc = cpu->forward(xc), yg = gpu->forward(xg);
+  CHECK(relative_error(yc, yg) <= 1e-4);
+  const Tensor r = random_tensor(yc.shape(), 39);
+  sum(yc * r).backward();
+  sum(yg * r.to(kGpu)).backward();
+  CHECK(relative_error(xc.grad(), xg.grad()) <= 1e-4);
+  const auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    INFO(pc[i].first);
+    CHECK(relative_error(pc[i].second.grad(), pg[i].second.grad()) <= 1e-4);
+  }
+}

@@ -78,6 +78,27 @@ Tensor normal_(Tensor tensor, double mean, double std, Generator& gen) {
   });
 }
 
+Tensor xavier_uniform_(Tensor tensor, double gain, Generator& gen) {
+  check_floating(tensor, "init::xavier_uniform_");
+  const auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(tensor);
+  const double bound = gain * std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+  return uniform_(std::move(tensor), -bound, bound, gen);
+}
+
+Tensor trunc_normal_(Tensor tensor, double mean, double std, double a, double b, Generator& gen) {
+  check_floating(tensor, "init::trunc_normal_");
+  DPAR_CHECK(std >= 0.0 && a < b, "init::trunc_normal_: needs std >= 0 and a < b, got std ", std,
+             ", [", a, ", ", b, "]");
+  DPAR_CHECK(mean + 6 * std > a && mean - 6 * std < b, "init::trunc_normal_: [", a, ", ", b,
+             "] is more than 6 std from the mean ", mean, ": redrawing would not end");
+  return fill_random(std::move(tensor), gen, [&] {
+    while (true) {
+      const double v = mean + std * static_cast<double>(gen.normal());
+      if (v >= a && v <= b) return static_cast<float>(v);
+    }
+  });
+}
+
 Tensor constant_(Tensor tensor, double value) {
   DPAR_CHECK(tensor.defined(), "init::constant_: tensor is undefined");
   NoGradGuard no_grad;

@@ -223,9 +223,26 @@ std::string Dropout::extra_repr() const {
   return os.str();
 }
 
-AdaptiveAvgPool2d::AdaptiveAvgPool2d(int64_t output_size) : Module("AdaptiveAvgPool2d") {
-  DPAR_CHECK(output_size == 1, "AdaptiveAvgPool2d: only output size 1 (global pooling) is ",
-             "supported, got ", output_size);
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(int64_t h, int64_t w)
+    : Module("AdaptiveAvgPool2d"), output_height(h), output_width(w) {
+  DPAR_CHECK(h > 0 && w > 0, "AdaptiveAvgPool2d: output size must be positive, got ", h, "x", w);
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) {
+  // 1x1 is the global mean: its own kernels (the SE block's hot path).
+  if (output_height == 1 && output_width == 1) return global_avg_pool2d(input);
+  return adaptive_avg_pool2d(input, {output_height, output_width});
+}
+
+std::string AdaptiveAvgPool2d::extra_repr() const {
+  std::ostringstream os;
+  os << "output_size=";
+  if (output_height == output_width) {
+    os << output_height;
+  } else {
+    os << "(" << output_height << ", " << output_width << ")";
+  }
+  return os.str();
 }
 
 Flatten::Flatten(int64_t start_dim_, int64_t end_dim_)

@@ -37,4 +37,11 @@ Tensor kaiming_uniform_(Tensor tensor, double a = 0.0, FanMode mode = FanMode::F
                         Nonlinearity nonlinearity = Nonlinearity::LeakyReLU,
                         Generator& gen = default_generator());
 
+// bound = gain * sqrt(6 / (fan_in + fan_out)) (Glorot).
+Tensor xavier_uniform_(Tensor tensor, double gain = 1.0, Generator& gen = default_generator());
+// Normal(mean, std) redrawn until it lies in [a, b], as torch.nn.init.trunc_normal_ (whose
+// bounds are absolute values, not multiples of std).
+Tensor trunc_normal_(Tensor tensor, double mean = 0.0, double std = 1.0, double a = -2.0,
+                     double b = 2.0, Generator& gen = default_generator());
+
 }  // namespace dpar::nn::init

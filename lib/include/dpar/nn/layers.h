@@ -150,14 +150,18 @@ class Dropout : public Module {
   Generator* gen_;
 };
 
-// Global average pooling: AdaptiveAvgPool2d with output size 1, [N,C,H,W] -> [N,C,1,1].
+// Average pooling to an output_height x output_width grid (torch's adaptive windows); output
+// size 1 is global average pooling, [N,C,H,W] -> [N,C,1,1].
 class AdaptiveAvgPool2d : public Module {
  public:
-  explicit AdaptiveAvgPool2d(int64_t output_size = 1);
-  Tensor forward(const Tensor& input) override { return global_avg_pool2d(input); }
+  explicit AdaptiveAvgPool2d(int64_t output_size = 1)
+      : AdaptiveAvgPool2d(output_size, output_size) {}
+  AdaptiveAvgPool2d(int64_t output_height, int64_t output_width);
+  Tensor forward(const Tensor& input) override;
+  const int64_t output_height, output_width;
 
  protected:
-  std::string extra_repr() const override { return "output_size=1"; }
+  std::string extra_repr() const override;
 };
 
 class Flatten : public Module {

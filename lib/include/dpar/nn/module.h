@@ -117,6 +117,8 @@ class Module {
  protected:
   // Shown in repr() between the parentheses, e.g. "16, 32, kernel_size=3, stride=2".
   virtual std::string extra_repr() const { return {}; }
+  // For a subclass that is its base under torch's other name (BatchNorm1d of BatchNorm2d).
+  void set_type_name(std::string name) { type_name_ = std::move(name); }
 
  private:
   void check_new_name(const std::string& name, const char* what) const;
