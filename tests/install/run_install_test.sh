@@ -1,13 +1,50 @@
 #!/usr/bin/env bash
-# Installs the built tree into a scratch prefix and builds an outside project against it
-# with find_package(dpar CONFIG).
+# Installs the built tree into a scratch prefix and builds outside projects against it with
+# find_package(dpar CONFIG): the tiny consumer, and the README's "Your own model" program
+# (extracted from README.md), which then runs as a user would: one process, a second run into
+# the same checkpoint folder (refused), --resume, and two ranks under the installed dpar-launch.
 set -euo pipefail
 build_dir=$1
 source_dir=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
+export LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}"
 cmake -S "$source_dir/tests/install/consumer" -B "$work/consumer" -G Ninja \
   -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/consumer" >/dev/null
-LD_LIBRARY_PATH="$work/prefix/lib:${LD_LIBRARY_PATH:-}" "$work/consumer/consumer"
+"$work/consumer/consumer"
+
+# The README's program, between its markers.
+mkdir -p "$work/own"
+sed -n '/<!-- own-program:begin -->/,/<!-- own-program:end -->/p' "$source_dir/README.md" |
+  sed '1,2d;$d' | sed '$d' >"$work/own/main.cpp"
+grep -q "int main" "$work/own/main.cpp" || { echo "no program between the README's markers"; exit 1; }
+cat >"$work/own/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(own_model LANGUAGES CXX)
+find_package(dpar CONFIG REQUIRED)
+add_executable(own_model main.cpp)
+target_link_libraries(own_model PRIVATE dpar::dpar)
+CMAKE
+cmake -S "$work/own" -B "$work/own/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/own/build" >/dev/null
+own=$work/own/build/own_model
+fail() { echo "FAIL: $*"; exit 1; }
+cd "$work"
+
+"$own" --epochs 1 --limit 512 --out ck >one.txt 2>&1 || { cat one.txt; fail "single process"; }
+grep -q "^epoch 0: mean loss" one.txt && grep -q "^top-1 on 1000 test images" one.txt ||
+  { cat one.txt; fail "single-process output"; }
+if "$own" --epochs 1 --limit 512 --out ck >again.txt 2>&1; then fail "a second run into ck was not refused"; fi
+grep -q "already holds 2 checkpoint(s) of an earlier run" again.txt || { cat again.txt; fail "refusal text"; }
+"$own" --epochs 2 --limit 512 --out ck --resume >resume.txt 2>&1 || { cat resume.txt; fail "--resume"; }
+grep -q "^epoch 1: mean loss" resume.txt && ! grep -q "^epoch 0" resume.txt ||
+  { cat resume.txt; fail "--resume did not continue at epoch 1"; }
+
+port=$((20000 + RANDOM % 20000))
+"$work/prefix/bin/dpar-launch" --nproc_per_node=2 --start_port=$port --log_dir=logs \
+  "$own" --epochs 1 --limit 512 --out ck2 >launch.txt 2>&1 || { cat launch.txt logs/*; fail "2 ranks"; }
+grep -q "^epoch 0: mean loss" launch.txt && grep -q "DataParallel: all_reduce tensors" launch.txt ||
+  { cat launch.txt; fail "2-rank output"; }
+echo "own model: single process, refused re-run, --resume and 2 ranks under dpar-launch: ok"

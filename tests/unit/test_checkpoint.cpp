@@ -319,7 +319,7 @@ TEST_CASE("manager: a folder holding another run's checkpoints is refused, resum
   CHECK_THAT(error_of([&] { io::CheckpointManager second(dir / "ck"); }),
              Catch::Contains("already holds 3 checkpoint(s) of an earlier run (latest.ckpt, "
                              "step_2.ckpt, step_3.ckpt)") &&
-                 Catch::Contains("on_existing = resume"));
+                 Catch::Contains("on_existing = OnExisting::resume"));
   // Other ranks write nothing, so they do not look.
   CHECK_NOTHROW(io::CheckpointManager(dir / "ck", {.rank = 1}));
 

@@ -53,8 +53,8 @@ CheckpointManager::CheckpointManager(std::string dir, CheckpointManagerOptions o
       if (existing.size() > 3) names += ", ...";
       DPAR_FAIL("CheckpointManager: ", dir_, " already holds ", existing.size(),
                 " checkpoint(s) of an earlier run (", names,
-                "); continue that run with on_existing = resume (train --resume auto), replace it "
-                "with on_existing = overwrite, or use an empty folder");
+                "); continue that run (CheckpointManagerOptions::on_existing = OnExisting::resume), "
+                "replace it (OnExisting::overwrite) or use an empty folder");
     }
     case OnExisting::resume:
       adopt_existing(std::numeric_limits<int64_t>::max());
