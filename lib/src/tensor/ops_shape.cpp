@@ -1,8 +1,9 @@
-// Joining and splitting along a dim: cat, stack, split, chunk.
+// Joining and splitting along a dim (cat, stack, split, chunk) and broadcasting views (expand).
 #include "dpar/autograd/function.h"
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/broadcast.h"
 
 namespace dpar {
 
@@ -56,6 +57,32 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                        }
                        return grads;
                      });
+  }
+  return out;
+}
+
+Tensor expand(const Tensor& x, const Shape& shape) {
+  DPAR_CHECK(x.defined(), "expand: input is undefined");
+  DPAR_CHECK(shape.size() >= static_cast<size_t>(x.dim()), "expand: ", x.shape(),
+             " has more dims than the target ", shape);
+  Shape target = shape;
+  const size_t lead = shape.size() - static_cast<size_t>(x.dim());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const int64_t have = i < lead ? 1 : x.shape()[i - lead];
+    if (target[i] == -1) {
+      DPAR_CHECK(i >= lead, "expand: -1 is not allowed for the new leading dim ", i);
+      target[i] = have;
+    }
+    DPAR_CHECK(have == target[i] || have == 1, "expand: ", x.shape(), " cannot be expanded to ",
+               shape, " (dim ", i, " has size ", have, ")");
+  }
+  Tensor out = detail::expand_to(x, target);
+  if (is_floating(x.dtype()) && autograd::needs_grad({x})) {
+    autograd::record(
+        "expand", {x}, {out},
+        [in_shape = x.shape()](const autograd::GradList& g, const autograd::NeedsGrad&) {
+          return autograd::GradList{detail::sum_to_shape(g[0], in_shape)};
+        });
   }
   return out;
 }

@@ -68,6 +68,10 @@ Tensor topk_indices(const Tensor& x, int64_t k);
 // Concatenation along an existing dim (shapes equal elsewhere; same dtype and device);
 // channels-last inputs give a channels-last result. Differentiable for float dtypes.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// A broadcasting view of x with `shape` (size-1 dims repeated with stride 0, -1 keeps a dim,
+// new leading dims allowed), as torch's expand; its gradient sums over the repeats. Do not
+// write through it.
+Tensor expand(const Tensor& x, const Shape& shape);
 // Joins equal shapes along a new dim (0..rank).
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // Views of consecutive pieces along dim: of split_size each (the last may be shorter), of the

@@ -1,0 +1,46 @@
+// Model-level parity with torchvision 0.14's VisionTransformer at the ViT-Tiny size of
+// examples/vit: the state dict loads by name (strict) into dpar's model, and the logits and
+// loss (1e-4) and the gradient of every parameter and of the input (1e-3) match.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "model/vision_transformer.h"
+#include "parity/parity_util.h"
+
+using namespace dpar;
+using parity::check_close;
+using parity::ErrorTable;
+using parity::Fixture;
+
+TEST_CASE("parity: VisionTransformer matches torchvision's", "[parity][vit]") {
+  models::VisionTransformer model(models::vit_tiny_config(10, 3));
+  const Fixture state("vit_state.safetensors");
+  const nn::LoadReport report = model.load_state_dict(state.entries(), /*strict=*/true);
+  INFO(report.str());
+  REQUIRE(report.ok());
+  // The same names in the same order as torchvision's state dict.
+  const nn::NamedTensors ours = model.state_dict();
+  REQUIRE(ours.size() == state.entries().size());
+  for (size_t i = 0; i < ours.size(); ++i) CHECK(ours[i].first == state.entries()[i].first);
+
+  const Fixture batch("vit_batch.safetensors");
+  Tensor x = batch["x"].clone().set_requires_grad();
+  model.train();
+  const Tensor logits = model.forward(x);
+  const Tensor loss = cross_entropy(logits, batch["target"]);
+  ErrorTable table;
+  check_close(logits, batch["logits"], 1e-4, "logits", table, "forward");
+  check_close(loss, batch["loss"], 1e-4, "loss", table, "forward");
+  loss.backward();
+  check_close(x.grad(), batch["grad.x"], 1e-3, "grad.x", table, "input gradient");
+  int compared = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    check_close(p.grad(), batch["grad." + name], 1e-3, "grad." + name, table,
+                name.find("encoder_layer") != std::string::npos ? "block parameter gradients"
+                                                                : "other parameter gradients");
+    ++compared;
+  }
+  // 6 blocks x 12, class_token, conv_proj (2), pos_embedding, encoder.ln (2), heads.head (2).
+  CHECK(compared == 80);
+  table.print("VisionTransformer (ViT-Tiny) parity");
+}
