@@ -20,6 +20,10 @@ packages=(
   clang libclang-rt-14-dev libomp-14-dev llvm
   python3 python3-numpy python3-torch python3-torchvision python3-onnx
   python3-protobuf python3-crc32c python3-matplotlib
+  # The PyTorch peers' BLAS: Debian's python3-torch calls whatever libblas.so.3 is selected,
+  # and without this it is the reference BLAS (~5 GFLOPS, 10x below OpenBLAS), which would
+  # make every benchmark ratio against PyTorch's linear layers meaningless.
+  libopenblas0-openmp
 )
 
 missing=()

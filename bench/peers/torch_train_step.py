@@ -1,4 +1,5 @@
-"""PyTorch peer for bench_train_step: MobileNetV3-small training steps on random data.
+"""PyTorch peer for bench_train_step: training steps on random data, MobileNetV3-small (SGD) or
+the ViT-Tiny of examples/vit (torchvision's VisionTransformer at 32 px, AdamW).
 
 Prints one JSON line: {"img_per_s": ..., "ms_per_step": ..., "threads": ..., "batch": ...,
 "peak_rss_mb": ..., "rss_before_mb": ...} (the process's high-water mark, and its resident set
@@ -21,6 +22,7 @@ def current_rss_mb():
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--model", default="mobilenet_v3_small")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--img", type=int, default=224)
@@ -31,9 +33,16 @@ def main():
     torch.set_num_threads(a.threads)
     rss_before_mb = current_rss_mb()
     torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v3_small(num_classes=a.classes)
+    if a.model == "vit_tiny":
+        a.classes = 10
+        model = torchvision.models.VisionTransformer(
+            image_size=a.img, patch_size=4, num_layers=6, num_heads=3, hidden_dim=192,
+            mlp_dim=768, num_classes=a.classes)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    else:
+        model = torchvision.models.mobilenet_v3_small(num_classes=a.classes)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
     x = torch.randn(a.batch, 3, a.img, a.img)
     y = torch.randint(0, a.classes, (a.batch,))
     loss_fn = torch.nn.CrossEntropyLoss()
