@@ -9,6 +9,7 @@ parameter is then moved by a small random amount. Writes:
   vit_state.safetensors   the state dict, torchvision's names
   vit_batch.safetensors   x [4,3,32,32], target [4], logits [4,10], loss [],
                           grad.<name> for every parameter (d loss / d parameter), grad.x
+  vit_export_ref.safetensors  eval mode: x1 [1,3,32,32], x3, logits1/3, probs1/3
 """
 import argparse
 import os
@@ -51,6 +52,15 @@ def main():
     for (name, _), g in zip(params.items(), grads[1:]):
         tensors["grad." + name] = g
     save(os.path.join(args.out, "vit_batch.safetensors"), tensors, metadata={"case": "vit"})
+    # Eval-mode references for the ONNX export check (onnx_check.py): batch 1 and batch 3.
+    model.eval()
+    ref = {}
+    with torch.no_grad():
+        for b in (1, 3):
+            xb = torch.randn(b, 3, 32, 32, generator=gen)
+            logits_b = model(xb)
+            ref.update({f"x{b}": xb, f"logits{b}": logits_b, f"probs{b}": logits_b.softmax(1)})
+    save(os.path.join(args.out, "vit_export_ref.safetensors"), ref, metadata={"case": "vit"})
     print(f"fixtures_vit: wrote vit_state and vit_batch ({len(params)} parameters) to {args.out}")
 
 

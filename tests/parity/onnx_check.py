@@ -11,12 +11,15 @@ Usage:
    no BatchNormalization, i.e. every BN was folded); each --meta key=value in metadata_props.
 3. Numerics: the graph is evaluated by the small numpy evaluator below (float64 arithmetic on
    the float32 constants; Conv, Relu, HardSwish, HardSigmoid, Mul, Add, GlobalAveragePool,
-   Flatten, Gemm, Softmax, BatchNormalization, Identity), on the reference inputs x1 (batch 1)
+   Flatten, Gemm, Softmax, BatchNormalization, Identity, and the transformer set: Sub, Div,
+   MatMul, Erf, Tanh, Sigmoid, Transpose, Reshape, Pad, Gather, LayerNormalization), on the
+   reference inputs x1 (batch 1)
    and x3 (batch 3), and compared with torch's outputs ("probs" or "logits" + batch):
    max|onnx - torch| / max|torch| <= tol.
 Prints one line per check; exits 1 if any failed.
 """
 import argparse
+import math
 import os
 import sys
 
@@ -122,6 +125,37 @@ def evaluate(model, x, dtype=np.float64, extra_ops=None, env=None):
             y = y * s.reshape(shp) + bias.reshape(shp)
         elif op == "Identity":
             y = ins[0]
+        elif op == "Sub":
+            y = ins[0] - ins[1]
+        elif op == "Div":
+            y = ins[0] / ins[1]
+        elif op == "MatMul":
+            y = np.matmul(ins[0], ins[1])
+        elif op == "Erf":
+            y = np.vectorize(math.erf)(ins[0]) if ins[0].size else ins[0]
+        elif op == "Tanh":
+            y = np.tanh(ins[0])
+        elif op == "Sigmoid":
+            y = 1.0 / (1.0 + np.exp(-ins[0]))
+        elif op == "Transpose":
+            y = np.transpose(ins[0], a.get("perm"))
+        elif op == "Reshape":
+            shape = [ins[0].shape[i] if v == 0 else int(v) for i, v in enumerate(ins[1])]
+            y = ins[0].reshape(shape)
+        elif op == "Pad":
+            pads = [int(v) for v in ins[1]]
+            r = ins[0].ndim
+            y = np.pad(ins[0], [(pads[i], pads[i + r]) for i in range(r)])
+        elif op == "Gather":
+            y = np.take(ins[0], ins[1], axis=a.get("axis", 0))
+        elif op == "LayerNormalization":
+            axis = a.get("axis", -1)
+            axes = tuple(range(axis % ins[0].ndim, ins[0].ndim))
+            mean = ins[0].mean(axis=axes, keepdims=True)
+            var = ((ins[0] - mean) ** 2).mean(axis=axes, keepdims=True)
+            y = (ins[0] - mean) / np.sqrt(var + a.get("epsilon", 1e-5)) * ins[1]
+            if len(ins) > 2 and ins[2] is not None:
+                y = y + ins[2]
         else:
             raise NotImplementedError(f"numpy evaluator: op {op} (node {node.name})")
         env[node.output[0]] = y.astype(dtype, copy=False) if y.dtype.kind == "f" else y

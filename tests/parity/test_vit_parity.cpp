@@ -1,10 +1,15 @@
 // Model-level parity with torchvision 0.14's VisionTransformer at the ViT-Tiny size of
 // examples/vit: the state dict loads by name (strict) into dpar's model, and the logits and
 // loss (1e-4) and the gradient of every parameter and of the input (1e-3) match.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "model/vision_transformer.h"
+#include "model/vision_transformer_onnx.h"
 #include "parity/parity_util.h"
 
 using namespace dpar;
@@ -43,4 +48,29 @@ TEST_CASE("parity: VisionTransformer matches torchvision's", "[parity][vit]") {
   // 6 blocks x 12, class_token, conv_proj (2), pos_embedding, encoder.ln (2), heads.head (2).
   CHECK(compared == 80);
   table.print("VisionTransformer (ViT-Tiny) parity");
+}
+
+TEST_CASE("parity: the exported ViT ONNX file passes ONNX's checks and matches torch",
+          "[parity][vit][export]") {
+  models::VisionTransformer model(models::vit_tiny_config(10, 3));
+  REQUIRE(model.load_state_dict(Fixture("vit_state.safetensors").entries(), true).ok());
+  model.eval();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("dpar_vit_export_" + std::to_string(::getpid())))
+          .string();
+  for (const bool softmax : {false, true}) {
+    INFO("softmax " << softmax);
+    const io::OnnxExportResult r = models::export_vision_transformer(model, dir, softmax);
+    CHECK(r.num_classes == 10);
+    CHECK(r.op_counts.count("LayerNormalization") == 1);
+    CHECK(r.op_counts.at("LayerNormalization") == 13);  // 2 per block + the final one
+    const Fixture ref("vit_export_ref.safetensors");
+    const std::string cmd =
+        std::string(DPAR_PYTHON) + " " + DPAR_PARITY_SCRIPTS + "/onnx_check.py --model '" +
+        r.model_path + "' --ref '" + ref.path() + "' --output " + (softmax ? "probs" : "logits") +
+        " --ops Conv,Reshape,Transpose,Pad,Add,LayerNormalization,MatMul,Gather,Mul,Softmax,"
+        "Div,Erf,Gemm";
+    CHECK(std::system(cmd.c_str()) == 0);
+  }
+  std::filesystem::remove_all(dir);
 }

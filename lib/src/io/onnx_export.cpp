@@ -171,6 +171,16 @@ std::string OnnxGraphBuilder::add_initializer(const std::string& name, const Ten
   return full;
 }
 
+std::string OnnxGraphBuilder::add_int64_initializer(const std::string& name,
+                                                    std::vector<int64_t> values,
+                                                    const Shape& shape) {
+  const std::string full = unique_value_name(join_path(path_, name));
+  DPAR_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), "export_onnx: constant '",
+             full, "' has ", values.size(), " values for shape ", shape);
+  graph_.initializers.emplace_back(full, Tensor::from_vector(values, shape));
+  return full;
+}
+
 // ---- OnnxLowerings ---------------------------------------------------------------------------
 OnnxLowerings::OnnxLowerings() {
   // Registered most general first: find() searches from the back.
@@ -195,6 +205,7 @@ OnnxLowerings::OnnxLowerings() {
   add<nn::Flatten>(lower_flatten);
   add<nn::Dropout>(lower_identity);
   add<nn::Identity>(lower_identity);
+  add_sequence_model_lowerings(*this);
 }
 
 void OnnxLowerings::add_matching(Matcher matches, Lowering fn) {

@@ -226,10 +226,15 @@ std::string serialize_onnx(const OnnxGraph& graph, const OnnxExportOptions& opti
   Facts facts = collect_facts(options, 0);
 
   onnx::ModelProto model;
-  model.set_ir_version(kIrVersion);
+  // LayerNormalization entered the default domain in opset 17, which IR version 8 pairs with;
+  // graphs without it keep the older, more widely read pair.
+  const bool needs_17 = std::any_of(graph.nodes.begin(), graph.nodes.end(), [](const OnnxNode& n) {
+    return n.op_type == "LayerNormalization";
+  });
+  model.set_ir_version(needs_17 ? 8 : kIrVersion);
   onnx::OperatorSetIdProto* opset = model.add_opset_import();
   opset->set_domain("");
-  opset->set_version(kOpset);
+  opset->set_version(needs_17 ? 17 : kOpset);
   model.set_producer_name("dpar");
   model.set_producer_version(version());
   model.set_model_version(1);
@@ -251,11 +256,17 @@ std::string serialize_onnx(const OnnxGraph& graph, const OnnxExportOptions& opti
 
   int64_t num_parameters = 0;
   for (const auto& [name, t] : graph.initializers) {
-    DPAR_CHECK(t.dtype() == DType::f32 && t.is_contiguous(), "export_onnx: constant '", name,
-               "' must be a contiguous f32 tensor, got ", t.str());
+    DPAR_CHECK((t.dtype() == DType::f32 || t.dtype() == DType::i64) && t.is_contiguous(),
+               "export_onnx: constant '", name, "' must be a contiguous f32 or i64 tensor, got ",
+               t.str());
     onnx::TensorProto* tp = g->add_initializer();
     tp->set_name(name);
     for (int64_t d : t.shape()) tp->add_dims(d);
+    if (t.dtype() == DType::i64) {  // shapes, indices, pads: not parameters
+      tp->set_data_type(onnx::TensorProto::INT64);
+      tp->set_raw_data(t.raw_data(), t.nbytes());
+      continue;
+    }
     num_parameters += t.numel();
     auto q = graph.quantized_initializers.find(name);
     if (q == graph.quantized_initializers.end()) {

@@ -5,7 +5,8 @@
 // f32 constants) by per-module-type lowerings: the built-in nn layers come with dpar, a model
 // with its own composite modules (a custom forward) registers lowerings for them. Graph
 // passes then fold each BatchNormalization into the Conv that feeds it, and the result is
-// written as an ONNX ModelProto (opset 14, IR version 7), validated by ONNX's checker and
+// written as an ONNX ModelProto (opset 14, IR version 7; opset 17 and IR version 8 when the
+// graph has LayerNormalization), validated by ONNX's checker and
 // strict shape inference before anything reaches the disk.
 //
 //   io::OnnxLowerings lowerings;                      // Conv2d, BatchNorm2d, Linear, ...
@@ -27,6 +28,7 @@
 #include <variant>
 #include <vector>
 
+#include "dpar/nn/layers.h"
 #include "dpar/nn/module.h"
 #include "dpar/tensor/tensor.h"
 
@@ -82,6 +84,10 @@ class OnnxGraphBuilder {
                        OnnxAttributes attributes = {});
   // Adds a constant "<path>.<name>" holding an f32 copy of value; returns its value name.
   std::string add_initializer(const std::string& name, const Tensor& value);
+  // An int64 constant (shapes for Reshape, indices for Gather, pads) of the given shape ({}
+  // for a scalar); not counted as a parameter.
+  std::string add_int64_initializer(const std::string& name, std::vector<int64_t> values,
+                                    const Shape& shape);
 
   const std::string& path() const { return path_; }
   OnnxGraph& graph() { return graph_; }
@@ -99,7 +105,11 @@ class OnnxGraphBuilder {
 // Sequential (children in order, including subclasses), Conv2d -> Conv, BatchNorm2d ->
 // BatchNormalization, Linear -> Gemm (2-D input), ReLU -> Relu, Hardswish -> HardSwish,
 // Hardsigmoid -> HardSigmoid (alpha 1/6, beta 1/2 as torch), AdaptiveAvgPool2d(1) ->
-// GlobalAveragePool, Flatten(1, -1) -> Flatten, Dropout and Identity -> nothing.
+// GlobalAveragePool, Flatten(1, -1) -> Flatten, Dropout and Identity -> nothing; LayerNorm ->
+// LayerNormalization (the file is then opset 17), GELU -> its formula (Div, Erf, Add, Mul; or
+// the tanh form), Tanh, Sigmoid, SiLU -> Sigmoid and Mul, LeakyReLU, MaxPool2d -> MaxPool,
+// AvgPool2d -> AveragePool, MultiheadAttention (batch-first self-attention) -> MatMul,
+// Reshape, Transpose, Gather, Softmax.
 class OnnxLowerings {
  public:
   // Returns the output value of the module's computation on input.
@@ -124,6 +134,13 @@ class OnnxLowerings {
  private:
   std::vector<std::pair<Matcher, Lowering>> entries_;
 };
+
+// Linear as MatMul with the transposed weight (+ Add bias), for inputs of any rank ([N, S, in]
+// in a transformer); the built-in Linear lowering is Gemm, which takes 2-D input only.
+std::string lower_linear_matmul(const nn::Linear& fc, const std::string& name,
+                                const std::string& input, OnnxGraphBuilder& builder);
+// Registers the lowerings listed above beyond the CNN set (OnnxLowerings() calls it).
+void add_sequence_model_lowerings(OnnxLowerings& lowerings);
 
 // The model's metadata_props (all strings), for runtimes and tools:
 //   model_name, framework ("dpar"), dpar_version, dpar_commit,
