@@ -2,7 +2,8 @@
 // own statistics, random horizontal flips) with AdamW and linear warm-up + cosine decay; one
 // process, or one rank of a dpar-launch job (DataParallel, DistributedSampler). Per epoch:
 // rank 0 evaluates the test split, writes a checkpoint (CheckpointManager: a used folder is
-// refused unless --resume) and TensorBoard scalars (loss, lr, top-1).
+// refused unless --resume) and TensorBoard scalars (loss, lr, top-1). At the end rank 0 exports
+// the model to ONNX (<out>/export/inference.onnx, opset 17).
 //   build/examples/vit/train_vit --epochs 5 --out out/vit
 //   dpar-launch --nproc_per_node=2 build/examples/vit/train_vit --epochs 5 --out out/vit2
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include "dpar/dpar.h"
 #include "model/vision_transformer.h"
+#include "model/vision_transformer_onnx.h"
 
 using namespace dpar;
 
@@ -51,6 +53,7 @@ int main(int argc, char** argv) {
     auto& limit_test = flags.add_int("limit-test", 0, "first N test images only (0: all)");
     auto& resume = flags.add_bool("resume", false, "continue the run in --out");
     auto& seed = flags.add_int("seed", 0, "initialisation, sampler and augmentation seed");
+    auto& do_export = flags.add_bool("export", true, "rank 0 exports <out>/export/inference.onnx");
     flags.parse(argc, argv);
     if (threads > 0) set_num_threads(static_cast<int>(threads));
 
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
       std::printf("train_vit: ViT-Tiny (%lld parameters), %d rank(s), %lld steps/epoch of %lld\n",
                   static_cast<long long>(parameters), world,
                   static_cast<long long>(steps_per_epoch), static_cast<long long>(batch));
+      std::fflush(stdout);
     }
     double best = -1;
     for (int64_t epoch = first_epoch; epoch < epochs; ++epoch) {
@@ -143,6 +147,12 @@ int main(int argc, char** argv) {
       }
       checkpoints.save_epoch(io::capture_checkpoint(*model, &opt, &schedule, state), epoch,
                              rank == 0 && best == state.best_top1);
+    }
+    if (rank == 0 && do_export) {
+      model->eval();
+      const io::OnnxExportResult r = models::export_vision_transformer(*model, out + "/export");
+      std::printf("exported %s (%lld nodes, %lld parameters)\n", r.model_path.c_str(),
+                  static_cast<long long>(r.num_nodes), static_cast<long long>(r.num_parameters));
     }
     dist::destroy();
     return 0;
