@@ -12,7 +12,8 @@
 #ifdef __CUDACC__
 #define DPAR_HOST_DEVICE __host__ __device__ __forceinline__
 #else
-#define DPAR_HOST_DEVICE inline
+// Always inlined: the CPU's ISA clones (cpu/isa.h) must get these bodies in their own code.
+#define DPAR_HOST_DEVICE inline __attribute__((always_inline))
 #endif
 
 namespace dpar::kernels {

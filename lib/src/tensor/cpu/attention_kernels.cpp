@@ -5,11 +5,14 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "dpar/core/error.h"
+#include "tensor/cpu/isa.h"
+#include "tensor/unary_math.h"
 
 namespace dpar::cpu {
 namespace {
@@ -23,6 +26,36 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const
              static_cast<int>(status), ")");
 }
 
+// Masks, the causal cut and the softmax of one row of scores, in place; once per ISA.
+// clang-format off
+#define DPAR_SOFTMAX_ROW(SUFFIX, TARGET)                                                     \
+  TARGET void softmax_row##SUFFIX(float* row, const float* mask, int64_t visible,          \
+                                  int64_t lk) {                                            \
+    const float neg_inf = -std::numeric_limits<float>::infinity();                         \
+    if (mask) {                                                                            \
+      for (int64_t j = 0; j < lk; ++j) row[j] += mask[j];                                  \
+    }                                                                                      \
+    for (int64_t j = visible; j < lk; ++j) row[j] = neg_inf;                               \
+    float m = neg_inf;                                                                     \
+    for (int64_t j = 0; j < lk; ++j) m = row[j] > m ? row[j] : m;                          \
+    float sum = 0.f;                                                                       \
+    for (int64_t j = 0; j < lk; ++j) {                                                     \
+      row[j] = kernels::fast_exp(row[j] - m);                                              \
+      sum += row[j];                                                                       \
+    }                                                                                      \
+    const float inv = 1.f / sum;                                                           \
+    for (int64_t j = 0; j < lk; ++j) row[j] *= inv;                                        \
+  }
+DPAR_SOFTMAX_ROW(_baseline, )
+DPAR_SOFTMAX_ROW(_avx512, DPAR_TARGET_AVX512)
+// clang-format on
+#undef DPAR_SOFTMAX_ROW
+
+void softmax_row(float* row, const float* mask, int64_t visible, int64_t lk) {
+  if (cpu_isa() == Isa::avx512) return softmax_row_avx512(row, mask, visible, lk);
+  softmax_row_baseline(row, mask, visible, lk);
+}
+
 void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                       bool causal, float scale, Tensor& out, Tensor& probs) {
   const int64_t batch = q.size(0), lq = q.size(1), e = q.size(2);
@@ -33,29 +66,13 @@ void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const float* pm = mask.defined() ? mask.data<float>() : nullptr;
   float* po = out.data<float>();
   float* pp = probs.data<float>();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for schedule(static) if (batch > 1)
   for (int64_t b = 0; b < batch; ++b) {
     float* s = pp + b * lq * lk;
     sgemm('N', 'T', lq, lk, e, scale, pq + b * lq * e, e, pk + b * lk * e, e, 0.f, s, lk);
     for (int64_t i = 0; i < lq; ++i) {
-      float* row = s + i * lk;
-      if (pm) {
-        const float* mrow = pm + (b * lq + i) * lk;
-        for (int64_t j = 0; j < lk; ++j) row[j] += mrow[j];
-      }
-      if (causal) {
-        for (int64_t j = i + 1; j < lk; ++j) row[j] = neg_inf;
-      }
-      float m = neg_inf;
-      for (int64_t j = 0; j < lk; ++j) m = std::max(m, row[j]);
-      float sum = 0.f;
-      for (int64_t j = 0; j < lk; ++j) {
-        row[j] = std::exp(row[j] - m);
-        sum += row[j];
-      }
-      const float inv = 1.f / sum;
-      for (int64_t j = 0; j < lk; ++j) row[j] *= inv;
+      softmax_row(s + i * lk, pm ? pm + (b * lq + i) * lk : nullptr,
+                  causal ? std::min(lk, i + 1) : lk, lk);
     }
     sgemm('N', 'N', lq, ev, lk, 1.f, s, lk, pv + b * lk * ev, ev, 0.f, po + b * lq * ev, ev);
   }
