@@ -102,16 +102,43 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   return cat(parts, d);
 }
 
+namespace {
+
+// The pieces of x along d as views recorded by ONE node, whose backward concatenates the
+// pieces' gradients (zeros for a piece nothing used): separate slice nodes would each
+// scatter into a zero tensor of x's full size and autograd would then add those up (an
+// attention layer's q, k, v split of its packed projection paid three such passes).
+std::vector<Tensor> split_views(const Tensor& x, const std::vector<int64_t>& sizes, int64_t d) {
+  std::vector<Tensor> parts;
+  {
+    NoGradGuard no_grad;
+    int64_t start = 0;
+    for (int64_t size : sizes) {
+      parts.push_back(x.slice(d, start, start + size));
+      start += size;
+    }
+  }
+  if (is_floating(x.dtype()) && autograd::needs_grad({x})) {
+    autograd::record("split", {x}, parts,
+                     [d](const autograd::GradList& g, const autograd::NeedsGrad&) {
+                       return autograd::GradList{g.size() == 1 ? g[0] : cat(g, d)};
+                     });
+  }
+  return parts;
+}
+
+}  // namespace
+
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   DPAR_CHECK(x.defined(), "split: input is undefined");
   DPAR_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
   const int64_t d = normalize_dim(dim, x.dim(), "split");
-  std::vector<Tensor> parts;
+  if (x.size(d) == 0) return {x};  // an empty dim: one empty part, as torch.split
+  std::vector<int64_t> sizes;
   for (int64_t start = 0; start < x.size(d); start += split_size) {
-    parts.push_back(x.slice(d, start, std::min(start + split_size, x.size(d))));
+    sizes.push_back(std::min(split_size, x.size(d) - start));
   }
-  if (parts.empty()) parts.push_back(x);  // an empty dim: one empty part, as torch.split
-  return parts;
+  return split_views(x, sizes, d);
 }
 
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
@@ -124,13 +151,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   }
   DPAR_CHECK(total == x.size(d), "split: sizes sum to ", total, " but dim ", d, " of ", x.shape(),
              " has ", x.size(d));
-  std::vector<Tensor> parts;
-  int64_t start = 0;
-  for (int64_t s : sizes) {
-    parts.push_back(x.slice(d, start, start + s));
-    start += s;
-  }
-  return parts;
+  return split_views(x, sizes, d);
 }
 
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
