@@ -40,8 +40,11 @@ struct DataParallelOptions {
   // 11 bits in a range that small or large gradients can leave. Buckets of other dtypes
   // travel as they are.
   DType comm_dtype = DType::f32;
-  // default: default_group_ptr(). Without a group (init_parallel_env() not called) or with a
-  // group of one, DataParallel is a plain wrapper that communicates nothing.
+  // default: default_group_ptr(). With a group of one (a single process, or
+  // init_parallel_env() in a world of one) DataParallel is a plain wrapper that communicates
+  // nothing. Without init_parallel_env() it is the same in a single process, but in a process
+  // a launcher started as one rank of several (DPAR_WORLD_SIZE, WORLD_SIZE, ... > 1) the
+  // constructor throws naming the variable: every rank would otherwise train alone.
   std::shared_ptr<Group> group;
 };
 
