@@ -189,22 +189,27 @@ int main(int argc, char** argv) {
         info.input_height <= 0 || (info.input_height == crop_size && info.input_width == crop_size),
         "--crop-size=", crop_size, " does not fit ", model_path, ", which takes ",
         info.input_height, "x", info.input_width, " images");
-    const data::Compose transform({std::make_shared<data::Resize>(resize_size),
-                                   std::make_shared<data::CenterCrop>(crop_size)},
-                                  data::ToTensorNormalize(info.mean, info.std));
+    // A model of one channel (the ViT example's grey Fashion-MNIST) gets grey images.
+    const int64_t channels = info.input_shape.size() == 4 && info.input_shape[1] == 1 ? 1 : 3;
+    std::vector<std::shared_ptr<const data::Transform>> steps{
+        std::make_shared<data::Resize>(resize_size), std::make_shared<data::CenterCrop>(crop_size)};
+    if (channels == 1) steps.push_back(std::make_shared<data::Grayscale>());
+    const data::Compose transform(
+        steps, channels == 1 ? data::ToTensorNormalize::grey(info.mean[0], info.std[0])
+                             : data::ToTensorNormalize(info.mean, info.std));
 
     const int64_t n_images = static_cast<int64_t>(images.size());
     const int64_t full = std::min<int64_t>(batch_size, n_images);
     // Plans (primitives, reordered weights, buffers) for the batch shapes this run will see.
     if (device.is_cpu()) {
-      model.prepare({full, 3, crop_size, crop_size});
-      if (n_images % full) model.prepare({n_images % full, 3, crop_size, crop_size});
+      model.prepare({full, channels, crop_size, crop_size});
+      if (n_images % full) model.prepare({n_images % full, channels, crop_size, crop_size});
     }
 
     Generator rng(0);  // the eval transforms draw nothing; Compose wants a generator anyway
     auto load_batch = [&](int64_t first, int64_t count) {
-      Tensor batch = Tensor::empty({count, 3, crop_size, crop_size});
-      const int64_t per_image = 3 * crop_size * crop_size;
+      Tensor batch = Tensor::empty({count, channels, crop_size, crop_size});
+      const int64_t per_image = channels * crop_size * crop_size;
       for (int64_t i = 0; i < count; ++i) {
         const Tensor x = transform(data::read_image(images[static_cast<size_t>(first + i)]), rng);
         std::copy_n(x.data<float>(), per_image, batch.data<float>() + i * per_image);

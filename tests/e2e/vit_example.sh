@@ -2,11 +2,13 @@
 # The ViT example end to end on a slice of Fashion-MNIST: one process (checkpoints, TensorBoard
 # file, ONNX export that ONNX's checker accepts), a second run into the same folder (refused),
 # --resume (continues at the next epoch), and two ranks under dpar-launch (DataParallel).
-#   vit_example.sh <train_vit> <dpar-launch> <python3>
+#   vit_example.sh <train_vit> <dpar-launch> <python3> <infer> <image>
 set -u
 train=$1
 launcher=$2
 python=$3
+infer=$4
+image=$5
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -25,6 +27,12 @@ assert m.opset_import[0].version == 17; assert [d.dim_value for d in m.graph.inp
 else
   fail "the exported model"
 fi
+
+# dpar::infer classifies with the export (the node-by-node path; one grey channel).
+"$infer" --model-dir "$work/run/export" --img-path "$image" --topk 3 >"$work/infer.txt" 2>&1 ||
+  { cat "$work/infer.txt"; fail "infer"; }
+grep -q "class_id: [0-9], prob: 0\.[0-9]*, topk_class_ids: \[" "$work/infer.txt" &&
+  ok "infer classifies with the exported ViT" || fail "infer output: $(cat "$work/infer.txt")"
 
 if "$train" "${small[@]}" --epochs 1 --out "$work/run" >"$work/again.txt" 2>&1; then
   fail "a second run into the same folder was not refused"

@@ -1,6 +1,9 @@
 // The layer set of a model of one's own (issue 19) on CUDA against the CPU backend: the
 // activations, pointwise maths and the rest, forward and backward, to 1e-4 relative (f32).
+#include "dpar/infer/runtime.h"
 #include "gpu/gpu_helpers.h"
+#include "model/vision_transformer.h"
+#include "model/vision_transformer_onnx.h"
 
 using namespace dpar;
 
@@ -17,6 +20,7 @@ TEST_CASE("activations and pointwise maths match the CPU") {
   compare_op("abs", [](auto& t) { return dpar::abs(t[0]); }, {wide});
   compare_op("clamp", [](auto& t) { return clamp(t[0], -1.0, 2.0); }, {wide});
   compare_op("pow", [](auto& t) { return dpar::pow(t[0], 1.5); }, {positive});
+  compare_op("erf", [](auto& t) { return dpar::erf(t[0]); }, {wide});
   compare_op("gelu on a transposed view", [](auto& t) { return gelu(t[0].transpose(0, 2)); },
              {wide});
 }
@@ -163,4 +167,29 @@ TEST_CASE("a TransformerEncoderLayer on the GPU matches the CPU, forward and bac
     INFO(pc[i].first);
     CHECK(relative_error(pc[i].second.grad(), pg[i].second.grad()) <= 1e-4);
   }
+}
+
+TEST_CASE("dpar::infer runs the exported ViT node by node on the GPU as on the CPU") {
+  DPAR_REQUIRE_GPU();
+  manual_seed(4);
+  models::VitConfig config = models::vit_tiny_config(10, 3);
+  config.num_layers = 2;
+  models::VisionTransformer vit(config);
+  for (const Tensor& p : vit.parameters()) {  // the classifier starts at zero: move it
+    NoGradGuard no_grad;
+    Tensor q = p;
+    q.copy_(add(q, random_tensor(p.shape(), 41, -0.05f, 0.05f)));
+  }
+  vit.eval();
+  const std::string dir = "/tmp/dpar_gpu_vit_export";
+  models::export_vision_transformer(vit, dir, /*softmax=*/false);
+  infer::Model model = infer::Model::load(dir + "/inference.onnx");
+  const Tensor x = random_tensor({3, 3, 32, 32}, 42);
+  const Tensor cpu = model.run(x);
+  model.set_device(kGpu);
+  const Tensor gpu = model.run(x);
+  REQUIRE(gpu.device() == kGpu);
+  CHECK(relative_error(cpu, gpu) <= 1e-4);
+  NoGradGuard no_grad;
+  CHECK(relative_error(vit.forward(x), cpu) <= 1e-4);
 }

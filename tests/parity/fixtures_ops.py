@@ -166,6 +166,7 @@ def unary_cases(c):
     c.write("abs", lambda x: torch.abs(x), {"x": c.randn(*shape)})
     c.write("clamp", lambda x: torch.clamp(x, -0.5, 0.8), {"x": c.randn(*shape)})
     c.write("pow3", lambda x: torch.pow(x, 3.0), {"x": c.randn(3, 17)})
+    c.write("erf", lambda x: torch.erf(x), {"x": c.randn(*shape)})
     c.write("pow_half", lambda x: torch.pow(x, 0.5), {"x": c.rand(3, 17, lo=0.1, hi=4.0)})
     c.write("exp", lambda x: torch.exp(x), {"x": c.randn(3, 17)})
     c.write("log", lambda x: torch.log(x), {"x": c.rand(3, 17, lo=0.1, hi=4.0)})

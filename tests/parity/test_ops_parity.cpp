@@ -184,7 +184,8 @@ TEST_CASE("parity: the activations and pointwise maths of a second model match t
       {"abs", [](const Tensor& x) { return dpar::abs(x); }},
       {"clamp", [](const Tensor& x) { return clamp(x, -0.5, 0.8); }},
       {"pow3", [](const Tensor& x) { return dpar::pow(x, 3.0); }},
-      {"pow_half", [](const Tensor& x) { return dpar::pow(x, 0.5); }}};
+      {"pow_half", [](const Tensor& x) { return dpar::pow(x, 0.5); }},
+      {"erf", [](const Tensor& x) { return dpar::erf(x); }}};
   for (const auto& [name, fn] : ops) {
     run_all(name, {name}, [fn = fn](const Fixture&, Args& a) { return fn(a["x"]); });
   }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "dpar/infer/runtime.h"
 #include "model/vision_transformer.h"
 #include "model/vision_transformer_onnx.h"
 #include "parity/parity_util.h"
@@ -71,6 +72,17 @@ TEST_CASE("parity: the exported ViT ONNX file passes ONNX's checks and matches t
         " --ops Conv,Reshape,Transpose,Pad,Add,LayerNormalization,MatMul,Gather,Mul,Softmax,"
         "Div,Erf,Gemm";
     CHECK(std::system(cmd.c_str()) == 0);
+    // dpar::infer runs the file node by node (the interpreter path) to torch's outputs.
+    infer::Model m = infer::Model::load(r.model_path);
+    CHECK(m.info().outputs_probabilities == softmax);
+    CHECK(m.plan_summary({1, 3, 32, 32}).front().rfind("interpreted: ", 0) == 0);
+    ErrorTable table;
+    for (const char* b : {"1", "3"}) {
+      const Tensor got = m.run(ref[std::string("x") + b]);
+      check_close(got, ref[std::string(softmax ? "probs" : "logits") + b], 1e-4,
+                  std::string("infer batch ") + b, table, "dpar::infer");
+    }
+    table.print("dpar::infer on the exported ViT");
   }
   std::filesystem::remove_all(dir);
 }

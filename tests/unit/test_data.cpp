@@ -129,6 +129,11 @@ TEST_CASE("Fashion-MNIST splits, labels and pixels", "[data]") {
   CHECK(g.image.to_float_vector()[10 * 28 + 13] == Approx((193.f / 255.f - 0.2860f) / 0.3530f));
   Image colour(2, 2, 3);
   CHECK_THROWS_WITH(ToTensorNormalize::grey()(colour), Contains("expects grey images, got 3"));
+  // Grayscale: torchvision's luma weights, rounded.
+  colour.pixels = {255, 0, 0, 0, 255, 0, 0, 0, 255, 10, 20, 30};
+  const Image g1 = Grayscale()(colour, rng);
+  CHECK(g1.channels == 1);
+  CHECK(g1.pixels == std::vector<uint8_t>{76, 150, 29, 18});
 
   FashionMnist small(FashionMnist::kDebianDir, Split::Test, Compose(), 100);
   CHECK(small.size() == 100);

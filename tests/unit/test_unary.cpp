@@ -102,6 +102,8 @@ TEST_CASE("the activations and pointwise maths of a second model", "[unary]") {
   check_close(eval_at([](const Tensor& t) { return clamp(t, std::nullopt, 0.5); }, pts),
               {-2, -0.5, 0, 0.5, 0.5});
   check_close(eval_at([](const Tensor& t) { return dpar::pow(t, 2.0); }, pts), {4, 0.25, 0, 1, 9});
+  check_close(eval_at([](const Tensor& t) { return dpar::erf(t); }, pts),
+              {-0.99532227f, -0.52049988f, 0.f, 0.84270079f, 0.99997791f}, 2e-7);
   // Gradients where the formulas have kinks or special cases, as PyTorch defines them.
   check_close(grad_at([](const Tensor& t) { return dpar::abs(t); }, {-1.f, 0.f, 2.f}), {-1, 0, 1});
   check_close(grad_at([](const Tensor& t) { return clamp(t, -1.0, 2.0); }, {-1.f, 0.f, 2.f, 3.f}),
@@ -155,6 +157,7 @@ TEST_CASE("unary gradients match finite differences", "[unary][gradcheck]") {
       {"clamp_min", [](const Tensor& t) { return clamp(t, 0.1); }, -2, 2, {0.1}},
       {"pow", [](const Tensor& t) { return dpar::pow(t, 3.0); }, -2, 2, {}},
       {"pow_frac", [](const Tensor& t) { return dpar::pow(t, 0.5); }, 0.5, 3, {}},
+      {"erf", [](const Tensor& t) { return dpar::erf(t); }, -3, 3, {}},
   };
   Generator gen(11);
   for (const Case& c : cases) {

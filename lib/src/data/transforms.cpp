@@ -230,6 +230,19 @@ CenterCrop::CenterCrop(int64_t size) : size_(size) {
   DPAR_CHECK(size > 0, "CenterCrop: size must be positive, got ", size);
 }
 
+Image Grayscale::operator()(Image image, Generator&) const {
+  if (image.channels == 1) return image;
+  check_image(image, "Grayscale");
+  Image grey(image.height, image.width, 1);
+  const int64_t n = image.height * image.width;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* p = image.pixels.data() + i * image.channels;
+    const float l = 0.299f * p[0] + 0.587f * p[1] + 0.114f * p[2];
+    grey.pixels[static_cast<size_t>(i)] = static_cast<uint8_t>(std::min(255.f, l + 0.5f));
+  }
+  return grey;
+}
+
 Image CenterCrop::operator()(Image image, Generator&) const {
   check_image(image, "CenterCrop");
   if (image.height < size_ || image.width < size_) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "infer/graph.h"
+#include "infer/graph_interpreter.h"
 #include "infer/op_executor.h"
 #include "infer/plan.h"
 
@@ -26,6 +27,8 @@ struct Model::Impl {
   std::mutex mutex;
   int threads = 0;
   std::unique_ptr<detail::OpExecutor> on_device;  // set_device(cuda:N); null on the CPU
+  // Graphs outside the planner's CNN set (transformers) run node by node on dpar's ops.
+  std::unique_ptr<detail::GraphInterpreter> interpreter;
 
   // Call with mutex held and the thread count in effect.
   Plan& plan_for(const Shape& shape) {
@@ -41,7 +44,9 @@ struct Model::Impl {
 
   void check_input(const Tensor& x) const {
     DPAR_CHECK(x.defined(), info.path, ": run() got an undefined tensor");
-    const Device where = on_device ? on_device->device() : Device::cpu();
+    const Device where = interpreter ? interpreter->device()
+                         : on_device ? on_device->device()
+                                     : Device::cpu();
     DPAR_CHECK(x.device().is_cpu() || x.device() == where, info.path, ": the model runs on ",
                where.str(), ", got an input on ", x.device().str());
     DPAR_CHECK(x.dtype() == DType::f32, info.path, ": expected a float32 input, got ",
@@ -189,7 +194,22 @@ Model::~Model() = default;
 Model Model::load(const std::string& path) {
   auto impl = std::make_unique<Impl>();
   const detail::Graph graph = detail::load_onnx(path);
-  impl->program = detail::lower(graph);
+  try {
+    impl->program = detail::lower(graph);
+  } catch (const Error&) {
+    // Not a graph the oneDNN planner takes: the interpreter runs it when it knows every op;
+    // otherwise the planner's error (which lists what it cannot run) stands.
+    const bool interpretable = std::all_of(
+        graph.nodes.begin(), graph.nodes.end(),
+        [](const detail::Node& n) { return detail::interpreter_ops().count(n.op) != 0; });
+    if (!interpretable) throw;
+    impl->interpreter = std::make_unique<detail::GraphInterpreter>(graph);
+    impl->program.path = graph.path;
+    impl->program.input_dims = graph.inputs[0].dims;
+    impl->info = make_info(graph, impl->program);
+    impl->info.outputs_probabilities = impl->interpreter->ends_in_softmax();
+    return Model(std::move(impl));
+  }
   // When the file fixes every dimension but the batch, shape errors surface at load.
   Shape probe = impl->program.input_dims;
   if (!probe.empty() && probe[0] < 0) probe[0] = 1;
@@ -204,6 +224,11 @@ const ModelInfo& Model::info() const { return impl_->info; }
 
 Tensor Model::run(const Tensor& input) {
   impl_->check_input(input);
+  if (impl_->interpreter) {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    ThreadScope threads(impl_->threads);
+    return impl_->interpreter->run(input);
+  }
   if (impl_->on_device) {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     return impl_->on_device->run(input);
@@ -216,6 +241,7 @@ Tensor Model::run(const Tensor& input) {
 
 void Model::prepare(const Shape& input_shape) {
   impl_->check_shape(input_shape);
+  if (impl_->interpreter) return;  // nothing to plan
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ThreadScope threads(impl_->threads);
   impl_->plan_for(input_shape);
@@ -223,6 +249,7 @@ void Model::prepare(const Shape& input_shape) {
 
 std::vector<std::string> Model::plan_summary(const Shape& input_shape) {
   impl_->check_shape(input_shape);
+  if (impl_->interpreter) return impl_->interpreter->summary();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   ThreadScope threads(impl_->threads);
   return impl_->plan_for(input_shape).summary();
@@ -236,6 +263,12 @@ void Model::set_device(Device device, DType compute) {
   DPAR_CHECK(compute == DType::f32 || device.is_cuda(), impl_->info.path, ": ", dtype_name(compute),
              " inference runs on a GPU, not on ", device.str());
   std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->interpreter) {
+    DPAR_CHECK(compute == DType::f32, impl_->info.path,
+               ": this model runs on the node-by-node path, which computes in f32");
+    impl_->interpreter->to(device);
+    return;
+  }
   impl_->on_device = device.is_cpu()
                          ? nullptr
                          : std::make_unique<detail::OpExecutor>(impl_->program, device, compute);
@@ -246,6 +279,7 @@ DType Model::compute_dtype() const {
 }
 
 Device Model::device() const {
+  if (impl_->interpreter) return impl_->interpreter->device();
   return impl_->on_device ? impl_->on_device->device() : Device::cpu();
 }
 

@@ -26,6 +26,7 @@ enum class UnaryOp : uint8_t {
   abs,
   clamp,  // a = min, b = max (+-inf for a missing bound)
   pow,    // a = exponent
+  erf,
 };
 
 // The scalar parameters of the ops that have them (see UnaryOp); ignored by the others.

@@ -62,6 +62,7 @@ Tensor leaky_relu(const Tensor& x, double negative_slope) {
   return unary(UnaryOp::leaky_relu, "leaky_relu", x, {static_cast<float>(negative_slope), 0.f});
 }
 Tensor abs(const Tensor& x) { return unary(UnaryOp::abs, "abs", x); }
+Tensor erf(const Tensor& x) { return unary(UnaryOp::erf, "erf", x); }
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
   DPAR_CHECK(min || max, "clamp: give at least one of min and max");
   const float inf = std::numeric_limits<float>::infinity();

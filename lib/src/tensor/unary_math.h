@@ -84,6 +84,7 @@ constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kGeluKappa = 0.044715f;
+constexpr float kSqrt2 = 1.41421356237309504880f;
 
 template <UnaryOp Op>
 DPAR_HOST_DEVICE float unary_value(float x, UnaryArgs args = {}) {
@@ -121,9 +122,11 @@ DPAR_HOST_DEVICE float unary_value(float x, UnaryArgs args = {}) {
   } else if constexpr (Op == UnaryOp::clamp) {
     // NaN stays NaN (PyTorch's clamp propagates it).
     return min_keep_nan(max_keep_nan(x, args.a), args.b);
-  } else {
-    static_assert(Op == UnaryOp::pow);
+  } else if constexpr (Op == UnaryOp::pow) {
     return powf(x, args.a);
+  } else {
+    static_assert(Op == UnaryOp::erf);
+    return fast_erf(x);
   }
 }
 
@@ -174,10 +177,12 @@ DPAR_HOST_DEVICE float unary_grad(float g, float s, UnaryArgs args = {}) {
     return s > 0.f ? g : (s < 0.f ? -g : 0.f);  // sign(x) * g, 0 at 0
   } else if constexpr (Op == UnaryOp::clamp) {
     return s >= args.a && s <= args.b ? g : 0.f;  // PyTorch: passes at the bounds
-  } else {
-    static_assert(Op == UnaryOp::pow);
+  } else if constexpr (Op == UnaryOp::pow) {
     // exponent * x^(exponent - 1), and exactly 0 for exponent 0 (PyTorch's masked_fill).
     return args.a == 0.f ? 0.f : g * args.a * powf(s, args.a - 1.f);
+  } else {
+    static_assert(Op == UnaryOp::erf);
+    return g * (2.f * kInvSqrt2Pi * kSqrt2) * fast_exp(-s * s);  // 2/sqrt(pi) e^(-x^2)
   }
 }
 
@@ -219,6 +224,8 @@ void dispatch_unary(UnaryOp op, Fn&& fn) {
       return fn(std::integral_constant<UnaryOp, UnaryOp::clamp>{});
     case UnaryOp::pow:
       return fn(std::integral_constant<UnaryOp, UnaryOp::pow>{});
+    case UnaryOp::erf:
+      return fn(std::integral_constant<UnaryOp, UnaryOp::erf>{});
   }
 }
 

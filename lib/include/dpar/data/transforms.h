@@ -60,6 +60,13 @@ class RandomHorizontalFlip : public Transform {
   double p_;
 };
 
+// Colour to one grey channel with torchvision's weights (L = 0.299 R + 0.587 G + 0.114 B,
+// rounded to the nearest byte); a grey image passes unchanged. For models of 1 channel.
+class Grayscale : public Transform {
+ public:
+  Image operator()(Image image, Generator& rng) const override;
+};
+
 // The central size x size window (torchvision's rounding); an image smaller than that is
 // padded with zeros first.
 class CenterCrop : public Transform {

@@ -15,6 +15,12 @@
 // HardSwish, HardSigmoid, Sigmoid, Tanh, Clip, Add, Mul, GlobalAveragePool, Flatten, Softmax,
 // Identity, Dropout (inference: a no-op) and Constant.
 //
+// Graphs with other ops - transformers such as the exported ViT: MatMul, LayerNormalization,
+// Reshape, Transpose, Gather, Pad (zeros), Erf, Sub, Div, Sqrt, MaxPool, AveragePool beside the
+// ops above - run node by node on dpar's tensor ops instead (fused attention and layer norm
+// kernels on the CPU; also on a GPU with set_device), f32 only; plan_summary() then lists the
+// nodes.
+//
 // QDQ (int8) models, as export_model --precision int8 writes them: a Conv or Gemm whose data
 // input comes through QuantizeLinear -> DequantizeLinear and whose weight is an int8
 // initializer through DequantizeLinear runs as a oneDNN int8 primitive (u8/s8 source, s8

@@ -24,6 +24,7 @@ Tensor log(const Tensor& x);
 Tensor sqrt(const Tensor& x);
 Tensor square(const Tensor& x);
 Tensor abs(const Tensor& x);
+Tensor erf(const Tensor& x);  // the error function (absolute error ~1e-7 on the CPU)
 // Elementwise min(max(x, min), max); either bound may be left out. The gradient passes where
 // min <= x <= max (PyTorch's convention at the bounds).
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max = {});

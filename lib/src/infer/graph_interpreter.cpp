@@ -1,0 +1,261 @@
+// dpar::infer's node-by-node path (see graph_interpreter.h).
+#include "infer/graph_interpreter.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dpar/autograd/grad_mode.h"
+#include "dpar/tensor/ops.h"
+
+namespace dpar::infer::detail {
+
+const std::set<std::string>& interpreter_ops() {
+  static const std::set<std::string> ops = {"Conv",
+                                            "Gemm",
+                                            "MatMul",
+                                            "Add",
+                                            "Sub",
+                                            "Mul",
+                                            "Div",
+                                            "Erf",
+                                            "Relu",
+                                            "LeakyRelu",
+                                            "Sigmoid",
+                                            "Tanh",
+                                            "Softmax",
+                                            "Flatten",
+                                            "Identity",
+                                            "Dropout",
+                                            "Reshape",
+                                            "Transpose",
+                                            "Pad",
+                                            "Gather",
+                                            "Sqrt",
+                                            "GlobalAveragePool",
+                                            "MaxPool",
+                                            "AveragePool",
+                                            "LayerNormalization",
+                                            "HardSwish",
+                                            "HardSigmoid"};
+  return ops;
+}
+
+namespace {
+
+std::vector<int64_t> ints_of(const Tensor& t) { return t.to(Device::cpu()).to_int_vector(); }
+
+// The constant (initializer) input i of node, or a dpar::Error naming the node.
+const Tensor& constant_input(const Node& n, size_t i,
+                             const std::map<std::string, Tensor>& constants, const char* what) {
+  DPAR_CHECK(i < n.inputs.size() && constants.count(n.inputs[i]), n.label(), ": its ", what,
+             " (input ", i, ") must be a constant initializer");
+  return constants.at(n.inputs[i]);
+}
+
+Tensor softmax_last(const Tensor& x, int64_t axis) {
+  return softmax(x, axis < 0 ? axis + x.dim() : axis);
+}
+
+}  // namespace
+
+GraphInterpreter::GraphInterpreter(const Graph& g) : path_(g.path), nodes_(g.nodes) {
+  std::vector<std::string> unsupported;
+  for (const Node& n : g.nodes) {
+    if (!interpreter_ops().count(n.op)) unsupported.push_back(n.label());
+  }
+  if (!unsupported.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unsupported.size() && i < 8; ++i)
+      list += (i ? ", " : "") + unsupported[i];
+    DPAR_FAIL(g.path, ": unsupported op(s) ", list, unsupported.size() > 8 ? ", ..." : "",
+              "; dpar::infer runs ", interpreter_ops().size(), " ops (see dpar/infer/runtime.h)");
+  }
+  DPAR_CHECK(g.inputs.size() == 1 && g.outputs.size() == 1, g.path,
+             ": expected one input and one output");
+  input_ = g.inputs[0].name;
+  output_ = g.outputs[0];
+  for (const auto& [name, t] : g.initializers) constants_[name] = t;
+  for (const Node& n : nodes_) {
+    if (n.op == "Reshape") constant_input(n, 1, constants_, "shape");
+    if (n.op == "Pad") {
+      constant_input(n, 1, constants_, "pads");
+      DPAR_CHECK(n.get_string("mode", "constant") == "constant", n.label(),
+                 ": only constant padding is supported");
+      const bool zero_value =
+          n.inputs.size() < 3 || n.inputs[2].empty() ||
+          (constants_.count(n.inputs[2]) &&
+           constants_.at(n.inputs[2]).to_float_vector() == std::vector<float>{0.f});
+      DPAR_CHECK(zero_value, n.label(), ": only zero padding is supported");
+    }
+    if (n.op == "Gather") constant_input(n, 1, constants_, "indices");
+    if (n.op == "Conv") {
+      const auto pads = n.get_ints("pads", {0, 0, 0, 0});
+      DPAR_CHECK(pads.size() == 4 && pads[0] == pads[2] && pads[1] == pads[3], n.label(),
+                 ": asymmetric padding is not supported");
+      DPAR_CHECK(n.get_string("auto_pad", "NOTSET") == "NOTSET", n.label(),
+                 ": auto_pad is not supported");
+    }
+    if (n.op == "Gemm") {
+      DPAR_CHECK(n.get_int("transA", 0) == 0 && n.get_float("alpha", 1.f) == 1.f &&
+                     n.get_float("beta", 1.f) == 1.f,
+                 n.label(), ": only Gemm with transA 0, alpha 1, beta 1 is supported");
+    }
+  }
+}
+
+void GraphInterpreter::to(Device device) {
+  for (auto& [name, t] : constants_) t = t.to(device);
+  device_ = device;
+}
+
+bool GraphInterpreter::ends_in_softmax() const {
+  for (const Node& n : nodes_) {
+    if (!n.outputs.empty() && n.outputs[0] == output_) return n.op == "Softmax";
+  }
+  return false;
+}
+
+std::vector<std::string> GraphInterpreter::summary() const {
+  std::vector<std::string> lines;
+  for (const Node& n : nodes_) lines.push_back("interpreted: " + n.label());
+  return lines;
+}
+
+Tensor GraphInterpreter::run(const Tensor& input) const {
+  NoGradGuard no_grad;
+  std::map<std::string, Tensor> values;
+  values[input_] = input.to(device_);
+  for (const Node& n : nodes_) {
+    std::vector<Tensor> in;
+    for (const std::string& name : n.inputs) {
+      if (name.empty()) {
+        in.emplace_back();
+        continue;
+      }
+      auto v = values.find(name);
+      if (v != values.end()) {
+        in.push_back(v->second);
+        continue;
+      }
+      auto c = constants_.find(name);
+      DPAR_CHECK(c != constants_.end(), path_, ": ", n.label(), " reads '", name,
+                 "', which no node or initializer produces");
+      in.push_back(c->second);
+    }
+    try {
+      values[n.outputs[0]] = eval(n, in);
+    } catch (const Error& e) {
+      DPAR_FAIL(path_, ": ", n.label(), ": ", e.what());
+    }
+  }
+  return values.at(output_).contiguous();
+}
+
+Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) const {
+  const std::string& op = n.op;
+  if (op == "Identity" || op == "Dropout") return in[0];
+  if (op == "Add") return add(in[0], in[1]);
+  if (op == "Sub") return sub(in[0], in[1]);
+  if (op == "Mul") return mul(in[0], in[1]);
+  if (op == "Div") return div(in[0], in[1]);
+  if (op == "Erf") return erf(in[0]);
+  if (op == "Sqrt") return sqrt(in[0]);
+  if (op == "Relu") return relu(in[0]);
+  if (op == "LeakyRelu") return leaky_relu(in[0], n.get_float("alpha", 0.01f));
+  if (op == "Sigmoid") return sigmoid(in[0]);
+  if (op == "Tanh") return dpar::tanh(in[0]);
+  if (op == "HardSwish") return hardswish(in[0]);
+  if (op == "HardSigmoid") {
+    const float alpha = n.get_float("alpha", 0.2f), beta = n.get_float("beta", 0.5f);
+    return clamp(add(mul(in[0], alpha), beta), 0.0, 1.0);
+  }
+  if (op == "MatMul") return matmul(in[0], in[1]);
+  if (op == "Gemm") {
+    const Tensor w = n.get_int("transB", 0) ? in[1] : in[1].transpose(0, 1);
+    return linear(in[0], w, in.size() > 2 ? in[2] : Tensor());
+  }
+  if (op == "Softmax") return softmax_last(in[0], n.get_int("axis", -1));
+  if (op == "Flatten") return in[0].flatten(n.get_int("axis", 1) == 0 ? 0 : n.get_int("axis", 1));
+  if (op == "GlobalAveragePool") return global_avg_pool2d(in[0]);
+  if (op == "LayerNormalization") {
+    const int64_t axis = n.get_int("axis", -1);
+    const int64_t first = axis < 0 ? axis + in[0].dim() : axis;
+    const Shape normalized(in[0].shape().begin() + first, in[0].shape().end());
+    return layer_norm(in[0], normalized, in[1], in.size() > 2 ? in[2] : Tensor(),
+                      n.get_float("epsilon", 1e-5f));
+  }
+  if (op == "Reshape") {
+    Shape shape = ints_of(in[1]);
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 0) shape[d] = in[0].size(static_cast<int64_t>(d));  // 0: keep (allowzero 0)
+    }
+    return in[0].reshape(shape);
+  }
+  if (op == "Transpose") {
+    Shape perm = n.get_ints("perm", {});
+    if (perm.empty()) {
+      for (int64_t d = in[0].dim() - 1; d >= 0; --d) perm.push_back(d);
+    }
+    return in[0].permute(perm);
+  }
+  if (op == "Gather") {
+    const int64_t axis = n.get_int("axis", 0);
+    const Tensor idx = in[1].to(device_);
+    if (idx.dim() == 0) {
+      int64_t i = ints_of(idx)[0];
+      if (i < 0) i += in[0].size(axis);
+      return in[0].select(axis, i);
+    }
+    return index_select(in[0], axis, idx.reshape({idx.numel()}));
+  }
+  if (op == "Pad") {
+    const std::vector<int64_t> pads = ints_of(in[1]);
+    const int64_t r = in[0].dim();
+    DPAR_CHECK(static_cast<int64_t>(pads.size()) == 2 * r, "pads has ", pads.size(),
+               " values for a rank-", r, " input");
+    Tensor x = in[0];
+    for (int64_t d = 0; d < r; ++d) {
+      const int64_t before = pads[static_cast<size_t>(d)], after = pads[static_cast<size_t>(d + r)];
+      DPAR_CHECK(before >= 0 && after >= 0, "negative pads are not supported");
+      if (before == 0 && after == 0) continue;
+      std::vector<Tensor> parts;
+      Shape zs = x.shape();
+      if (before > 0) {
+        zs[static_cast<size_t>(d)] = before;
+        parts.push_back(Tensor::zeros(zs, DType::f32, x.device()));
+      }
+      parts.push_back(x);
+      if (after > 0) {
+        zs[static_cast<size_t>(d)] = after;
+        parts.push_back(Tensor::zeros(zs, DType::f32, x.device()));
+      }
+      x = cat(parts, d);
+    }
+    return x;
+  }
+  if (op == "Conv") {
+    const auto strides = n.get_ints("strides", {1, 1});
+    const auto pads = n.get_ints("pads", {0, 0, 0, 0});
+    const auto dil = n.get_ints("dilations", {1, 1});
+    Conv2dOptions o;
+    o.stride = {strides[0], strides[1]};
+    o.padding = {pads[0], pads[1]};
+    o.dilation = {dil[0], dil[1]};
+    o.groups = n.get_int("group", 1);
+    return conv2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), o);
+  }
+  if (op == "MaxPool" || op == "AveragePool") {
+    const auto k = n.get_ints("kernel_shape", {});
+    const auto s = n.get_ints("strides", k);
+    const auto p = n.get_ints("pads", {0, 0, 0, 0});
+    DPAR_CHECK(k.size() == 2 && p.size() == 4 && p[0] == p[2] && p[1] == p[3],
+               "2-D pooling with symmetric padding only");
+    const bool ceil = n.get_int("ceil_mode", 0) != 0;
+    if (op == "MaxPool") return max_pool2d(in[0], {k[0], k[1]}, {s[0], s[1]}, {p[0], p[1]}, ceil);
+    return avg_pool2d(in[0], {k[0], k[1]}, {s[0], s[1]}, {p[0], p[1]}, ceil,
+                      n.get_int("count_include_pad", 0) != 0);
+  }
+  DPAR_FAIL("internal: no interpreter case for ", op);
+}
+
+}  // namespace dpar::infer::detail
