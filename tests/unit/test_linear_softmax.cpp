@@ -108,15 +108,19 @@ TEST_CASE("linear and matmul argument errors", "[linear][errors]") {
   Tensor a = Tensor::ones({2, 3});
   CHECK_THROWS_WITH(matmul(a, Tensor::ones({4, 2})),
                     Catch::Contains("matmul: inner dimensions differ: [2,3] x [4,2]"));
-  CHECK_THROWS_WITH(matmul(Tensor::ones({2, 3, 1}), a), Catch::Contains("must be 2-D"));
+  // N-d operands broadcast their batch dims (tests/unit/test_shape_ops.cpp); the inner
+  // dimensions must still agree.
+  CHECK_THROWS_WITH(matmul(Tensor::ones({2, 3, 1}), a), Catch::Contains("inner dimensions differ"));
   CHECK_THROWS_WITH(matmul(a, Tensor::ones({3, 2}, DType::i64)),
-                    Catch::Contains("matmul: second operand must be f32"));
+                    Catch::Contains("matmul: operands must be f32"));
   CHECK_THROWS_WITH(linear(a, Tensor::ones({4, 5})),
                     Catch::Contains("linear: input [2,3] has 3 features but weight [4,5]"));
   CHECK_THROWS_WITH(linear(a, Tensor::ones({4, 3}), Tensor::ones({3})),
                     Catch::Contains("linear: bias shape [3] does not match weight [4,3]"));
-  CHECK_THROWS_WITH(linear(Tensor::ones({3}), Tensor::ones({4, 3})),
-                    Catch::Contains("linear: input must be 2-D, got shape [3]"));
+  // Leading dims are batch dims, and a 1-D input is one sample (torch's rules).
+  CHECK(linear(Tensor::ones({3}), Tensor::ones({4, 3})).shape() == Shape{4});
+  CHECK_THROWS_WITH(linear(Tensor::ones({2, 5}), Tensor::ones({4, 3})),
+                    Catch::Contains("has 5 features but weight [4,3]"));
 }
 
 TEST_CASE("softmax and log_softmax values", "[softmax]") {

@@ -8,6 +8,7 @@
 #include <array>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,9 @@ struct Program {
   Shape input_dims;  // declared, -1 = dynamic
   std::vector<Op> ops;
 };
+
+// The ops the oneDNN planner runs (the rest go to the node-by-node interpreter).
+const std::set<std::string>& planner_ops();
 
 // Validates the graph and lowers it. Throws one dpar::Error per problem class, listing every
 // instance (all unsupported ops, all missing tensors).

@@ -75,6 +75,24 @@ GraphInterpreter::GraphInterpreter(const Graph& g) : path_(g.path), nodes_(g.nod
   input_ = g.inputs[0].name;
   output_ = g.outputs[0];
   for (const auto& [name, t] : g.initializers) constants_[name] = t;
+  // Every input must come from the graph input, an initializer or an earlier node.
+  std::set<std::string> known{input_};
+  for (const auto& [name, t] : constants_) known.insert(name);
+  std::vector<std::string> missing;
+  for (const Node& n : nodes_) {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (!n.inputs[i].empty() && !known.count(n.inputs[i])) {
+        missing.push_back("'" + n.inputs[i] + "' (input " + std::to_string(i) + " of " + n.label() +
+                          ")");
+      }
+    }
+    for (const std::string& out : n.outputs) known.insert(out);
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
+    DPAR_FAIL(g.path, ": missing tensors ", list, missing.size() > 8 ? ", ..." : "");
+  }
   for (const Node& n : nodes_) {
     if (n.op == "Reshape") constant_input(n, 1, constants_, "shape");
     if (n.op == "Pad") {

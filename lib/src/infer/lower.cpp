@@ -10,9 +10,7 @@
 
 namespace dpar::infer::detail {
 
-namespace {
-
-const std::set<std::string>& supported_ops() {
+const std::set<std::string>& planner_ops() {
   static const std::set<std::string> ops = {"Conv",
                                             "BatchNormalization",
                                             "Gemm",
@@ -34,6 +32,8 @@ const std::set<std::string>& supported_ops() {
                                             "DequantizeLinear"};
   return ops;
 }
+
+namespace {
 
 std::string join(const std::vector<std::string>& items, size_t limit) {
   std::string out;
@@ -85,7 +85,7 @@ class Lowering {
                " is not supported (dpar::infer reads opset 7 and later)");
     std::vector<std::string> bad;
     for (const Node& n : g_.nodes) {
-      if (!supported_ops().count(n.op)) bad.push_back(n.op + " (node '" + n.name + "')");
+      if (!planner_ops().count(n.op)) bad.push_back(n.op + " (node '" + n.name + "')");
     }
     DPAR_CHECK(bad.empty(), g_.path, ": unsupported ONNX ops: ", join(bad, 20));
   }
