@@ -198,6 +198,8 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
   if (op == "LayerNormalization") {
     const int64_t axis = n.get_int("axis", -1);
     const int64_t first = axis < 0 ? axis + in[0].dim() : axis;
+    DPAR_CHECK(first >= 0 && first < in[0].dim(), "axis ", axis, " is outside a rank-", in[0].dim(),
+               " input");
     const Shape normalized(in[0].shape().begin() + first, in[0].shape().end());
     return layer_norm(in[0], normalized, in[1], in.size() > 2 ? in[2] : Tensor(),
                       n.get_float("epsilon", 1e-5f));
@@ -206,6 +208,9 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
     Shape shape = ints_of(in[1]);
     for (size_t d = 0; d < shape.size(); ++d) {
       if (shape[d] == 0) shape[d] = in[0].size(static_cast<int64_t>(d));  // 0: keep (allowzero 0)
+      // Bounded before any product is formed: a file's shape must not overflow the count.
+      DPAR_CHECK(shape[d] >= -1 && shape[d] <= std::max<int64_t>(1, in[0].numel()), "shape ", shape,
+                 " does not fit an input of ", in[0].numel(), " elements");
     }
     return in[0].reshape(shape);
   }
@@ -235,6 +240,13 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
     for (int64_t d = 0; d < r; ++d) {
       const int64_t before = pads[static_cast<size_t>(d)], after = pads[static_cast<size_t>(d + r)];
       DPAR_CHECK(before >= 0 && after >= 0, "negative pads are not supported");
+      // A file's pads must not make the interpreter allocate without bound.
+      constexpr int64_t kMaxPadded = int64_t{1} << 28;
+      DPAR_CHECK(before <= kMaxPadded && after <= kMaxPadded &&
+                     (x.numel() / std::max<int64_t>(1, x.size(d))) * (x.size(d) + before + after) <=
+                         kMaxPadded,
+                 "pads ", before, "/", after, " on dim ", d, " of ", x.shape(),
+                 " give more than 2^28 elements");
       if (before == 0 && after == 0) continue;
       std::vector<Tensor> parts;
       Shape zs = x.shape();
@@ -255,6 +267,8 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
     const auto strides = n.get_ints("strides", {1, 1});
     const auto pads = n.get_ints("pads", {0, 0, 0, 0});
     const auto dil = n.get_ints("dilations", {1, 1});
+    DPAR_CHECK(strides.size() == 2 && dil.size() == 2 && pads.size() == 4,
+               "2-D convolution attributes expected (strides, dilations: 2 values; pads: 4)");
     Conv2dOptions o;
     o.stride = {strides[0], strides[1]};
     o.padding = {pads[0], pads[1]};
@@ -266,7 +280,7 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
     const auto k = n.get_ints("kernel_shape", {});
     const auto s = n.get_ints("strides", k);
     const auto p = n.get_ints("pads", {0, 0, 0, 0});
-    DPAR_CHECK(k.size() == 2 && p.size() == 4 && p[0] == p[2] && p[1] == p[3],
+    DPAR_CHECK(k.size() == 2 && s.size() == 2 && p.size() == 4 && p[0] == p[2] && p[1] == p[3],
                "2-D pooling with symmetric padding only");
     const bool ceil = n.get_int("ceil_mode", 0) != 0;
     if (op == "MaxPool") return max_pool2d(in[0], {k[0], k[1]}, {s[0], s[1]}, {p[0], p[1]}, ceil);
