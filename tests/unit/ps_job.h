@@ -27,11 +27,12 @@ struct Job {
 
   Job(int num_servers, int num_trainers, milliseconds timeout = milliseconds(20000),
       const std::string& token = "secret", std::function<void(const std::string&)> log = quiet) {
-    for (int s = 0; s < num_servers; ++s)
-      endpoints.push_back("127.0.0.1:" + std::to_string(free_port()));
+    // Port 0: each server binds a free port itself and endpoint() names it. Picking ports
+    // ahead with free_port() raced with parallel tests (and could return one port twice).
     for (int s = 0; s < num_servers; ++s) {
-      servers.push_back(std::make_unique<ps::Server>(ps::ServerOptions{
-          endpoints[static_cast<size_t>(s)], s, num_servers, num_trainers, token, timeout, log}));
+      servers.push_back(std::make_unique<ps::Server>(
+          ps::ServerOptions{"127.0.0.1:0", s, num_servers, num_trainers, token, timeout, log}));
+      endpoints.push_back(servers.back()->endpoint());
     }
     for (auto& server : servers) {
       threads.emplace_back([this, srv = server.get()] {
