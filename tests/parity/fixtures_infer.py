@@ -19,6 +19,7 @@ BN folding would be the identity and prove nothing). Files written to DIR/infer/
   unsupported.onnx             valid graph with LSTM 'lstm_1', Resize 'up' and
                                com.microsoft FusedConv 'fc' nodes (built with onnx.helper)
   missing_init.onnx            a Conv whose weight 'w_missing' is no initializer
+  dangling_output.onnx         a MatMul graph whose declared output no node produces
   bad_shape.onnx               input [N,3,8,8] into a Conv 'conv' with weight [4,5,1,1]
   dropout.onnx                 input [N,4] -> Dropout (ratio and training_mode=False as
                                initializers) -> Identity -> Relu: inference computes relu(x)
@@ -131,6 +132,14 @@ def bad_models(out):
     graph = helper.make_graph(nodes, "missing", [x], [y], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     onnx.save(model, os.path.join(out, "missing_init.onnx"))
+
+    # A graph for the node-by-node path (MatMul) whose declared output no node produces: the
+    # interpreter used to look the output up with map::at (found by fuzz_onnx_model).
+    m = helper.make_tensor("m", TensorProto.FLOAT, [8, 2], [0.25] * 16)
+    nodes = [helper.make_node("MatMul", ["x", "m"], ["z"], name="mm")]
+    graph = helper.make_graph(nodes, "dangling", [x], [y], [m])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    onnx.save(model, os.path.join(out, "dangling_output.onnx"))
 
     w5 = helper.make_tensor("w5", TensorProto.FLOAT, [4, 5, 1, 1], [0.5] * 20)
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w5"], ["y"], name="conv")],

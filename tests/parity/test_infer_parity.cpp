@@ -237,6 +237,14 @@ TEST_CASE("a missing initializer is named with the node that needs it") {
   CHECK(err.find("'w_missing' (input 1 of Conv 'conv1')") != std::string::npos);
 }
 
+TEST_CASE("a graph output no node produces is an error at load, not a crash") {
+  // Found by fuzz_onnx_model: the node-by-node path looked the output up with map::at.
+  const std::string err = error_of([&] { infer::Model::load(model_path("dangling_output.onnx")); });
+  INFO(err);
+  CHECK(err.find("dangling_output.onnx: the graph output 'y' is not produced") !=
+        std::string::npos);
+}
+
 TEST_CASE("shapes that do not fit are reported at load when the input shape is fixed") {
   const std::string err = error_of([&] { infer::Model::load(model_path("bad_shape.onnx")); });
   INFO(err);

@@ -86,8 +86,12 @@ GraphInterpreter::GraphInterpreter(const Graph& g) : path_(g.path), nodes_(g.nod
                           ")");
       }
     }
+    DPAR_CHECK(!n.outputs.empty() && !n.outputs[0].empty(), g.path, ": ", n.label(),
+               " has no output");
     for (const std::string& out : n.outputs) known.insert(out);
   }
+  DPAR_CHECK(known.count(output_), g.path, ": the graph output '", output_,
+             "' is not produced by any node, initializer or input");
   if (!missing.empty()) {
     std::string list;
     for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
@@ -166,7 +170,11 @@ Tensor GraphInterpreter::run(const Tensor& input) const {
       DPAR_FAIL(path_, ": ", n.label(), ": ", e.what());
     }
   }
-  return values.at(output_).contiguous();
+  auto out = values.find(output_);
+  if (out != values.end()) return out->second.contiguous();
+  auto c = constants_.find(output_);
+  DPAR_CHECK(c != constants_.end(), path_, ": the graph output '", output_, "' was not computed");
+  return c->second.contiguous();
 }
 
 Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) const {
