@@ -30,6 +30,18 @@ inline Tensor random_tensor(const Shape& shape, Generator& gen, float lo = -1.f,
   return t;
 }
 
+// Distinct values 0.1 apart (offset by lo) in a random order from seed: a finite-difference
+// step never changes which of them is largest (max/min reductions, max pooling).
+inline Tensor distinct_values(const Shape& shape, uint64_t seed, float lo = -1.f,
+                              MemoryFormat format = MemoryFormat::Contiguous) {
+  const auto order = data::random_permutation(static_cast<size_t>(shape_numel(shape)), seed);
+  std::vector<float> v;
+  for (size_t k : order) v.push_back(0.1f * static_cast<float>(k) + lo);
+  Tensor t = Tensor::empty(shape, DType::f32, Device::cpu(), format);
+  t.copy_(Tensor::from_vector(v, shape));
+  return t;
+}
+
 // Checks d(sum(w * f(inputs)))/d(inputs) against central differences.
 inline void gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                       std::vector<Tensor> inputs, const GradcheckOptions& opt = {}) {

@@ -21,14 +21,6 @@ Tensor f32(const std::vector<float>& v, const Shape& shape) {
   return Tensor::from_vector(v, shape);
 }
 
-// Values 0.1 apart in a random order: a finite-difference step never changes which is largest.
-Tensor spread(const Shape& shape, uint64_t seed) {
-  const auto order = data::random_permutation(static_cast<size_t>(shape_numel(shape)), seed);
-  std::vector<float> v;
-  for (size_t k : order) v.push_back(0.1f * static_cast<float>(k) - 1.f);
-  return Tensor::from_vector(v, shape);
-}
-
 std::vector<int64_t> ints(const Tensor& t) { return t.to(DType::i64).to_int_vector(); }
 
 }  // namespace
@@ -145,11 +137,11 @@ TEST_CASE("max and min over a dim give values, first indices and a routed gradie
 
   for (int dim : {0, 1, 2}) {
     gradcheck([&](const std::vector<Tensor>& in) { return max(in[0], dim).values; },
-              {spread({3, 4, 5}, 10 + dim).set_requires_grad()});
+              {dpar::testing::distinct_values({3, 4, 5}, 10 + dim).set_requires_grad()});
     gradcheck([&](const std::vector<Tensor>& in) { return min(in[0], dim, true).values; },
-              {spread({3, 4, 5}, 20 + dim).set_requires_grad()});
+              {dpar::testing::distinct_values({3, 4, 5}, 20 + dim).set_requires_grad()});
   }
   gradcheck([&](const std::vector<Tensor>& in) { return max(in[0]); },
-            {spread({4, 5}, 30).set_requires_grad()});
+            {dpar::testing::distinct_values({4, 5}, 30).set_requires_grad()});
   CHECK_THROWS_WITH(max(x, 2), Contains("dimension 2 out of range"));
 }

@@ -18,15 +18,6 @@ Tensor ramp() {
   return Tensor::from_vector(v, {1, 1, 4, 4});
 }
 
-// Distinct values 0.1 apart in random order (max pooling's choice survives a finite step).
-Tensor spread(const Shape& shape, uint64_t seed, MemoryFormat format = MemoryFormat::Contiguous) {
-  const auto order = data::random_permutation(static_cast<size_t>(shape_numel(shape)), seed);
-  std::vector<float> v;
-  for (size_t k : order) v.push_back(0.1f * static_cast<float>(k) - 2.f);
-  Tensor t = Tensor::empty(shape, DType::f32, Device::cpu(), format);
-  t.copy_(Tensor::from_vector(v, shape));
-  return t;
-}
 }  // namespace
 
 TEST_CASE("pooling values and output sizes follow torch", "[pool]") {
@@ -51,7 +42,8 @@ TEST_CASE("pooling values and output sizes follow torch", "[pool]") {
   CHECK(a.to_float_vector() == std::vector<float>{3.5, 7.5, 11.5});
   CHECK(adaptive_avg_pool2d(x, {1}).item() == Approx(7.5));
   // Channels-last in, channels-last out, same values.
-  const Tensor cl = spread({2, 3, 5, 5}, 1, MemoryFormat::ChannelsLast);
+  const Tensor cl =
+      dpar::testing::distinct_values({2, 3, 5, 5}, 1, -2.f, MemoryFormat::ChannelsLast);
   CHECK(max_pool2d(cl, {2}).is_contiguous(MemoryFormat::ChannelsLast));
   CHECK(max_pool2d(cl, {2}).to_float_vector() ==
         max_pool2d(cl.contiguous(), {2}).to_float_vector());
@@ -65,9 +57,9 @@ TEST_CASE("pooling gradients match finite differences", "[pool][gradcheck]") {
   for (const MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
     INFO("channels-last " << (format == MemoryFormat::ChannelsLast));
     gradcheck([](const std::vector<Tensor>& in) { return max_pool2d(in[0], {3}, {2}, {1}); },
-              {spread({2, 2, 5, 6}, 2, format).set_requires_grad()});
+              {dpar::testing::distinct_values({2, 2, 5, 6}, 2, -2.f, format).set_requires_grad()});
     gradcheck([](const std::vector<Tensor>& in) { return max_pool2d(in[0], {3}, {2}, {0}, true); },
-              {spread({1, 2, 6, 6}, 3, format).set_requires_grad()});
+              {dpar::testing::distinct_values({1, 2, 6, 6}, 3, -2.f, format).set_requires_grad()});
     Generator gen(4);
     gradcheck(
         [](const std::vector<Tensor>& in) { return avg_pool2d(in[0], {3}, {2}, {1}, true, false); },

@@ -195,12 +195,7 @@ void Linear::reset_parameters(Generator& gen) {
 Tensor Linear::forward(const Tensor& input) {
   DPAR_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear: expected input [...,",
              in_features, "], got ", input.shape());
-  if (input.dim() == 2) return linear(input, weight, bias);
-  // Leading dimensions are batch dimensions, as in torch.
-  Shape out_shape = input.shape();
-  out_shape.back() = out_features;
-  Tensor y = linear(input.reshape({-1, in_features}), weight, bias);
-  return y.reshape(out_shape);
+  return linear(input, weight, bias);  // leading dims are batch dims (the op flattens them)
 }
 
 std::string Linear::extra_repr() const {
