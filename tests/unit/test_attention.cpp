@@ -99,6 +99,67 @@ TEST_CASE("attention gradients match finite differences", "[attention][gradcheck
       inputs(3, 3));
 }
 
+TEST_CASE("attention on head views of one projection: token-major results, gradients in place",
+          "[attention][gradcheck]") {
+  Generator gen(4);
+  // Heads split from a [N, L, 3 * H * D] projection: strided [N, H, L, D] views, no copies.
+  auto heads = [](const Tensor& packed, int64_t part) {
+    return chunk(packed, 3, -1)[static_cast<size_t>(part)].reshape({2, 4, 2, 3}).transpose(1, 2);
+  };
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        const Tensor out = scaled_dot_product_attention(heads(in[0], 0), heads(in[0], 1),
+                                                        heads(in[0], 2), {}, 0.0, true);
+        // The result is laid out token-major: heads back beside the features is a view.
+        CHECK(out.transpose(1, 2).is_contiguous());
+        return out.transpose(1, 2).reshape({2, 4, 6});
+      },
+      {random_tensor({2, 4, 18}, gen).set_requires_grad()});
+}
+
+TEST_CASE("packed_self_attention equals attention on the split heads", "[attention][gradcheck]") {
+  Generator gen(5);
+  const int64_t n = 2, l = 5, heads = 3, d = 4, e = heads * d;
+  const Tensor qkv = random_tensor({n, l, 3 * e}, gen);
+  // The same maths by hand: split q, k, v, split heads, attend, merge heads.
+  auto by_hand = [&](const Tensor& packed, const Tensor& mask, bool causal) {
+    const auto parts = chunk(packed, 3, -1);
+    auto split = [&](const Tensor& t) { return t.reshape({n, l, heads, d}).transpose(1, 2); };
+    return reference(split(parts[0]), split(parts[1]), split(parts[2]),
+                     causal ? causal_additive(l, l) : mask, 1.0 / std::sqrt(double(d)))
+        .transpose(1, 2)
+        .reshape({n, l, e});
+  };
+  const Tensor out = packed_self_attention(qkv, heads);
+  REQUIRE(out.shape() == Shape{n, l, e});
+  CHECK(max_rel_error(out.to_float_vector(), by_hand(qkv, {}, false).to_float_vector()) < 1e-4);
+  CHECK(max_rel_error(packed_self_attention(qkv, heads, {}, 0.0, true).to_float_vector(),
+                      by_hand(qkv, {}, true).to_float_vector()) < 1e-4);
+  // A key-padding style mask [N, 1, 1, L] broadcast over heads and queries.
+  std::vector<float> pad(static_cast<size_t>(n * l), 0.f);
+  pad[3] = pad[4] = pad[9] = -INFINITY;
+  const Tensor mask = Tensor::from_vector(pad, {n, 1, 1, l});
+  CHECK(max_rel_error(packed_self_attention(qkv, heads, mask).to_float_vector(),
+                      by_hand(qkv, mask, false).to_float_vector()) < 1e-4);
+  gradcheck(
+      [&](const std::vector<Tensor>& in) { return packed_self_attention(in[0], heads, mask); },
+      {random_tensor({n, l, 3 * e}, gen).set_requires_grad()});
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return packed_self_attention(in[0], heads, {}, 0.0, true);
+      },
+      {random_tensor({n, l, 3 * e}, gen).set_requires_grad()});
+  // Attention dropout runs the op chain; p = 0.5 with a fixed generator is a fixed mask.
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        Generator g(9);
+        return packed_self_attention(in[0], heads, {}, 0.5, false, g);
+      },
+      {random_tensor({n, l, 3 * e}, gen).set_requires_grad()});
+  CHECK_THROWS_WITH(packed_self_attention(random_tensor({2, 5, 10}, gen), 3),
+                    Contains("qkv must be an f32 tensor [N, L, 3 * E]"));
+}
+
 TEST_CASE("attention argument errors name the tensors", "[attention]") {
   const Tensor q = Tensor::zeros({2, 3, 4}), k = Tensor::zeros({2, 5, 4});
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, Tensor::zeros({2, 5, 3}), k),

@@ -87,23 +87,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
              value.shape(), " disagree in batch size or key length");
   const int64_t n = q.size(0), l = q.size(1), s = k.size(1), d = embed_dim / num_heads;
 
-  Tensor qp, kp, vp;
-  if (query.is_same(key) && key.is_same(value)) {
-    // Self-attention: one product with the packed [3E, E] weight.
-    const auto parts = chunk(linear(q, in_proj_weight, in_proj_bias), 3, -1);
-    qp = parts[0];
-    kp = parts[1];
-    vp = parts[2];
-  } else {
-    const auto w = chunk(in_proj_weight, 3, 0);
-    const auto b = in_proj_bias.defined() ? chunk(in_proj_bias, 3, 0) : std::vector<Tensor>(3);
-    qp = linear(q, w[0], b[0]);
-    kp = linear(k, w[1], b[1]);
-    vp = linear(v, w[2], b[2]);
-  }
-  auto heads = [&](const Tensor& t, int64_t len) {
-    return t.reshape({n, len, num_heads, d}).transpose(1, 2);  // [N, H, len, d]
-  };
+  const bool self_attention = query.is_same(key) && key.is_same(value);
 
   Tensor mask;
   if (attn_mask.defined()) {
@@ -136,9 +120,24 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
     causal = false;
   }
   const double p = is_training() ? dropout : 0.0;
-  Tensor out = scaled_dot_product_attention(heads(qp, l), heads(kp, s), heads(vp, s), mask, p,
-                                            causal, std::nullopt, *gen_);
-  out = out_proj->forward(out.transpose(1, 2).reshape({n, l, embed_dim}));
+  Tensor out;
+  if (self_attention) {
+    // One product with the packed [3E, E] weight; the attention reads its heads in place.
+    out = packed_self_attention(linear(q, in_proj_weight, in_proj_bias), num_heads, mask, p, causal,
+                                *gen_);
+  } else {
+    const auto w = chunk(in_proj_weight, 3, 0);
+    const auto b = in_proj_bias.defined() ? chunk(in_proj_bias, 3, 0) : std::vector<Tensor>(3);
+    auto heads = [&](const Tensor& t, int64_t len) {
+      return t.reshape({n, len, num_heads, d}).transpose(1, 2);  // [N, H, len, d]
+    };
+    out = scaled_dot_product_attention(
+              heads(linear(q, w[0], b[0]), l), heads(linear(k, w[1], b[1]), s),
+              heads(linear(v, w[2], b[2]), s), mask, p, causal, std::nullopt, *gen_)
+              .transpose(1, 2)
+              .reshape({n, l, embed_dim});
+  }
+  out = out_proj->forward(out);
   return batch_first ? out : out.transpose(0, 1);
 }
 

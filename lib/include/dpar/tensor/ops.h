@@ -220,6 +220,15 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                                     bool is_causal = false,
                                     std::optional<double> scale = std::nullopt,
                                     Generator& gen = default_generator());
+// Self-attention from one packed projection, as MultiheadAttention runs it: qkv [N, L, 3E]
+// holds q, k and v side by side (each E = num_heads * D wide, heads outermost within each), the
+// result is [N, L, E] with the heads concatenated - scaled_dot_product_attention on the heads
+// of q, k, v, transposed back and merged. On the CPU the fused kernel reads the heads straight
+// out of qkv and writes the merged result and the packed gradient, so no head is copied;
+// attn_mask broadcasts to [N, num_heads, L, L].
+Tensor packed_self_attention(const Tensor& qkv, int64_t num_heads, const Tensor& attn_mask = {},
+                             double dropout_p = 0.0, bool is_causal = false,
+                             Generator& gen = default_generator());
 
 // ---- in-place updates, not recorded (optimizers, init) ---------------------------------------
 Tensor& add_(Tensor& self, const Tensor& other, double alpha = 1.0);  // self += alpha * other

@@ -56,63 +56,87 @@ void softmax_row(float* row, const float* mask, int64_t visible, int64_t lk) {
   softmax_row_baseline(row, mask, visible, lk);
 }
 
+// Slice b = n * H + h of a [N, H, L, D] operand with unit stride along D: its first element
+// and the distance between its rows.
+template <typename T>
+struct Slices {
+  T* base;
+  int64_t heads, stride_n, stride_h, ld;
+  Slices(const Tensor& t, T* data)
+      : base(data),
+        heads(t.size(1)),
+        stride_n(t.stride(0)),
+        stride_h(t.stride(1)),
+        ld(t.stride(2)) {
+    DPAR_CHECK(t.dim() == 4 && (t.stride(3) == 1 || t.size(3) == 1),
+               "scaled_dot_product_attention: operand ", t.shape(), " with strides ", t.strides(),
+               " is not [N, H, L, D] with unit stride along D");
+    if (t.size(2) == 1) ld = std::max<int64_t>(ld, t.size(3));  // a lone row: any ld >= D
+  }
+  T* operator[](int64_t b) const { return base + (b / heads) * stride_n + (b % heads) * stride_h; }
+};
+Slices<const float> slices(const Tensor& t) { return {t, t.data<float>()}; }
+Slices<float> slices(Tensor& t) { return {t, t.data<float>()}; }
+
 void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                       bool causal, float scale, Tensor& out, Tensor& probs) {
-  const int64_t batch = q.size(0), lq = q.size(1), e = q.size(2);
-  const int64_t lk = k.size(1), ev = v.size(2);
-  const float* pq = q.data<float>();
-  const float* pk = k.data<float>();
-  const float* pv = v.data<float>();
+  const int64_t batch = q.size(0) * q.size(1), lq = q.size(2), e = q.size(3);
+  const int64_t lk = k.size(2), ev = v.size(3);
+  const auto sq = slices(q), sk = slices(k), sv = slices(v);
+  const auto so = slices(out);
   const float* pm = mask.defined() ? mask.data<float>() : nullptr;
-  float* po = out.data<float>();
   float* pp = probs.data<float>();
 #pragma omp parallel for schedule(static) if (batch > 1)
   for (int64_t b = 0; b < batch; ++b) {
     float* s = pp + b * lq * lk;
-    sgemm('N', 'T', lq, lk, e, scale, pq + b * lq * e, e, pk + b * lk * e, e, 0.f, s, lk);
+    sgemm('N', 'T', lq, lk, e, scale, sq[b], sq.ld, sk[b], sk.ld, 0.f, s, lk);
     for (int64_t i = 0; i < lq; ++i) {
       softmax_row(s + i * lk, pm ? pm + (b * lq + i) * lk : nullptr,
                   causal ? std::min(lk, i + 1) : lk, lk);
     }
-    sgemm('N', 'N', lq, ev, lk, 1.f, s, lk, pv + b * lk * ev, ev, 0.f, po + b * lq * ev, ev);
+    sgemm('N', 'N', lq, ev, lk, 1.f, s, lk, sv[b], sv.ld, 0.f, so[b], so.ld);
+  }
+}
+
+// rowsum(dO * O) per query row, then dS = P * (dO V^T - rowsum) in place over ds.
+void softmax_backward_rows(float* ds, const float* p, const float* d_o, int64_t ld_do,
+                           const float* o, int64_t ld_o, int64_t lq, int64_t lk, int64_t ev) {
+  for (int64_t i = 0; i < lq; ++i) {
+    const float* orow = o + i * ld_o;
+    const float* grow = d_o + i * ld_do;
+    float dot = 0.f;
+    for (int64_t j = 0; j < ev; ++j) dot += grow[j] * orow[j];
+    float* dsrow = ds + i * lk;
+    const float* prow = p + i * lk;
+    for (int64_t j = 0; j < lk; ++j) dsrow[j] = prow[j] * (dsrow[j] - dot);
   }
 }
 
 void sdpa_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
                        const Tensor& out, const Tensor& dout, float scale, Tensor& dq, Tensor& dk,
                        Tensor& dv) {
-  const int64_t batch = q.size(0), lq = q.size(1), e = q.size(2);
-  const int64_t lk = k.size(1), ev = v.size(2);
-  const float* pq = q.data<float>();
-  const float* pk = k.data<float>();
-  const float* pv = v.data<float>();
+  const int64_t batch = q.size(0) * q.size(1), lq = q.size(2), e = q.size(3);
+  const int64_t lk = k.size(2), ev = v.size(3);
+  const auto sq = slices(q), sk = slices(k), sv = slices(v), so = slices(out);
+  const auto sdo = slices(dout);
+  const auto sdq = slices(dq), sdk = slices(dk), sdv = slices(dv);
   const float* pp = probs.data<float>();
-  const float* po = out.data<float>();
-  const float* pdo = dout.data<float>();
-  float* pdq = dq.data<float>();
-  float* pdk = dk.data<float>();
-  float* pdv = dv.data<float>();
-#pragma omp parallel for schedule(static) if (batch > 1)
-  for (int64_t b = 0; b < batch; ++b) {
-    const float* p = pp + b * lq * lk;
-    const float* d_o = pdo + b * lq * ev;
-    // dV = P^T dO
-    sgemm('T', 'N', lk, ev, lq, 1.f, p, lk, d_o, ev, 0.f, pdv + b * lk * ev, ev);
-    // dS = P * (dO V^T - rowsum(dO * O)), built in a per-thread buffer.
+#pragma omp parallel
+  {
+    // dS for one slice at a time, per thread.
     std::vector<float> ds(static_cast<size_t>(lq * lk));
-    sgemm('N', 'T', lq, lk, ev, 1.f, d_o, ev, pv + b * lk * ev, ev, 0.f, ds.data(), lk);
-    for (int64_t i = 0; i < lq; ++i) {
-      const float* orow = po + (b * lq + i) * ev;
-      const float* grow = d_o + i * ev;
-      float dot = 0.f;
-      for (int64_t j = 0; j < ev; ++j) dot += grow[j] * orow[j];
-      float* dsrow = ds.data() + i * lk;
-      const float* prow = p + i * lk;
-      for (int64_t j = 0; j < lk; ++j) dsrow[j] = prow[j] * (dsrow[j] - dot);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* p = pp + b * lq * lk;
+      // dV = P^T dO
+      sgemm('T', 'N', lk, ev, lq, 1.f, p, lk, sdo[b], sdo.ld, 0.f, sdv[b], sdv.ld);
+      // dS = P * (dO V^T - rowsum(dO * O))
+      sgemm('N', 'T', lq, lk, ev, 1.f, sdo[b], sdo.ld, sv[b], sv.ld, 0.f, ds.data(), lk);
+      softmax_backward_rows(ds.data(), p, sdo[b], sdo.ld, so[b], so.ld, lq, lk, ev);
+      // dQ = scale dS K, dK = scale dS^T Q
+      sgemm('N', 'N', lq, e, lk, scale, ds.data(), lk, sk[b], sk.ld, 0.f, sdq[b], sdq.ld);
+      sgemm('T', 'N', lk, e, lq, scale, ds.data(), lk, sq[b], sq.ld, 0.f, sdk[b], sdk.ld);
     }
-    // dQ = scale dS K, dK = scale dS^T Q
-    sgemm('N', 'N', lq, e, lk, scale, ds.data(), lk, pk + b * lk * e, e, 0.f, pdq + b * lq * e, e);
-    sgemm('T', 'N', lk, e, lq, scale, ds.data(), lk, pq + b * lq * e, e, 0.f, pdk + b * lk * e, e);
   }
 }
 
