@@ -78,6 +78,40 @@ TEST_CASE("linear values", "[linear]") {
   CHECK(linear(x, w).to_float_vector() == std::vector<float>{4, 2, 10, 5});
 }
 
+TEST_CASE("linear with a bias on a large batch: values, bias gradient, any thread count",
+          "[linear]") {
+  Generator gen(24);
+  // Rows over several of the column-sum blocks, an input seen through a transposed view.
+  const Tensor xt = random_tensor({37, 700}, gen);
+  const Tensor x = xt.transpose(0, 1);
+  const Tensor w = random_tensor({19, 37}, gen), bias = random_tensor({19}, gen);
+  std::vector<float> want = naive_matmul(x.contiguous(), w.transpose(0, 1).contiguous());
+  const auto bv = bias.to_float_vector();
+  for (size_t i = 0; i < want.size(); ++i) want[i] += bv[i % 19];
+  check_close(linear(x, w, bias).to_float_vector(), want, 1e-4);
+
+  // d(sum(linear * g)) / d bias = column sums of g, the same bits with 1 or 2 threads.
+  const Tensor g = random_tensor({700, 19}, gen);
+  const int threads_before = get_num_threads();
+  auto bias_grad = [&](int threads) {
+    set_num_threads(threads);
+    Tensor b = bias.detach().set_requires_grad();
+    sum(mul(linear(x, w, b), g)).backward();
+    set_num_threads(threads_before);
+    return b.grad().to_float_vector();
+  };
+  const auto gv = g.to_float_vector();
+  std::vector<float> sums(19);
+  for (size_t j = 0; j < 19; ++j) {
+    double s = 0;
+    for (size_t i = 0; i < 700; ++i) s += gv[i * 19 + j];
+    sums[j] = static_cast<float>(s);
+  }
+  const auto one = bias_grad(1);
+  check_close(one, sums, 1e-6);
+  CHECK(bias_grad(2) == one);
+}
+
 TEST_CASE("matmul and linear gradients", "[linear][gradcheck]") {
   Generator gen(23);
   Tensor a = random_tensor({3, 4}, gen).set_requires_grad();

@@ -1,8 +1,10 @@
 // CPU kernels for binary arithmetic, scalar affine maps, in-place add and sum-reductions.
 #include "tensor/elementwise_kernels.h"
 
+#include <algorithm>
 #include <vector>
 
+#include "tensor/cpu/isa.h"
 #include "tensor/cpu/strided_loop.h"
 
 namespace dpar::cpu {
@@ -97,8 +99,68 @@ void add_inplace_cpu(Tensor& self, const Tensor& other, double alpha) {
       });
 }
 
+// Column sums of a row-major [rows, cols] block into acc (double), once per ISA: the loop over
+// a row's columns vectorises, and acc stays in L1.
+// clang-format off
+#define DPAR_COLUMN_SUM_BLOCK(SUFFIX, TARGET)                                             \
+  TARGET void column_sum_block##SUFFIX(const float* x, int64_t rows, int64_t cols,       \
+                                       double* acc) {                                    \
+    for (int64_t j = 0; j < cols; ++j) acc[j] = 0.0;                                     \
+    for (int64_t i = 0; i < rows; ++i) {                                                 \
+      const float* row = x + i * cols;                                                   \
+      for (int64_t j = 0; j < cols; ++j) acc[j] += static_cast<double>(row[j]);          \
+    }                                                                                    \
+  }
+DPAR_COLUMN_SUM_BLOCK(_baseline, )
+DPAR_COLUMN_SUM_BLOCK(_avx512, DPAR_TARGET_AVX512)
+// clang-format on
+#undef DPAR_COLUMN_SUM_BLOCK
+
+// out[j] = sum over i of x[i, j] for a contiguous [rows, cols] x (a bias gradient: the sum over
+// all leading dims). Fixed blocks of rows are summed in parallel and the block sums added in
+// block order, so the result does not depend on the thread count.
+void column_sums(const float* x, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t kBlockRows = 256;
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+  std::vector<double> partial(static_cast<size_t>(blocks * cols));
+  const bool avx512 = cpu_isa() == Isa::avx512;
+#pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > 65536)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* block = x + b * kBlockRows * cols;
+    const int64_t n = std::min(kBlockRows, rows - b * kBlockRows);
+    double* acc = partial.data() + b * cols;
+    if (avx512) {
+      column_sum_block_avx512(block, n, cols, acc);
+    } else {
+      column_sum_block_baseline(block, n, cols, acc);
+    }
+  }
+  for (int64_t b = 1; b < blocks; ++b) {
+    const double* acc = partial.data() + b * cols;
+    for (int64_t j = 0; j < cols; ++j) partial[static_cast<size_t>(j)] += acc[j];
+  }
+  for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(partial[static_cast<size_t>(j)]);
+}
+
+// The number of leading dims out sums over when it is x's shape with a prefix of dims set to
+// 1 (and x and out are contiguous); -1 otherwise.
+int64_t summed_prefix(const Tensor& x, const Tensor& out) {
+  if (!x.is_contiguous() || !out.is_contiguous() || x.dim() != out.dim()) return -1;
+  int64_t prefix = 0;
+  while (prefix < x.dim() && out.size(prefix) == 1) ++prefix;
+  for (int64_t d = prefix; d < x.dim(); ++d) {
+    if (out.size(d) != x.size(d)) return -1;
+  }
+  return prefix;
+}
+
 // Sums x into out (keepdim shape). Accumulates in double in a fixed order: deterministic.
 void sum_to_cpu(const Tensor& x, Tensor& out) {
+  if (const int64_t prefix = summed_prefix(x, out); prefix > 0 && out.numel() > 1) {
+    column_sums(static_cast<const float*>(x.raw_data()), x.numel() / out.numel(), out.numel(),
+                out.data<float>());
+    return;
+  }
   const Shape out_strides_bc = [&] {
     Shape s = contiguous_strides(out.shape());
     for (size_t d = 0; d < s.size(); ++d) {
