@@ -51,26 +51,29 @@ DPAR_HOST_DEVICE float fast_exp(float x) {
 #endif
 }
 
-// erf from the complementary function's Chebyshev fit (Numerical Recipes' erfcc: fractional
-// error below 1.2e-7) with fast_exp; absolute error about 1e-7, which is what GELU's 1 + erf
-// needs.
+// erf as a rational function of degree 13/8 on [-4, 4] (beyond which erf rounds to +-1 in
+// f32): the interpolant of Eigen's generic_fast_erf_float, accurate to a couple of ulp. No exp
+// and one division, so the vectorised loops (GELU above all) run about twice as fast as with
+// the erfc-and-exp form. NaN passes through the clamp.
 DPAR_HOST_DEVICE float fast_erf(float x) {
 #ifdef __CUDA_ARCH__
   return erff(x);
 #else
-  const float z = x < 0.f ? -x : x;
-  const float t = 1.f / (1.f + 0.5f * z);
-  float q = 0.17087277f;
-  q = q * t - 0.82215223f;
-  q = q * t + 1.48851587f;
-  q = q * t - 1.13520398f;
-  q = q * t + 0.27886807f;
-  q = q * t - 0.18628806f;
-  q = q * t + 0.09678418f;
-  q = q * t + 0.37409196f;
-  q = q * t + 1.00002368f;
-  const float erfc = t * fast_exp(-z * z - 1.26551223f + t * q);
-  return x < 0.f ? erfc - 1.f : 1.f - erfc;
+  x = x > 4.f ? 4.f : (x < -4.f ? -4.f : x);
+  const float x2 = x * x;
+  float p = -2.72614225801306e-10f;
+  p = p * x2 + 2.77068142495902e-08f;
+  p = p * x2 - 2.10102402082508e-06f;
+  p = p * x2 - 5.69250639462346e-05f;
+  p = p * x2 - 7.34990630326855e-04f;
+  p = p * x2 - 2.95459980854025e-03f;
+  p = p * x2 - 1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * x2 - 2.13374055278905e-04f;
+  q = q * x2 - 1.68282697438203e-03f;
+  q = q * x2 - 7.37332916720468e-03f;
+  q = q * x2 - 1.42647390514189e-02f;
+  return x * p / q;
 #endif
 }
 
