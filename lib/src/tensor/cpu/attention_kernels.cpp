@@ -26,9 +26,15 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const
              static_cast<int>(status), ")");
 }
 
-// Masks, the causal cut and the softmax of one row of scores, in place; once per ISA.
+// Row reductions in kLanes independent partials: one float accumulator is a serial chain the
+// compiler may not reorder (no -ffast-math), while lanes become one vector register. The
+// order is fixed, so results stay deterministic.
+constexpr int64_t kLanes = 16;
+
+// Per ISA: the masks, the causal cut and the softmax of one row of scores, in place; and the
+// softmax backward of one slice's rows, dS = P * (dP - rowsum(dO * O)), in place over dP.
 // clang-format off
-#define DPAR_SOFTMAX_ROW(SUFFIX, TARGET)                                                     \
+#define DPAR_SOFTMAX_ROWS(SUFFIX, TARGET)                                                    \
   TARGET void softmax_row##SUFFIX(float* row, const float* mask, int64_t visible,          \
                                   int64_t lk) {                                            \
     const float neg_inf = -std::numeric_limits<float>::infinity();                         \
@@ -36,24 +42,63 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const
       for (int64_t j = 0; j < lk; ++j) row[j] += mask[j];                                  \
     }                                                                                      \
     for (int64_t j = visible; j < lk; ++j) row[j] = neg_inf;                               \
-    float m = neg_inf;                                                                     \
-    for (int64_t j = 0; j < lk; ++j) m = row[j] > m ? row[j] : m;                          \
-    float sum = 0.f;                                                                       \
-    for (int64_t j = 0; j < lk; ++j) {                                                     \
-      row[j] = kernels::fast_exp(row[j] - m);                                              \
-      sum += row[j];                                                                       \
+    const int64_t body = lk - lk % kLanes;                                                 \
+    float lane_max[kLanes];                                                                \
+    for (int64_t l = 0; l < kLanes; ++l) lane_max[l] = neg_inf;                            \
+    for (int64_t j = 0; j < body; j += kLanes) {                                           \
+      for (int64_t l = 0; l < kLanes; ++l) {                                               \
+        lane_max[l] = row[j + l] > lane_max[l] ? row[j + l] : lane_max[l];                 \
+      }                                                                                    \
     }                                                                                      \
+    float m = neg_inf;                                                                     \
+    for (int64_t l = 0; l < kLanes; ++l) m = lane_max[l] > m ? lane_max[l] : m;            \
+    for (int64_t j = body; j < lk; ++j) m = row[j] > m ? row[j] : m;                       \
+    for (int64_t j = 0; j < lk; ++j) row[j] = kernels::fast_exp(row[j] - m);               \
+    float lane_sum[kLanes] = {};                                                           \
+    for (int64_t j = 0; j < body; j += kLanes) {                                           \
+      for (int64_t l = 0; l < kLanes; ++l) lane_sum[l] += row[j + l];                      \
+    }                                                                                      \
+    float sum = 0.f;                                                                       \
+    for (int64_t l = 0; l < kLanes; ++l) sum += lane_sum[l];                               \
+    for (int64_t j = body; j < lk; ++j) sum += row[j];                                     \
     const float inv = 1.f / sum;                                                           \
     for (int64_t j = 0; j < lk; ++j) row[j] *= inv;                                        \
+  }                                                                                        \
+  TARGET void softmax_backward_rows##SUFFIX(float* ds, const float* p, const float* d_o,   \
+                                            int64_t ld_do, const float* o, int64_t ld_o,   \
+                                            int64_t lq, int64_t lk, int64_t ev) {          \
+    const int64_t body = ev - ev % kLanes;                                                 \
+    for (int64_t i = 0; i < lq; ++i) {                                                     \
+      const float* orow = o + i * ld_o;                                                    \
+      const float* grow = d_o + i * ld_do;                                                 \
+      float lanes[kLanes] = {};                                                            \
+      for (int64_t j = 0; j < body; j += kLanes) {                                         \
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += grow[j + l] * orow[j + l];        \
+      }                                                                                    \
+      float dot = 0.f;                                                                     \
+      for (int64_t l = 0; l < kLanes; ++l) dot += lanes[l];                                \
+      for (int64_t j = body; j < ev; ++j) dot += grow[j] * orow[j];                        \
+      float* dsrow = ds + i * lk;                                                          \
+      const float* prow = p + i * lk;                                                      \
+      for (int64_t j = 0; j < lk; ++j) dsrow[j] = prow[j] * (dsrow[j] - dot);              \
+    }                                                                                      \
   }
-DPAR_SOFTMAX_ROW(_baseline, )
-DPAR_SOFTMAX_ROW(_avx512, DPAR_TARGET_AVX512)
+DPAR_SOFTMAX_ROWS(_baseline, )
+DPAR_SOFTMAX_ROWS(_avx512, DPAR_TARGET_AVX512)
 // clang-format on
-#undef DPAR_SOFTMAX_ROW
+#undef DPAR_SOFTMAX_ROWS
 
 void softmax_row(float* row, const float* mask, int64_t visible, int64_t lk) {
   if (cpu_isa() == Isa::avx512) return softmax_row_avx512(row, mask, visible, lk);
   softmax_row_baseline(row, mask, visible, lk);
+}
+
+void softmax_backward_rows(float* ds, const float* p, const float* d_o, int64_t ld_do,
+                           const float* o, int64_t ld_o, int64_t lq, int64_t lk, int64_t ev) {
+  if (cpu_isa() == Isa::avx512) {
+    return softmax_backward_rows_avx512(ds, p, d_o, ld_do, o, ld_o, lq, lk, ev);
+  }
+  softmax_backward_rows_baseline(ds, p, d_o, ld_do, o, ld_o, lq, lk, ev);
 }
 
 // Slice b = n * H + h of a [N, H, L, D] operand with unit stride along D: its first element
@@ -95,20 +140,6 @@ void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const T
                   causal ? std::min(lk, i + 1) : lk, lk);
     }
     sgemm('N', 'N', lq, ev, lk, 1.f, s, lk, sv[b], sv.ld, 0.f, so[b], so.ld);
-  }
-}
-
-// rowsum(dO * O) per query row, then dS = P * (dO V^T - rowsum) in place over ds.
-void softmax_backward_rows(float* ds, const float* p, const float* d_o, int64_t ld_do,
-                           const float* o, int64_t ld_o, int64_t lq, int64_t lk, int64_t ev) {
-  for (int64_t i = 0; i < lq; ++i) {
-    const float* orow = o + i * ld_o;
-    const float* grow = d_o + i * ld_do;
-    float dot = 0.f;
-    for (int64_t j = 0; j < ev; ++j) dot += grow[j] * orow[j];
-    float* dsrow = ds + i * lk;
-    const float* prow = p + i * lk;
-    for (int64_t j = 0; j < lk; ++j) dsrow[j] = prow[j] * (dsrow[j] - dot);
   }
 }
 
