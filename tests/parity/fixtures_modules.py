@@ -10,7 +10,8 @@ Writes DIR/module_<case>.safetensors per case with:
                  d(sum(out * grad_out)) / d(input or parameter)
 Cases (all in training mode unless noted; dropout 0 so both sides are deterministic):
   layer_norm, group_norm, batch_norm1d (and its running stats: sd_after.*), embedding_pad,
-  mha_batch_first (self-attention, key padding mask), mha_seq_first_cross (query/key/value
+  mha_batch_first (self-attention, key padding mask), mha_weights_mean / mha_weights_heads
+  (need_weights=True, averaged and per head), mha_seq_first_cross (query/key/value
   differ, u8 attn_mask), encoder_post_relu, encoder_pre_gelu (norm_first, batch_first,
   causal src_mask).
 """
@@ -97,6 +98,19 @@ def main():
     write(args.out, "mha_seq_first_cross", m,
           {"x": rn(5, 2, 16), "k": rn(7, 2, 16), "v": rn(7, 2, 16), "mask": mask},
           lambda m, x, k, v, mask: m(x, k, v, attn_mask=mask.bool(), need_weights=False)[0], gen)
+
+    # need_weights=True: the output and the weights (averaged over heads, then per head) side by
+    # side in one tensor, so both carry gradients back.
+    m = nn.MultiheadAttention(16, 4)
+    randomize(m, gen)
+    kpm = torch.tensor([[0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0, 0]], dtype=torch.uint8)
+    for average, name in [(True, "mha_weights_mean"), (False, "mha_weights_heads")]:
+        write(args.out, name, m,
+              {"x": rn(5, 2, 16), "k": rn(7, 2, 16), "v": rn(7, 2, 16), "kpm": kpm},
+              lambda m, x, k, v, kpm, average=average: torch.cat(
+                  [t.reshape(-1) for t in m(x, k, v, key_padding_mask=kpm.bool(),
+                                             need_weights=True,
+                                             average_attn_weights=average)]), gen)
 
     m = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0)
     randomize(m, gen)

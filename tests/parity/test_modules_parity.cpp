@@ -1,8 +1,9 @@
 // nn module parity with torch.nn 1.13: LayerNorm, GroupNorm, BatchNorm1d, Embedding,
 // MultiheadAttention (batch-first self-attention with a key padding mask; sequence-first
-// cross-attention with a u8 attn_mask) and TransformerEncoderLayer (post-norm ReLU; pre-norm
-// GELU with a causal mask). Each module loads torch's state dict by name (strict), and its
-// output, input gradients and parameter gradients are compared (1e-4 relative).
+// cross-attention with a u8 attn_mask; need_weights, averaged and per head) and
+// TransformerEncoderLayer (post-norm ReLU; pre-norm GELU with a causal mask). Each module loads
+// torch's state dict by name (strict), and its output, input gradients and parameter gradients are
+// compared (1e-4 relative).
 #include <catch2/catch.hpp>
 #include <functional>
 #include <map>
@@ -95,6 +96,18 @@ TEST_CASE("parity: nn modules match torch.nn", "[parity][modules]") {
         return mha_cross.forward(in["x"], in["k"], in["v"], f["mask"]);
       },
       table);
+  for (const bool average : {true, false}) {
+    nn::MultiheadAttention mha_weights(16, 4);  // a fresh module: parameter gradients start at 0
+    run_module(
+        average ? "mha_weights_mean" : "mha_weights_heads", mha_weights,
+        [&](nn::Module&, std::map<std::string, Tensor>& in, const Fixture& f) {
+          const auto [out, weights] =
+              mha_weights.forward_with_weights(in["x"], in["k"], in["v"], {}, f["kpm"], average);
+          CHECK(weights.shape() == (average ? Shape{2, 5, 7} : Shape{2, 4, 5, 7}));
+          return cat({out.reshape({-1}), weights.reshape({-1})}, 0);
+        },
+        table);
+  }
   nn::TransformerEncoderLayer post(
       {.d_model = 16, .nhead = 2, .dim_feedforward = 32, .dropout = 0.0});
   run_module("encoder_post_relu", post, plain, table);

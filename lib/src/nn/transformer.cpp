@@ -74,6 +74,21 @@ void MultiheadAttention::reset_parameters(Generator& gen) {
 Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const Tensor& attn_mask, const Tensor& key_padding_mask,
                                    bool is_causal) {
+  return attend(query, key, value, attn_mask, key_padding_mask, is_causal, nullptr, false);
+}
+
+std::pair<Tensor, Tensor> MultiheadAttention::forward_with_weights(
+    const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_mask,
+    const Tensor& key_padding_mask, bool average_attn_weights, bool is_causal) {
+  Tensor weights;
+  Tensor out = attend(query, key, value, attn_mask, key_padding_mask, is_causal, &weights,
+                      average_attn_weights);
+  return {out, weights};
+}
+
+Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const Tensor& value,
+                                  const Tensor& attn_mask, const Tensor& key_padding_mask,
+                                  bool is_causal, Tensor* weights, bool average_weights) {
   for (const auto& [t, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}}) {
     DPAR_CHECK(t->defined() && t->dim() == 3 && t->size(2) == embed_dim,
                "MultiheadAttention: ", name, " must be ", batch_first ? "[N, L, " : "[L, N, ",
@@ -86,9 +101,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
              "MultiheadAttention: query ", query.shape(), ", key ", key.shape(), " and value ",
              value.shape(), " disagree in batch size or key length");
   const int64_t n = q.size(0), l = q.size(1), s = k.size(1), d = embed_dim / num_heads;
-
   const bool self_attention = query.is_same(key) && key.is_same(value);
-
   Tensor mask;
   if (attn_mask.defined()) {
     DPAR_CHECK((attn_mask.dim() == 2 && attn_mask.size(0) == l && attn_mask.size(1) == s) ||
@@ -121,21 +134,40 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   }
   const double p = is_training() ? dropout : 0.0;
   Tensor out;
-  if (self_attention) {
+  auto heads = [&](const Tensor& t, int64_t len) {
+    return t.reshape({n, len, num_heads, d}).transpose(1, 2);  // [N, H, len, d]
+  };
+  if (self_attention && weights == nullptr) {
     // One product with the packed [3E, E] weight; the attention reads its heads in place.
     out = packed_self_attention(linear(q, in_proj_weight, in_proj_bias), num_heads, mask, p, causal,
                                 *gen_);
   } else {
     const auto w = chunk(in_proj_weight, 3, 0);
     const auto b = in_proj_bias.defined() ? chunk(in_proj_bias, 3, 0) : std::vector<Tensor>(3);
-    auto heads = [&](const Tensor& t, int64_t len) {
-      return t.reshape({n, len, num_heads, d}).transpose(1, 2);  // [N, H, len, d]
-    };
-    out = scaled_dot_product_attention(
-              heads(linear(q, w[0], b[0]), l), heads(linear(k, w[1], b[1]), s),
-              heads(linear(v, w[2], b[2]), s), mask, p, causal, std::nullopt, *gen_)
-              .transpose(1, 2)
-              .reshape({n, l, embed_dim});
+    const Tensor qh = heads(linear(q, w[0], b[0]), l), kh = heads(linear(k, w[1], b[1]), s),
+                 vh = heads(linear(v, w[2], b[2]), s);
+    if (weights == nullptr) {
+      out = scaled_dot_product_attention(qh, kh, vh, mask, p, causal, std::nullopt, *gen_);
+    } else {
+      // torch's need_weights path, as explicit ops: the weights returned are the softmax after
+      // attention dropout, averaged over the heads unless asked for per head.
+      Tensor scores = mul(matmul(qh, kh.transpose(-2, -1)), 1.0 / std::sqrt(double(d)));
+      if (mask.defined()) scores = add(scores, mask);
+      if (causal) {
+        std::vector<int64_t> above(static_cast<size_t>(l * s));
+        for (int64_t i = 0; i < l; ++i) {
+          for (int64_t j = 0; j < s; ++j) above[static_cast<size_t>(i * s + j)] = j > i;
+        }
+        scores =
+            masked_fill(scores, Tensor::from_vector(above, {l, s}).to(DType::u8).to(q.device()),
+                        -std::numeric_limits<double>::infinity());
+      }
+      Tensor probs = softmax(scores, -1);
+      if (p > 0) probs = ::dpar::dropout(probs, p, true, *gen_);
+      out = matmul(probs, vh);
+      *weights = average_weights ? mean(probs, {1}) : probs;
+    }
+    out = out.transpose(1, 2).reshape({n, l, embed_dim});
   }
   out = out_proj->forward(out);
   return batch_first ? out : out.transpose(0, 1);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "dpar/nn/activation.h"
 #include "dpar/nn/layers.h"
@@ -42,6 +43,15 @@ class MultiheadAttention : public Module {
                  const Tensor& attn_mask = {}, const Tensor& key_padding_mask = {},
                  bool is_causal = false);
   Tensor forward(const Tensor& x) override { return forward(x, x, x); }  // self-attention
+  // torch's need_weights=True: the output and the attention weights, [N, L, S] averaged over
+  // the heads (average_attn_weights, torch's default) or [N, H, L, S]; the weights are the
+  // softmax after attention dropout, as torch returns them. Runs the attention as an op chain
+  // (no fused kernel), so ask for weights only where they are used.
+  std::pair<Tensor, Tensor> forward_with_weights(const Tensor& query, const Tensor& key,
+                                                 const Tensor& value, const Tensor& attn_mask = {},
+                                                 const Tensor& key_padding_mask = {},
+                                                 bool average_attn_weights = true,
+                                                 bool is_causal = false);
   void reset_parameters(Generator& gen = default_generator());
 
   const int64_t embed_dim, num_heads;
@@ -52,6 +62,10 @@ class MultiheadAttention : public Module {
   std::shared_ptr<Linear> out_proj;
 
  private:
+  // forward's body; fills *weights (the need_weights path) when weights is not null.
+  Tensor attend(const Tensor& query, const Tensor& key, const Tensor& value,
+                const Tensor& attn_mask, const Tensor& key_padding_mask, bool is_causal,
+                Tensor* weights, bool average_weights);
   Generator* gen_;
 };
 
