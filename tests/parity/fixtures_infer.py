@@ -20,6 +20,7 @@ BN folding would be the identity and prove nothing). Files written to DIR/infer/
                                com.microsoft FusedConv 'fc' nodes (built with onnx.helper)
   missing_init.onnx            a Conv whose weight 'w_missing' is no initializer
   dangling_output.onnx         a MatMul graph whose declared output no node produces
+  short_inputs.onnx            a LayerNormalization node without its required scale input
   bad_shape.onnx               input [N,3,8,8] into a Conv 'conv' with weight [4,5,1,1]
   dropout.onnx                 input [N,4] -> Dropout (ratio and training_mode=False as
                                initializers) -> Identity -> Relu: inference computes relu(x)
@@ -140,6 +141,14 @@ def bad_models(out):
     graph = helper.make_graph(nodes, "dangling", [x], [y], [m])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     onnx.save(model, os.path.join(out, "dangling_output.onnx"))
+
+    # A LayerNormalization node that lists only its data input (the scale is required): the
+    # interpreter indexed the missing input (found by fuzz_onnx_model).
+    nodes = [helper.make_node("MatMul", ["x", "m"], ["z"], name="mm"),
+             helper.make_node("LayerNormalization", ["z"], ["y"], name="ln", axis=-1)]
+    graph = helper.make_graph(nodes, "short_inputs", [x], [y], [m])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, os.path.join(out, "short_inputs.onnx"))
 
     w5 = helper.make_tensor("w5", TensorProto.FLOAT, [4, 5, 1, 1], [0.5] * 20)
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w5"], ["y"], name="conv")],

@@ -245,6 +245,14 @@ TEST_CASE("a graph output no node produces is an error at load, not a crash") {
         std::string::npos);
 }
 
+TEST_CASE("a node listing fewer inputs than its op requires is an error at load") {
+  // Found by fuzz_onnx_model: the node-by-node path indexed LayerNormalization's missing scale.
+  const std::string err = error_of([&] { infer::Model::load(model_path("short_inputs.onnx")); });
+  INFO(err);
+  CHECK(err.find("short_inputs.onnx: LayerNormalization 'ln' needs 2 inputs, the file gives 1") !=
+        std::string::npos);
+}
+
 TEST_CASE("shapes that do not fit are reported at load when the input shape is fixed") {
   const std::string err = error_of([&] { infer::Model::load(model_path("bad_shape.onnx")); });
   INFO(err);

@@ -58,6 +58,27 @@ Tensor softmax_last(const Tensor& x, int64_t axis) {
 
 }  // namespace
 
+namespace {
+
+// How many leading inputs an op reads unconditionally (eval indexes them without a check);
+// inputs after these are optional (a bias, a pad value).
+size_t required_inputs(const std::string& op) {
+  static const std::set<std::string> two = {"Conv",
+                                            "Gemm",
+                                            "MatMul",
+                                            "Add",
+                                            "Sub",
+                                            "Mul",
+                                            "Div",
+                                            "Reshape",
+                                            "Gather",
+                                            "Pad",
+                                            "LayerNormalization"};
+  return two.count(op) ? 2 : 1;
+}
+
+}  // namespace
+
 GraphInterpreter::GraphInterpreter(const Graph& g) : path_(g.path), nodes_(g.nodes) {
   std::vector<std::string> unsupported;
   for (const Node& n : g.nodes) {
@@ -80,6 +101,13 @@ GraphInterpreter::GraphInterpreter(const Graph& g) : path_(g.path), nodes_(g.nod
   for (const auto& [name, t] : constants_) known.insert(name);
   std::vector<std::string> missing;
   for (const Node& n : nodes_) {
+    const size_t required = required_inputs(n.op);
+    DPAR_CHECK(n.inputs.size() >= required, g.path, ": ", n.label(), " needs ", required,
+               " inputs, the file gives ", n.inputs.size());
+    for (size_t i = 0; i < required; ++i) {
+      DPAR_CHECK(!n.inputs[i].empty(), g.path, ": ", n.label(), " leaves its required input ", i,
+                 " empty");
+    }
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       if (!n.inputs[i].empty() && !known.count(n.inputs[i])) {
         missing.push_back("'" + n.inputs[i] + "' (input " + std::to_string(i) + " of " + n.label() +
