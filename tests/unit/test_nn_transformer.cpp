@@ -104,3 +104,29 @@ TEST_CASE("TransformerEncoderLayer has torch's submodules; dropout only in train
   layer.train();
   CHECK(layer.forward(x).to_float_vector() != a);  // training: dropout
 }
+
+TEST_CASE("MultiheadAttention's weights under is_causal: nothing above the diagonal", "[nn]") {
+  manual_seed(3);
+  nn::MultiheadAttention mha(8, 2, 0.0, true, /*batch_first=*/true);
+  std::vector<float> xs(2 * 4 * 8);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
+  const Tensor x = Tensor::from_vector(xs, {2, 4, 8});
+  const auto [out, weights] = mha.forward_with_weights(x, x, x, {}, {}, false, true);
+  REQUIRE(weights.shape() == Shape{2, 2, 4, 4});
+  const auto w = weights.to_float_vector();
+  for (int64_t b = 0; b < 4; ++b) {
+    for (int64_t i = 0; i < 4; ++i) {
+      float row = 0.f;
+      for (int64_t j = 0; j < 4; ++j) {
+        const float v = w[static_cast<size_t>((b * 4 + i) * 4 + j)];
+        if (j > i) CHECK(v == 0.f);
+        row += v;
+      }
+      CHECK(std::abs(row - 1.f) < 1e-5f);
+    }
+  }
+  // The same output as the fused path with is_causal.
+  const auto fused = mha.forward(x, x, x, {}, {}, true).to_float_vector();
+  const auto chain = out.to_float_vector();
+  for (size_t i = 0; i < fused.size(); ++i) CHECK(std::abs(fused[i] - chain[i]) < 1e-5f);
+}

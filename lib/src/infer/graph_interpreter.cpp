@@ -9,34 +9,19 @@
 
 namespace dpar::infer::detail {
 
-const std::set<std::string>& interpreter_ops() {
-  static const std::set<std::string> ops = {"Conv",
-                                            "Gemm",
-                                            "MatMul",
-                                            "Add",
-                                            "Sub",
-                                            "Mul",
-                                            "Div",
-                                            "Erf",
-                                            "Relu",
-                                            "LeakyRelu",
-                                            "Sigmoid",
-                                            "Tanh",
-                                            "Softmax",
-                                            "Flatten",
-                                            "Identity",
-                                            "Dropout",
-                                            "Reshape",
-                                            "Transpose",
-                                            "Pad",
-                                            "Gather",
-                                            "Sqrt",
-                                            "GlobalAveragePool",
-                                            "MaxPool",
-                                            "AveragePool",
-                                            "LayerNormalization",
-                                            "HardSwish",
-                                            "HardSigmoid"};
+const std::map<std::string, size_t>& interpreter_ops() {
+  // Each op with the number of leading inputs it reads unconditionally (eval indexes them
+  // without a check); inputs after these are optional (a bias, a pad value).
+  static const std::map<std::string, size_t> ops = {
+      {"Conv", 2},      {"Gemm", 2},        {"MatMul", 2},
+      {"Add", 2},       {"Sub", 2},         {"Mul", 2},
+      {"Div", 2},       {"Erf", 1},         {"Relu", 1},
+      {"LeakyRelu", 1}, {"Sigmoid", 1},     {"Tanh", 1},
+      {"Softmax", 1},   {"Flatten", 1},     {"Identity", 1},
+      {"Dropout", 1},   {"Reshape", 2},     {"Transpose", 1},
+      {"Pad", 2},       {"Gather", 2},      {"Sqrt", 1},
+      {"MaxPool", 1},   {"AveragePool", 1}, {"GlobalAveragePool", 1},
+      {"HardSwish", 1}, {"HardSigmoid", 1}, {"LayerNormalization", 2}};
   return ops;
 }
 
@@ -54,27 +39,6 @@ const Tensor& constant_input(const Node& n, size_t i,
 
 Tensor softmax_last(const Tensor& x, int64_t axis) {
   return softmax(x, axis < 0 ? axis + x.dim() : axis);
-}
-
-}  // namespace
-
-namespace {
-
-// How many leading inputs an op reads unconditionally (eval indexes them without a check);
-// inputs after these are optional (a bias, a pad value).
-size_t required_inputs(const std::string& op) {
-  static const std::set<std::string> two = {"Conv",
-                                            "Gemm",
-                                            "MatMul",
-                                            "Add",
-                                            "Sub",
-                                            "Mul",
-                                            "Div",
-                                            "Reshape",
-                                            "Gather",
-                                            "Pad",
-                                            "LayerNormalization"};
-  return two.count(op) ? 2 : 1;
 }
 
 }  // namespace
@@ -101,7 +65,7 @@ GraphInterpreter::GraphInterpreter(const Graph& g) : path_(g.path), nodes_(g.nod
   for (const auto& [name, t] : constants_) known.insert(name);
   std::vector<std::string> missing;
   for (const Node& n : nodes_) {
-    const size_t required = required_inputs(n.op);
+    const size_t required = interpreter_ops().at(n.op);
     DPAR_CHECK(n.inputs.size() >= required, g.path, ": ", n.label(), " needs ", required,
                " inputs, the file gives ", n.inputs.size());
     for (size_t i = 0; i < required; ++i) {

@@ -13,8 +13,8 @@
 
 namespace dpar::infer::detail {
 
-// The ops the interpreter runs (default domain).
-const std::set<std::string>& interpreter_ops();
+// The ops the interpreter runs (default domain), each with how many inputs it requires.
+const std::map<std::string, size_t>& interpreter_ops();
 
 class GraphInterpreter {
  public:

@@ -121,15 +121,17 @@ Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const 
     mask = mask.defined() ? add(mask, kpm) : kpm;
   }
   bool causal = is_causal;
-  if (is_causal && mask.defined()) {
-    // Both: the causal pattern joins the other masks.
+  if (is_causal && (mask.defined() || weights != nullptr)) {
+    // With other masks, or on the explicit-ops weights path: the causal pattern is one more
+    // additive mask.
     std::vector<float> tri(static_cast<size_t>(l * s), 0.f);
     for (int64_t i = 0; i < l; ++i) {
       for (int64_t j = i + 1; j < s; ++j) {
         tri[static_cast<size_t>(i * s + j)] = -std::numeric_limits<float>::infinity();
       }
     }
-    mask = add(mask, Tensor::from_vector(tri, {l, s}).to(q.device()));
+    const Tensor causal_mask = Tensor::from_vector(tri, {l, s}).to(q.device());
+    mask = mask.defined() ? add(mask, causal_mask) : causal_mask;
     causal = false;
   }
   const double p = is_training() ? dropout : 0.0;
@@ -152,16 +154,7 @@ Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const 
       // torch's need_weights path, as explicit ops: the weights returned are the softmax after
       // attention dropout, averaged over the heads unless asked for per head.
       Tensor scores = mul(matmul(qh, kh.transpose(-2, -1)), 1.0 / std::sqrt(double(d)));
-      if (mask.defined()) scores = add(scores, mask);
-      if (causal) {
-        std::vector<int64_t> above(static_cast<size_t>(l * s));
-        for (int64_t i = 0; i < l; ++i) {
-          for (int64_t j = 0; j < s; ++j) above[static_cast<size_t>(i * s + j)] = j > i;
-        }
-        scores =
-            masked_fill(scores, Tensor::from_vector(above, {l, s}).to(DType::u8).to(q.device()),
-                        -std::numeric_limits<double>::infinity());
-      }
+      if (mask.defined()) scores = add(scores, mask);  // causal already folded in above
       Tensor probs = softmax(scores, -1);
       if (p > 0) probs = ::dpar::dropout(probs, p, true, *gen_);
       out = matmul(probs, vh);

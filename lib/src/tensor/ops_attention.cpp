@@ -130,21 +130,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const bool heads_given = q.dim() == 4;
   const Tensor q4 = kernel_operand(q), k4 = kernel_operand(k), v4 = kernel_operand(v);
   const Tensor mask = kernel_mask(attn_mask, batch_dims(q), lq, k.size(-2));
-  Tensor out = kernel_result(q4, lq, ev, heads_given);
+  Tensor out4 = kernel_result(q4, lq, ev, heads_given);
   Tensor probs = Tensor::empty({q4.size(0) * q4.size(1), lq, k.size(-2)}, DType::f32, q.device());
   kernels::sdpa_forward.get(q.device())(q4.detach(), k4.detach(), v4.detach(), mask, is_causal,
-                                        static_cast<float>(sc), out, probs);
+                                        static_cast<float>(sc), out4, probs);
   Shape out_shape = batch_dims(q);
   out_shape.push_back(lq);
   out_shape.push_back(ev);
-  if (!heads_given) out = out.view(out_shape);
+  const Tensor out = heads_given ? out4 : out4.view(out_shape);
   if (autograd::needs_grad({q, k, v})) {
     autograd::record(
         op, {q, k, v}, {out},
-        [q4 = q4.detach(), k4 = k4.detach(), v4 = v4.detach(), probs, o = out.detach(), sc,
+        [q4 = q4.detach(), k4 = k4.detach(), v4 = v4.detach(), probs, o4 = out4.detach(), sc,
          heads_given, shapes = std::array{q.shape(), k.shape(), v.shape()}](
             const autograd::GradList& g, const autograd::NeedsGrad&) {
-          const Tensor o4 = kernel_operand(o);
           Tensor dq = kernel_result(q4, q4.size(2), q4.size(3), heads_given);
           Tensor dk = kernel_result(k4, k4.size(2), k4.size(3), heads_given);
           Tensor dv = kernel_result(v4, v4.size(2), v4.size(3), heads_given);
