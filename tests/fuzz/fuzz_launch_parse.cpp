@@ -36,10 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (data[0] % 4) {
       case 0: {
         const std::vector<std::string> words = words_of(text);
-        // --help prints the usage and exits 0, as every command line tool does: by design.
+        // --help (and -h) prints the usage and exits 0, as every command line tool does: by
+        // design, so such command lines are not fed to the parser.
         for (const std::string& w : words) {
           const std::string name = w.substr(0, w.find('='));
-          if (name == "--help" || name == "--h") return;
+          if (name == "--help" || name == "--h" || name == "-h") return;
         }
         const launch::Options options = launch::parse_options(words);
         const auto gpus = options.gpus.empty() ? std::vector<std::string>()

@@ -160,4 +160,19 @@ expect_bad "port $((port + 1)) on 127.0.0.1 (endpoint of server 1) is not free: 
   --run_mode=ps --server_num=2 --trainer_num=1 "${W[@]}"
 kill $listener
 wait $listener 2>/dev/null
+
+echo "== help"
+# -h and --help print the usage on stdout and exit 0 without starting anything (the fuzz target
+# leaves these command lines out because they exit by design).
+for flag in -h --help; do
+  "$launcher" "$flag" "${W[@]}" >"$work/out" 2>"$work/err"
+  rc=$?
+  if [ $rc -ne 0 ] || ! grep -q "^usage: dpar-launch" "$work/out" || [ -s "$work/err" ]; then
+    fail "dpar-launch $flag -> exit $rc (want 0 and the usage on stdout)"
+  elif pgrep -f -- "$marker" >/dev/null; then
+    fail "dpar-launch $flag started something"
+  else
+    ok "$flag prints the usage and exits 0"
+  fi
+done
 finish
