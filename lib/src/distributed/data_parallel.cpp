@@ -1,124 +1,81 @@
 #include "dpar/distributed/data_parallel.h"
 
 #include <cstdio>
+#include <unordered_set>
 
+#include "dpar/autograd/engine.h"
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/autograd/node.h"
 #include "dpar/distributed/parallel_env.h"
+#include "model_check.h"
 #include "reducer.h"
 
 namespace dpar::dist {
 namespace {
 
-// "features.3.weight f32[24,16,1,1]" (+ " frozen" when it needs no gradient).
-std::string describe(const std::string& name, const Tensor& t, bool parameter) {
-  std::string out = name + " " + std::string(dtype_name(t.dtype())) + shape_str(t.shape());
-  if (parameter && !t.requires_grad()) out += " frozen";
-  return out;
-}
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
+ModelSignature signature_of(const nn::Module& m) {
+  ModelSignature s;
+  for (const auto& [name, t] : m.named_parameters()) {
+    s.params.push_back(describe_model_entry(name, std::string(dtype_name(t.dtype())), t.shape(),
+                                            !t.requires_grad()));
   }
-  return h;
-}
-
-struct Signature {
-  std::vector<std::string> params, buffers;
-  std::string serialized() const {
-    std::string out;
-    for (const auto& s : params) out += s + '\n';
-    for (const auto& s : buffers) out += s + '\n';
-    return out;
+  for (const auto& [name, t] : m.named_buffers()) {
+    s.buffers.push_back(
+        describe_model_entry(name, std::string(dtype_name(t.dtype())), t.shape(), false));
   }
-};
-
-Signature signature_of(const nn::Module& m) {
-  Signature s;
-  for (const auto& [name, t] : m.named_parameters()) s.params.push_back(describe(name, t, true));
-  for (const auto& [name, t] : m.named_buffers()) s.buffers.push_back(describe(name, t, false));
   return s;
 }
 
-// The first difference between rank 0's list and rank r's, or "" when equal.
-std::string first_difference(const char* what, const std::vector<std::string>& a,
-                             const std::vector<std::string>& b, int rank_b) {
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const bool in_a = i < a.size(), in_b = i < b.size();
-    if (in_a && in_b && a[i] == b[i]) continue;
-    auto side = [&](bool present, const std::vector<std::string>& list) {
-      return present ? "has " + list[i]
-                     : "has no " + std::string(what) + " " + std::to_string(i) + " (only " +
-                           std::to_string(list.size()) + ")";
-    };
-    return std::string(what) + " " + std::to_string(i) + " differs across ranks: rank 0 " +
-           side(in_a, a) + ", rank " + std::to_string(rank_b) + " " + side(in_b, b);
-  }
-  return {};
-}
-
-// Throws on every rank, with the same message, when the ranks' models differ. A fixed-size
-// digest goes first so the common case costs one tiny all-gather; the full lists are
-// exchanged only to explain a mismatch.
-void verify_same_model(Group& group, const nn::Module& module) {
-  const Signature mine = signature_of(module);
-  const std::string text = mine.serialized();
-  const uint64_t h = fnv1a(text);
-  // 16-bit pieces: exact in f32, the dtype every backend reduces and gathers.
-  std::vector<float> digest{static_cast<float>(mine.params.size()),
-                            static_cast<float>(mine.buffers.size())};
-  for (int k = 0; k < 4; ++k) digest.push_back(static_cast<float>((h >> (16 * k)) & 0xffff));
-  const int world = group.size();
-  auto gather = [&](const Tensor& input) {
-    std::vector<Tensor> out;
-    for (int r = 0; r < world; ++r) out.push_back(Tensor::empty(input.shape()));
-    group.allgather(out, input, /*async_op=*/false);
-    return out;
-  };
-  const auto digests = gather(Tensor::from_vector(digest, {static_cast<int64_t>(digest.size())}));
-  bool same = true;
-  for (int r = 1; r < world; ++r) {
-    same = same && digests[r].to_float_vector() == digests[0].to_float_vector();
-  }
-  if (same) return;
-
-  const auto lengths = gather(Tensor::full({1}, static_cast<double>(text.size())));
-  int64_t longest = 1;
-  for (const auto& l : lengths)
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(l.item()));
-  std::vector<float> bytes(static_cast<size_t>(longest), 0.f);
-  for (size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
-  const auto texts = gather(Tensor::from_vector(bytes, {longest}));
-  std::vector<Signature> all(world);
-  for (int r = 0; r < world; ++r) {
-    const auto d = digests[r].to_float_vector();
-    const auto chars = texts[r].to_float_vector();
-    std::string line;
-    std::vector<std::string> lines;
-    for (int64_t i = 0; i < static_cast<int64_t>(lengths[r].item()); ++i) {
-      const char c = static_cast<char>(static_cast<unsigned char>(chars[i]));
-      if (c == '\n') {
-        lines.push_back(line);
-        line.clear();
-      } else {
-        line += c;
-      }
+// dpar's own autograd: gradient-ready hooks on the parameters, autograd::queue_callback.
+class DparAutogradBinding : public AutogradBinding {
+ public:
+  explicit DparAutogradBinding(std::vector<Tensor> params) : params_(std::move(params)) {}
+  void install_hooks(std::function<void(size_t)> on_ready) override {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      hooks_.push_back(
+          params_[i].register_grad_ready_hook([on_ready, i](Tensor&) { on_ready(i); }));
     }
-    const size_t num_params = std::min(lines.size(), static_cast<size_t>(d[0]));
-    all[r].params.assign(lines.begin(), lines.begin() + static_cast<std::ptrdiff_t>(num_params));
-    all[r].buffers.assign(lines.begin() + static_cast<std::ptrdiff_t>(num_params), lines.end());
   }
-  for (int r = 1; r < world; ++r) {
-    std::string diff = first_difference("parameter", all[0].params, all[r].params, r);
-    if (diff.empty()) diff = first_difference("buffer", all[0].buffers, all[r].buffers, r);
-    if (!diff.empty()) DPAR_FAIL("DataParallel: ", diff);
+  void remove_hooks() override {
+    for (size_t i = 0; i < hooks_.size(); ++i) params_[i].remove_grad_ready_hook(hooks_[i]);
+    hooks_.clear();
   }
-  DPAR_FAIL(
-      "DataParallel: the ranks' models differ (digests disagree) but no difference was "
-      "found in their parameter and buffer lists");
+  Tensor grad(size_t i) const override { return params_[i].grad(); }
+  bool grad_is(size_t i, const Tensor& view) const override {
+    const Tensor g = params_[i].grad();
+    return g.defined() && g.is_same(view);
+  }
+  void set_grad(size_t i, const Tensor& view) override { params_[i].set_grad(view); }
+  void at_end_of_backward(std::function<void()> callback) override {
+    autograd::queue_callback(std::move(callback));
+  }
+  bool grad_enabled() const override { return GradMode::is_enabled(); }
+
+ private:
+  std::vector<Tensor> params_;
+  std::vector<int> hooks_;
+};
+
+// The parameters (by position) that output's autograd graph reaches.
+std::vector<bool> reachable_parameters(const Tensor& output, const std::vector<Tensor>& params) {
+  autograd::Edge root = autograd::gradient_edge(output);
+  if (!root.valid()) return {};
+  std::unordered_set<const TensorImpl*> reached;
+  std::vector<autograd::Node*> stack{root.node.get()};
+  std::unordered_set<autograd::Node*> seen{root.node.get()};
+  while (!stack.empty()) {
+    autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(node)) {
+      reached.insert(acc->variable().get());
+    }
+    for (const auto& e : node->next_edges()) {
+      if (e.valid() && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  std::vector<bool> out(params.size());
+  for (size_t i = 0; i < params.size(); ++i) out[i] = reached.count(params[i].impl()) > 0;
+  return out;
 }
 
 }  // namespace
@@ -149,7 +106,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
   Group& group = *options_.group;
 
   try {
-    verify_same_model(group, *module_);
+    verify_same_model(group, signature_of(*module_));
   } catch (const std::exception& e) {
     const std::string what = e.what();
     if (what.rfind("DataParallel: ", 0) == 0) throw;  // the mismatch itself
@@ -164,16 +121,21 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
                       "DataParallel's broadcast of rank 0's parameters and buffers at "
                       "construction (every rank must build its DataParallel)");
 
+  // A tensor registered twice (tied weights) has one gradient: it keeps its first name.
   nn::NamedTensors trainable;
+  std::unordered_set<const TensorImpl*> seen;
   for (auto& [name, t] : module_->named_parameters()) {
-    if (t.requires_grad()) trainable.emplace_back(name, t);
+    if (t.requires_grad() && seen.insert(t.impl()).second) trainable.emplace_back(name, t);
   }
+  for (const auto& entry : trainable) trainable_params_.push_back(entry.second);
   Reducer::Options ro;
   ro.first_bucket_mb = options_.last_comm_buffer_size;
   ro.bucket_mb = options_.comm_buffer_size;
   ro.find_unused_parameters = options_.find_unused_parameters;
   ro.comm_dtype = options_.comm_dtype;
-  reducer_ = std::make_unique<Reducer>(std::move(trainable), options_.group, ro);
+  reducer_ = std::make_unique<Reducer>(std::move(trainable),
+                                       std::make_unique<DparAutogradBinding>(trainable_params_),
+                                       options_.group, ro);
   if (group.rank() == 0) {
     std::printf("DataParallel: %s\n", bucket_summary().c_str());
     std::fflush(stdout);
@@ -208,7 +170,9 @@ Tensor DataParallel::run_forward(const Tensor& input, int64_t local_batch_size) 
   buffers_in_sync_ = !training;
   if (reducer_) reducer_->prepare_forward(sync_enabled_, local_batch_size);
   Tensor output = module_->forward(input);
-  if (reducer_) reducer_->after_forward(output);
+  if (reducer_) {
+    reducer_->after_forward([&] { return reachable_parameters(output, trainable_params_); });
+  }
   return output;
 }
 

@@ -6,9 +6,7 @@
 #include <numeric>
 #include <tuple>
 
-#include "dpar/autograd/engine.h"
 #include "dpar/autograd/grad_mode.h"
-#include "dpar/autograd/node.h"
 #include "dpar/tensor/ops.h"
 
 namespace dpar::dist {
@@ -122,12 +120,10 @@ std::string format_bucket_summary(const std::vector<BucketInfo>& buckets) {
 }
 
 // ---- construction ------------------------------------------------------------------------
-Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<Group> group, Options options)
-    : group_(std::move(group)), options_(options) {
-  // A tensor registered twice (tied weights) has one gradient: keep its first name.
-  std::unordered_set<const TensorImpl*> seen;
+Reducer::Reducer(nn::NamedTensors params, std::unique_ptr<AutogradBinding> binding,
+                 std::shared_ptr<Group> group, Options options)
+    : binding_(std::move(binding)), group_(std::move(group)), options_(options) {
   for (auto& [name, t] : params) {
-    if (!seen.insert(t.impl()).second) continue;
     Param p;
     p.name = name;
     p.tensor = t;
@@ -137,14 +133,11 @@ Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<Group> group, Options 
   // Backward produces the last layers' gradients first.
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
   install_buckets(assign_buckets(order));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].hook =
-        params_[i].tensor.register_grad_ready_hook([this, i](Tensor&) { on_grad_ready(i); });
-  }
+  binding_->install_hooks([this](size_t i) { on_grad_ready(i); });
 }
 
 Reducer::~Reducer() {
-  for (auto& p : params_) p.tensor.remove_grad_ready_hook(p.hook);
+  binding_->remove_hooks();
   abandon_iteration();
   if (batch_work_) {
     try {
@@ -210,10 +203,11 @@ void Reducer::install_buckets(const std::vector<std::vector<size_t>>& partition)
       // In the parameter's layout (view_at): the bucket is flat memory either way.
       Tensor view = view_at(b.buffer, static_cast<size_t>(b.offsets[k]) * dtype_size(first.dtype()),
                             p.tensor);
-      Tensor g = p.tensor.grad();
+      const size_t index = b.params[k];
+      Tensor g = binding_->grad(index);
       if (g.defined()) {
         view.copy_(g);
-        p.tensor.set_grad(view);
+        binding_->set_grad(index, view);
       }
       p.view = view;
       p.bucket = bi;
@@ -247,7 +241,8 @@ void Reducer::prepare_forward(bool sync, int64_t local_batch) {
   batch_work_.reset();
   sync_ = sync;
   local_batch_ = -1;
-  if (sync && local_batch >= 0 && GradMode::is_enabled()) {
+  reachable_.clear();
+  if (sync && local_batch >= 0 && binding_->grad_enabled()) {
     // Summed over ranks while the forward computes; the first bucket launch needs it.
     local_batch_ = local_batch;
     batch_sum_ = Tensor::full({1}, static_cast<double>(local_batch));
@@ -255,23 +250,14 @@ void Reducer::prepare_forward(bool sync, int64_t local_batch) {
   }
 }
 
-void Reducer::after_forward(const Tensor& output) {
-  if (!options_.find_unused_parameters || !sync_ || !GradMode::is_enabled()) return;
-  autograd::Edge root = autograd::gradient_edge(output);
-  if (!root.valid()) return;
-  std::vector<autograd::Node*> stack{root.node.get()};
-  std::unordered_set<autograd::Node*> seen{root.node.get()};
-  while (!stack.empty()) {
-    autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(node)) {
-      reachable_.insert(acc->variable().get());
-    }
-    for (const auto& e : node->next_edges()) {
-      if (e.valid() && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
-    }
+void Reducer::after_forward(const std::function<std::vector<bool>()>& reachable) {
+  if (!options_.find_unused_parameters || !sync_ || !binding_->grad_enabled()) return;
+  reachable_ = reachable();
+  if (!reachable_.empty()) {
+    DPAR_CHECK(reachable_.size() == params_.size(),
+               "DataParallel: internal error: ", reachable_.size(), " reachability flags for ",
+               params_.size(), " parameters");
   }
-  graph_walked_ = true;
 }
 
 // ---- backward ------------------------------------------------------------------------------
@@ -299,21 +285,21 @@ void Reducer::begin_backward() {
   next_launch_ = 0;
   factor_known_ = false;
   if (!rebuilt_) ready_order_.clear();
-  autograd::queue_callback([this] { finalize(); });
-  if (graph_walked_) {
+  binding_->at_end_of_backward([this] { finalize(); });
+  if (!reachable_.empty()) {
     // Parameters the forward output does not depend on get no gradient: count them as
     // ready (zero) now so their buckets do not wait for the end of backward.
     for (size_t i = params_.size(); i-- > 0;) {
-      if (!reachable_.count(params_[i].tensor.impl())) mark_ready(i);
+      if (!reachable_[i]) mark_ready(i);
     }
   }
 }
 
 void Reducer::restore_view(size_t index, bool zero_if_missing) {
   Param& p = params_[index];
-  Tensor g = p.tensor.grad();
-  if (g.defined() && g.is_same(p.view)) return;
+  if (binding_->grad_is(index, p.view)) return;
   NoGradGuard no_grad;
+  Tensor g = binding_->grad(index);
   if (g.defined()) {
     // zero_grad(set_to_none) or a user assignment replaced the view: move the value home.
     p.view.copy_(g);
@@ -322,7 +308,7 @@ void Reducer::restore_view(size_t index, bool zero_if_missing) {
   } else {
     return;
   }
-  p.tensor.set_grad(p.view);
+  binding_->set_grad(index, p.view);
 }
 
 void Reducer::mark_ready(size_t index) {
@@ -443,7 +429,6 @@ void Reducer::finalize() {
   stats_.exposed_seconds = std::max(0.0, seconds(last - backward_end));
 
   active_ = false;
-  graph_walked_ = false;
   reachable_.clear();
   if (!rebuilt_) rebuild_in_ready_order();
 }
@@ -462,7 +447,6 @@ void Reducer::abandon_iteration() {
   }
   active_ = false;
   next_launch_ = 0;
-  graph_walked_ = false;
   reachable_.clear();
   if (!rebuilt_) ready_order_.clear();
 }

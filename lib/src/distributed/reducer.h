@@ -13,11 +13,10 @@
 // after the first iteration - rebuilding the buckets in the order gradients actually became ready.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "dpar/distributed/data_parallel.h"
@@ -41,6 +40,27 @@ void wait_explained(Work& work, const Group& group, const std::string& purpose);
 // "all_reduce tensors: 142, after fusion: 3 buckets [1.0 MB, 8.7 MB, 25.1 MB]"
 std::string format_bucket_summary(const std::vector<BucketInfo>& buckets);
 
+// The autograd system whose parameters a Reducer serves: dpar's own (dist::DataParallel) or
+// libtorch's (dpar::torch::DataParallel). The Reducer sees parameters and gradients as dpar
+// tensors (for libtorch, zero-copy views of the same memory); parameter i of the binding is
+// parameter i of the list given to the Reducer.
+class AutogradBinding {
+ public:
+  virtual ~AutogradBinding() = default;
+  // on_ready(i) must run once parameter i's gradient has been accumulated in a backward pass.
+  virtual void install_hooks(std::function<void(size_t)> on_ready) = 0;
+  virtual void remove_hooks() = 0;
+  // Parameter i's gradient as a dpar tensor; undefined when it has none.
+  virtual Tensor grad(size_t i) const = 0;
+  // Whether parameter i's gradient is the memory of `view` (shape and strides included).
+  virtual bool grad_is(size_t i, const Tensor& view) const = 0;
+  // Makes `view` (a region of a bucket) parameter i's gradient.
+  virtual void set_grad(size_t i, const Tensor& view) = 0;
+  // Runs callback when the running backward pass ends (called from a gradient hook).
+  virtual void at_end_of_backward(std::function<void()> callback) = 0;
+  virtual bool grad_enabled() const = 0;
+};
+
 class Reducer {
  public:
   struct Options {
@@ -50,8 +70,10 @@ class Reducer {
     DType comm_dtype = DType::f32;  // what f32 buckets travel as (DataParallelOptions)
   };
 
-  // params: (name, tensor) of every parameter that requires grad, in registration order.
-  Reducer(nn::NamedTensors params, std::shared_ptr<Group> group, Options options);
+  // params: (name, tensor) of every parameter that requires grad, in registration order, each
+  // tensor once (tied weights share one gradient); binding reaches them in the same order.
+  Reducer(nn::NamedTensors params, std::unique_ptr<AutogradBinding> binding,
+          std::shared_ptr<Group> group, Options options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -60,9 +82,10 @@ class Reducer {
   // communicates (false inside no_sync()). local_batch >= 0 asks for sample weighting: the
   // batch sizes are summed over ranks here (asynchronously; awaited at the first bucket).
   void prepare_forward(bool sync, int64_t local_batch);
-  // Called with the module's output: with find_unused_parameters, walks the autograd graph
-  // to find parameters the output does not depend on, so their buckets need not wait.
-  void after_forward(const Tensor& output);
+  // Called after the module's forward: with find_unused_parameters, reachable() walks the
+  // output's autograd graph and says which parameters it depends on, so the buckets of the
+  // others need not wait for the end of backward. reachable is called only when needed.
+  void after_forward(const std::function<std::vector<bool>()>& reachable);
 
   std::vector<BucketInfo> buckets() const;
   size_t num_parameters() const { return params_.size(); }
@@ -85,7 +108,6 @@ class Reducer {
   struct Param {
     std::string name;
     Tensor tensor;
-    int hook = -1;
     size_t bucket = 0;
     Tensor view;  // the gradient's home in the bucket (contiguous strides)
   };
@@ -114,6 +136,7 @@ class Reducer {
   void log_summary(const char* what) const;
 
   std::vector<Param> params_;
+  std::unique_ptr<AutogradBinding> binding_;
   std::shared_ptr<Group> group_;
   Options options_;
   std::vector<Bucket> buckets_;
@@ -123,8 +146,7 @@ class Reducer {
   std::shared_ptr<Work> batch_work_;  // allreduce of the local batch size
   Tensor batch_sum_;
   int64_t local_batch_ = -1;
-  bool graph_walked_ = false;
-  std::unordered_set<const TensorImpl*> reachable_;
+  std::vector<bool> reachable_;  // per parameter; empty when the graph was not walked
 
   // Per backward.
   bool active_ = false;

@@ -111,6 +111,7 @@ class DataParallel : public nn::Module {
 
   std::shared_ptr<nn::Module> module_;
   DataParallelOptions options_;
+  std::vector<Tensor> trainable_params_;  // the Reducer's parameters, in its order
   std::unique_ptr<Reducer> reducer_;
   bool sync_enabled_ = true;
   // No training forward has changed the buffers since rank 0's were last broadcast.
