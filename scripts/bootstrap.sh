@@ -18,6 +18,8 @@ packages=(
   # scripts/fuzz.sh: Clang with libFuzzer (compiler-rt) and its OpenMP runtime; llvm brings
   # llvm-symbolizer, which turns sanitizer reports' addresses into file:line.
   clang libclang-rt-14-dev libomp-14-dev llvm
+  # libtorch (C++ API, 1.13) for dpar::torch, its example, tests and benchmark.
+  libtorch-dev
   python3 python3-numpy python3-torch python3-torchvision python3-onnx
   python3-protobuf python3-crc32c python3-matplotlib
   # The PyTorch peers' BLAS: Debian's python3-torch calls whatever libblas.so.3 is selected,

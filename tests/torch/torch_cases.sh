@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# dpar::torch::DataParallel through the real launcher (real processes, Gloo over loopback).
+#   torch_cases.sh <case> <dpar-launch> <torch_ddp_worker> [train_resnet18]
+# Cases: plain2 plain3 no_sync unequal bf16 buckets unused_error unused_found mismatch mixed
+#        checkpoint kill9 (torch_ddp_worker.cpp says what each mode checks), and example
+#        (examples/libtorch on 2 ranks: an epoch, then --resume for a second).
+set -u
+case_name=$1
+launcher=$2
+worker=$3
+example=${4:-}
+here=$(cd "$(dirname "$0")" && pwd)
+# common.sh gives $work, $marker, $port, fail/ok/expect_text/expect_no_job_processes/finish.
+source "$here/../launch/common.sh" "$launcher" "$worker"
+
+launch() {  # launch <nproc> worker args... (+ the marker, except for the example)
+  local n=$1
+  shift
+  local tail=("$marker")
+  [ "$worker" = "$example" ] && tail=()  # its output folder carries the marker instead
+  "$launcher" --nproc_per_node="$n" --start_port="$port" --log_dir="$work/logs" "$worker" "$@" \
+    "${tail[@]}"
+}
+
+run_ok() {  # run_ok <nproc> worker args...: must exit 0
+  if launch "$@" >"$work/out.txt" 2>&1; then ok "$* exited 0"; else
+    fail "$* exited $?:"
+    sed 's/^/    /' "$work/out.txt"
+    for f in "$work"/logs/workerlog.*; do [ -f "$f" ] && { echo "  --- $f"; tail -5 "$f" | sed 's/^/    /'; }; done
+  fi
+}
+
+run_fails() {  # run_fails <nproc> worker args...: must exit non-zero, without a hang
+  launch "$@" >"$work/out.txt" 2>&1
+  local code=$?
+  [ $code -ne 0 ] && ok "$* exited $code" || fail "$* exited 0"
+  cat "$work/out.txt" "$work"/logs/workerlog.* >"$work/all.txt" 2>/dev/null
+}
+
+case $case_name in
+  plain2)
+    run_ok 2 --mode plain --steps 4
+    expect_text "$work/out.txt" "plain on 2 ranks, 4 steps: bitwise equal across ranks" ;;
+  plain3)
+    run_ok 3 --mode plain --steps 3
+    expect_text "$work/out.txt" "plain on 3 ranks, 3 steps: bitwise equal across ranks" ;;
+  no_sync)
+    run_ok 2 --mode no_sync --steps 3
+    expect_text "$work/out.txt" "no_sync on 2 ranks" ;;
+  unequal)
+    run_ok 3 --mode unequal --steps 3
+    expect_text "$work/out.txt" "unequal on 3 ranks" ;;
+  bf16)
+    run_ok 2 --mode bf16 --steps 3
+    expect_text "$work/out.txt" "bf16 on 2 ranks" ;;
+  buckets)
+    run_ok 2 --mode buckets --steps 3
+    expect_text "$work/out.txt" "buckets rebuilt in gradient-ready order"
+    expect_text "$work/out.txt" "buckets on 2 ranks" ;;
+  unused_error)
+    run_fails 2 --mode unused --steps 2
+    expect_text "$work/all.txt" "received no gradient in this backward pass: unused.weight, unused.bias"
+    expect_text "$work/all.txt" "find_unused_parameters"
+    expect_no_job_processes ;;
+  unused_found)
+    run_ok 2 --mode unused --find-unused --steps 3
+    expect_text "$work/out.txt" "unused on 2 ranks" ;;
+  mismatch)
+    run_fails 2 --mode mismatch
+    expect_text "$work/all.txt" "DataParallel: parameter 0 differs across ranks: rank 0 has conv1.weight Float[8,3,3,3], rank 1 has conv1.weight Float[9,3,3,3]"
+    expect_no_job_processes ;;
+  mixed)
+    run_ok 2 --mode mixed --steps 3
+    expect_text "$work/out.txt" "mixed: both bitwise equal across ranks" ;;
+  checkpoint)
+    run_ok 2 --mode checkpoint --steps 5 --save-at 2 --dir "$work"
+    expect_text "$work/out.txt" "checkpoint: resumed at step 2, bitwise equal" ;;
+  kill9)
+    launch 2 --mode plain --steps 100000 --die-rank 1 --die-step 3 >"$work/out.txt" 2>&1
+    code=$?
+    end=$(now_ms)
+    killed_at=$(cat "$work/out.txt" "$work"/logs/workerlog.* 2>/dev/null |
+      sed -n 's/.*killing myself with SIGKILL.*(epoch ms \([0-9]*\)).*/\1/p' | head -n 1)
+    [ $code -ne 0 ] && ok "launcher exited $code" || fail "launcher exited 0 after a SIGKILLed rank"
+    if [ -z "$killed_at" ]; then
+      fail "rank 1 did not say when it killed itself"
+    else
+      elapsed=$((end - killed_at))
+      [ $elapsed -lt 10000 ] && ok "torn down $elapsed ms after the kill" ||
+        fail "took $elapsed ms after the kill (limit 10 s)"
+    fi
+    expect_text "$work/out.txt" "rank 1"
+    expect_text "$work/out.txt" "SIGKILL"
+    sleep 0.5
+    expect_no_job_processes ;;
+  example)
+    # A small slice of Fashion-MNIST: one epoch, then a resumed run for the second.
+    out=$work/$marker
+    flags=(--limit 256 --batch_size 32 --log_interval 4 --output_dir "$out")
+    worker=$example
+    run_ok 2 --epochs 1 "${flags[@]}"
+    expect_text "$work/out.txt" "[Epoch 0, iter: 4] top1:"
+    expect_text "$work/out.txt" "[Eval][Epoch 0][Avg] loss:"
+    expect_text "$work/out.txt" "after fusion: 3 buckets"
+    [ -s "$out/resnet18.ckpt" ] && [ -s "$out/resnet18.pt" ] && ok "rank 0 saved" ||
+      fail "no resnet18.ckpt / resnet18.pt in $out"
+    run_ok 2 --epochs 2 --resume "${flags[@]}"
+    expect_text "$work/out.txt" "resumed from $out/resnet18.ckpt at epoch 1"
+    expect_text "$work/out.txt" "[Eval][Epoch 1][Avg] loss:" ;;
+  *) echo "unknown case $case_name"; exit 2 ;;
+esac
+finish
