@@ -13,3 +13,13 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/dparConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/dparConfig.cmake ${PROJECT_BINARY_DIR}/dparConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dpar)
+
+# dpar::torch: its own export set, loaded by find_package(dpar COMPONENTS torch).
+if(DPAR_TORCH_ENABLED)
+  install(TARGETS dpar_torch EXPORT dparTorchTargets
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+    INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(EXPORT dparTorchTargets NAMESPACE dpar:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dpar)
+endif()

@@ -48,3 +48,27 @@ port=$((20000 + RANDOM % 20000))
 grep -q "^epoch 0: mean loss" launch.txt && grep -q "DataParallel: all_reduce tensors" launch.txt ||
   { cat launch.txt; fail "2-rank output"; }
 echo "own model: single process, refused re-run, --resume and 2 ranks under dpar-launch: ok"
+
+# dpar::torch, when this build has it: examples/libtorch built against the installed package
+# with find_package(dpar COMPONENTS torch), as docs/libtorch.md tells a libtorch user to.
+if [ -f "$work/prefix/lib/cmake/dpar/dparTorchTargets.cmake" ]; then
+  mkdir -p "$work/torch_user"
+  cp "$source_dir"/examples/libtorch/*.cpp "$source_dir"/examples/libtorch/*.h "$work/torch_user/"
+  cat >"$work/torch_user/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(torch_user LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+find_package(dpar CONFIG REQUIRED COMPONENTS torch)
+add_executable(train_resnet18 train.cpp)
+target_link_libraries(train_resnet18 PRIVATE dpar::torch)
+CMAKE
+  cmake -S "$work/torch_user" -B "$work/torch_user/build" -G Ninja \
+    -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+  cmake --build "$work/torch_user/build" >/dev/null
+  "$work/prefix/bin/dpar-launch" --nproc_per_node=2 --start_port=$((port + 10)) --log_dir=tlogs \
+    "$work/torch_user/build/train_resnet18" --epochs 1 --limit 128 --batch_size 32 \
+    --output_dir torch_out >torch.txt 2>&1 || { cat torch.txt tlogs/*; fail "libtorch example"; }
+  grep -q "after fusion: 3 buckets" torch.txt && [ -s torch_out/resnet18.ckpt ] ||
+    { cat torch.txt; fail "libtorch example output"; }
+  echo "libtorch example against the installed dpar::torch, 2 ranks: ok"
+fi
