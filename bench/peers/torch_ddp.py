@@ -1,4 +1,6 @@
-"""PyTorch DDP peer for bench_ddp: MobileNetV3-small, N processes x --threads threads, gloo on
+"""PyTorch DDP peer for bench_ddp (MobileNetV3-small) and bench_torch_ddp (--model resnet18: the
+torchvision ResNet-18 with a 1-channel stem and 10 classes, as examples/libtorch builds it with
+torch::nn, on [batch, 1, img, img] inputs): N processes x --threads threads, gloo on
 the CPU; with --device cuda, nccl on GPU --gpu-index shared by every rank (each rank its own
 NCCL_HOSTID, sockets on lo, as bench_ddp's ranks), or GPU <rank> with --gpu-index -1.
 
@@ -64,6 +66,21 @@ def pick_device(a, rank):
     return device
 
 
+def make_model(a):
+    if a.model == "resnet18":
+        model = torchvision.models.resnet18(num_classes=10)
+        model.conv1 = torch.nn.Conv2d(1, 64, 7, 2, 3, bias=False)
+        return model
+    return torchvision.models.mobilenet_v3_small(num_classes=1000)
+
+
+def make_batch(a, generator=None):
+    channels, classes = (1, 10) if a.model == "resnet18" else (3, 1000)
+    x = torch.randn(a.batch, channels, a.img, a.img, generator=generator)
+    y = torch.randint(0, classes, (a.batch,), generator=generator)
+    return x, y
+
+
 def worker(rank, world, port, a, results):
     torch.set_num_threads(a.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -72,14 +89,12 @@ def worker(rank, world, port, a, results):
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank,
                             world_size=world)
     torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v3_small(num_classes=1000).to(device)
+    model = make_model(a).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randn(a.batch, 3, a.img, a.img, generator=g).to(device)
-    y = torch.randint(0, 1000, (a.batch,), generator=g).to(device)
-    sec = train(ddp, opt, x, y, a.warmup, a.steps)
+    x, y = make_batch(a, torch.Generator().manual_seed(rank))
+    sec = train(ddp, opt, x.to(device), y.to(device), a.warmup, a.steps)
     results[rank] = sec
     dist.destroy_process_group()
 
@@ -88,11 +103,10 @@ def single(a):
     torch.set_num_threads(a.threads)
     device = pick_device(a, 0)
     torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v3_small(num_classes=1000).to(device)
+    model = make_model(a).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
-    x = torch.randn(a.batch, 3, a.img, a.img).to(device)
-    y = torch.randint(0, 1000, (a.batch,)).to(device)
-    return a.batch / train(model, opt, x, y, a.warmup, a.steps)
+    x, y = make_batch(a)
+    return a.batch / train(model, opt, x.to(device), y.to(device), a.warmup, a.steps)
 
 
 def main():
@@ -104,6 +118,8 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--model", choices=["mobilenet_v3_small", "resnet18"],
+                   default="mobilenet_v3_small")
     p.add_argument("--gpu-index", type=int, default=0)
     a = p.parse_args()
     manager = mp.Manager()
