@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # dpar::torch::DataParallel through the real launcher (real processes, Gloo over loopback).
 #   torch_cases.sh <case> <dpar-launch> <torch_ddp_worker> [train_resnet18]
-# Cases: plain2 plain3 no_sync unequal bf16 buckets unused_error unused_found mismatch mixed
-#        checkpoint kill9 (torch_ddp_worker.cpp says what each mode checks), and example
+# Cases: plain2 plain3 no_sync unequal bf16 buckets unused_error unused_found mismatch detail
+#        timeout mixed checkpoint kill9 (torch_ddp_worker.cpp says what each mode checks), and example
 #        (examples/libtorch on 2 ranks: an epoch, then --resume for a second).
 set -u
 case_name=$1
@@ -68,6 +68,20 @@ case $case_name in
   mismatch)
     run_fails 2 --mode mismatch
     expect_text "$work/all.txt" "DataParallel: parameter 0 differs across ranks: rank 0 has conv1.weight Float[8,3,3,3], rank 1 has conv1.weight Float[9,3,3,3]"
+    expect_no_job_processes ;;
+  detail)
+    DPAR_DEBUG=DETAIL DPAR_TIMEOUT=20 run_fails 2 --mode detail
+    expect_text "$work/all.txt" "mismatch"
+    expect_text "$work/all.txt" "[1000]"
+    expect_text "$work/all.txt" "[999]"
+    expect_no_job_processes ;;
+  timeout)
+    start=$(now_ms)
+    DPAR_TIMEOUT=3 run_fails 2 --mode timeout
+    elapsed=$(($(now_ms) - start))
+    [ $elapsed -lt 30000 ] && ok "failed after $elapsed ms" || fail "took $elapsed ms (limit 30 s)"
+    expect_text "$work/all.txt" "allreduce"
+    expect_text "$work/all.txt" "timed out"
     expect_no_job_processes ;;
   mixed)
     run_ok 2 --mode mixed --steps 3

@@ -17,6 +17,10 @@
 //   checkpoint rank 0 saves after --save-at steps; a fresh model and optimizer restored from
 //              it and trained on reach bitwise the weights of the uninterrupted run
 //   die        --die-rank SIGKILLs itself at --die-step
+//   detail     rank 1 all-reduces a libtorch tensor of another shape (run with
+//              DPAR_DEBUG=DETAIL: the cross-rank check names both shapes)
+//   timeout    rank 1 skips an all-reduce of a libtorch tensor (run with a short DPAR_TIMEOUT:
+//              rank 0's error names the op and the timeout)
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -218,6 +222,14 @@ int body(int argc, char** argv) {
   run.find_unused = find_unused;
   run.die_rank = static_cast<int>(die_rank);
   run.die_step = static_cast<int>(die_step);
+
+  if (run.mode == "detail" || run.mode == "timeout") {
+    at::Tensor t = at::ones({run.mode == "detail" && run.rank == 1 ? 999 : 1000});
+    if (!(run.mode == "timeout" && run.rank == 1)) dt::all_reduce(t);
+    dt::barrier();
+    std::printf("rank %d: drill finished without error\n", run.rank);
+    return 0;
+  }
 
   if (run.mode == "mixed") {
     mixed(run);
