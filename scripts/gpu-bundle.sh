@@ -22,8 +22,10 @@ limit=$((64 * 1024 * 1024))
 if [ "$build_first" = 1 ]; then
   scripts/bootstrap.sh
   export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+  # dpar::torch stays out: here it would link Debian's CPU-only libtorch, and the GPU machine's
+  # libtorch (PyTorch's CUDA wheel) is not here to build against.
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPAR_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DDPAR_WITH_TORCH=OFF
   cmake --build "$build" -j "${DPAR_JOBS:-$(nproc)}"
 fi
 if [ ! -f "$build/tests/gpu/CTestTestfile.cmake" ]; then
@@ -45,7 +47,10 @@ binaries=()
 while IFS= read -r f; do binaries+=("$f"); done < <(
   cd "$build" && find tests/gpu tests/multiproc examples/mobilenetv3 launch bench -maxdepth 1 \
     -type f -perm -u+x \( -name 'test_*' -o -name train -o -name infer -o -name export_model \
-    -o -name dpar-launch -o -name 'bench_*' -o -name '*_worker' \) 2>/dev/null | sort)
+    -o -name dpar-launch -o -name 'bench_*' -o -name '*_worker' \) 2>/dev/null | sort |
+    # Programs of dpar::torch (bench_torch_ddp) link this machine's CPU-only libtorch: not for
+    # the GPU machine (see the configure above), and hundreds of MB of libraries.
+    while IFS= read -r b; do ldd "$b" 2>/dev/null | grep -q 'libtorch' || echo "$b"; done)
 [ "${#binaries[@]}" -gt 0 ] || { echo "gpu-bundle: no binaries in $build" >&2; exit 1; }
 for f in "${binaries[@]}"; do
   mkdir -p "$root/$(dirname "$f")"
