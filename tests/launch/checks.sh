@@ -56,6 +56,30 @@ run_timed() {
   elapsed_ms=$(($(now_ms) - t0))
 }
 
+# expect_kill9_teardown CODE END_MS OUT LOGS...: a rank that SIGKILLed itself (printing "killing
+# myself with SIGKILL ... (epoch ms T)") ended the job: the launcher exited CODE != 0 at END_MS,
+# within 10 s of the kill (timed from the kill, not the launch: start-up, CUDA and NCCL set-up
+# on a GPU, is not part of the teardown), saying which rank and signal, and nothing is left.
+expect_kill9_teardown() {
+  local code=$1 end=$2 out=$3
+  shift 3
+  local killed_at elapsed
+  killed_at=$(cat "$out" "$@" 2>/dev/null |
+    sed -n 's/.*killing myself with SIGKILL.*(epoch ms \([0-9]*\)).*/\1/p' | head -n 1)
+  [ "$code" -ne 0 ] && ok "launcher exited $code" || fail "launcher exited 0 after a SIGKILLed rank"
+  if [ -z "$killed_at" ]; then
+    fail "the dying rank did not say when it killed itself"
+  else
+    elapsed=$((end - killed_at))
+    [ $elapsed -lt 10000 ] && ok "torn down $elapsed ms after the kill" ||
+      fail "took $elapsed ms after the kill (limit 10 s)"
+  fi
+  expect_text "$out" "rank 1"
+  expect_text "$out" "SIGKILL"
+  sleep 0.5
+  expect_no_job_processes
+}
+
 finish() {
   if [ "$failures" -ne 0 ]; then
     echo "$failures check(s) failed"

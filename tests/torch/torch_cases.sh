@@ -92,21 +92,7 @@ case $case_name in
   kill9)
     launch 2 --mode plain --steps 100000 --die-rank 1 --die-step 3 >"$work/out.txt" 2>&1
     code=$?
-    end=$(now_ms)
-    killed_at=$(cat "$work/out.txt" "$work"/logs/workerlog.* 2>/dev/null |
-      sed -n 's/.*killing myself with SIGKILL.*(epoch ms \([0-9]*\)).*/\1/p' | head -n 1)
-    [ $code -ne 0 ] && ok "launcher exited $code" || fail "launcher exited 0 after a SIGKILLed rank"
-    if [ -z "$killed_at" ]; then
-      fail "rank 1 did not say when it killed itself"
-    else
-      elapsed=$((end - killed_at))
-      [ $elapsed -lt 10000 ] && ok "torn down $elapsed ms after the kill" ||
-        fail "took $elapsed ms after the kill (limit 10 s)"
-    fi
-    expect_text "$work/out.txt" "rank 1"
-    expect_text "$work/out.txt" "SIGKILL"
-    sleep 0.5
-    expect_no_job_processes ;;
+    expect_kill9_teardown $code "$(now_ms)" "$work/out.txt" "$work"/logs/workerlog.* ;;
   example)
     # A small slice of Fashion-MNIST: one epoch, then a resumed run for the second.
     out=$work/$marker

@@ -83,14 +83,7 @@ std::vector<bool> reachable_parameters(const Tensor& output, const std::vector<T
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptions options)
     : Module("DataParallel"), module_(std::move(module)), options_(std::move(options)) {
   DPAR_CHECK(module_ != nullptr, "DataParallel: the module is null");
-  DPAR_CHECK(options_.comm_buffer_size > 0 && options_.last_comm_buffer_size > 0,
-             "DataParallel: comm_buffer_size (", options_.comm_buffer_size,
-             " MB) and last_comm_buffer_size (", options_.last_comm_buffer_size,
-             " MB) must be positive");
-  DPAR_CHECK(options_.comm_dtype == DType::f32 || options_.comm_dtype == DType::bf16 ||
-                 options_.comm_dtype == DType::f16,
-             "DataParallel: comm_dtype must be f32, bf16 or f16, got ",
-             dtype_name(options_.comm_dtype));
+  const Reducer::Options reducer_options = Reducer::options_from(options_, "DataParallel");
   // A child, so apply(), repr() and train() reach it; the overrides below drop the prefix.
   register_module("module", module_);
   Module::train(module_->is_training());
@@ -128,14 +121,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
     if (t.requires_grad() && seen.insert(t.impl()).second) trainable.emplace_back(name, t);
   }
   for (const auto& entry : trainable) trainable_params_.push_back(entry.second);
-  Reducer::Options ro;
-  ro.first_bucket_mb = options_.last_comm_buffer_size;
-  ro.bucket_mb = options_.comm_buffer_size;
-  ro.find_unused_parameters = options_.find_unused_parameters;
-  ro.comm_dtype = options_.comm_dtype;
   reducer_ = std::make_unique<Reducer>(std::move(trainable),
                                        std::make_unique<DparAutogradBinding>(trainable_params_),
-                                       options_.group, ro);
+                                       options_.group, reducer_options);
   if (group.rank() == 0) {
     std::printf("DataParallel: %s\n", bucket_summary().c_str());
     std::fflush(stdout);

@@ -120,6 +120,21 @@ std::string format_bucket_summary(const std::vector<BucketInfo>& buckets) {
 }
 
 // ---- construction ------------------------------------------------------------------------
+Reducer::Options Reducer::options_from(const DataParallelOptions& options, const std::string& who) {
+  DPAR_CHECK(options.comm_buffer_size > 0 && options.last_comm_buffer_size > 0, who,
+             ": comm_buffer_size (", options.comm_buffer_size, " MB) and last_comm_buffer_size (",
+             options.last_comm_buffer_size, " MB) must be positive");
+  DPAR_CHECK(options.comm_dtype == DType::f32 || options.comm_dtype == DType::bf16 ||
+                 options.comm_dtype == DType::f16,
+             who, ": comm_dtype must be f32, bf16 or f16, got ", dtype_name(options.comm_dtype));
+  Options out;
+  out.first_bucket_mb = options.last_comm_buffer_size;
+  out.bucket_mb = options.comm_buffer_size;
+  out.find_unused_parameters = options.find_unused_parameters;
+  out.comm_dtype = options.comm_dtype;
+  return out;
+}
+
 Reducer::Reducer(nn::NamedTensors params, std::unique_ptr<AutogradBinding> binding,
                  std::shared_ptr<Group> group, Options options)
     : binding_(std::move(binding)), group_(std::move(group)), options_(options) {

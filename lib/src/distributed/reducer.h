@@ -87,6 +87,9 @@ class Reducer {
   // others need not wait for the end of backward. reachable is called only when needed.
   void after_forward(const std::function<std::vector<bool>()>& reachable);
 
+  // Checks a DataParallel's options (errors start with `who`) and gives the Reducer's.
+  static Options options_from(const DataParallelOptions& options, const std::string& who);
+
   std::vector<BucketInfo> buckets() const;
   size_t num_parameters() const { return params_.size(); }
   DataParallel::CommStats last_comm_stats() const { return stats_; }

@@ -149,14 +149,8 @@ DataParallelBase::DataParallelBase(std::shared_ptr<::torch::nn::Module> module,
                                    DataParallelOptions options)
     : module_(std::move(module)), options_(std::move(options)), impl_(std::make_unique<Impl>()) {
   DPAR_CHECK(module_ != nullptr, "dpar::torch::DataParallel: the module is null");
-  DPAR_CHECK(options_.comm_buffer_size > 0 && options_.last_comm_buffer_size > 0,
-             "dpar::torch::DataParallel: comm_buffer_size (", options_.comm_buffer_size,
-             " MB) and last_comm_buffer_size (", options_.last_comm_buffer_size,
-             " MB) must be positive");
-  DPAR_CHECK(options_.comm_dtype == DType::f32 || options_.comm_dtype == DType::bf16 ||
-                 options_.comm_dtype == DType::f16,
-             "dpar::torch::DataParallel: comm_dtype must be f32, bf16 or f16, got ",
-             dtype_name(options_.comm_dtype));
+  const dist::Reducer::Options reducer_options =
+      dist::Reducer::options_from(options_, "dpar::torch::DataParallel");
   if (!options_.group) {
     dist::require_init_under_launcher("dpar::torch::DataParallel");
     options_.group = dist::default_group_ptr();
@@ -192,13 +186,8 @@ DataParallelBase::DataParallelBase(std::shared_ptr<::torch::nn::Module> module,
   }
   auto binding = std::make_unique<TorchAutogradBinding>(impl_->params);
   impl_->binding = binding.get();
-  dist::Reducer::Options ro;
-  ro.first_bucket_mb = options_.last_comm_buffer_size;
-  ro.bucket_mb = options_.comm_buffer_size;
-  ro.find_unused_parameters = options_.find_unused_parameters;
-  ro.comm_dtype = options_.comm_dtype;
-  impl_->reducer =
-      std::make_unique<dist::Reducer>(std::move(trainable), std::move(binding), options_.group, ro);
+  impl_->reducer = std::make_unique<dist::Reducer>(std::move(trainable), std::move(binding),
+                                                   options_.group, reducer_options);
   if (group.rank() == 0) {
     std::printf("DataParallel: %s\n", bucket_summary().c_str());
     std::fflush(stdout);
