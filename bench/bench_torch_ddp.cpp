@@ -1,8 +1,13 @@
-// libtorch data-parallel training throughput: the ResNet-18 of examples/libtorch (torch::nn,
-// Fashion-MNIST-shaped [batch, 1, 32, 32] random inputs, 10 classes), 2 ranks x 1 thread
-// (--world, --threads), through dpar::torch::DataParallel beside PyTorch's Python DDP (gloo) on
-// torchvision's ResNet-18 with the same stem, batch and optimizer (bench/peers/torch_ddp.py
-// --model resnet18), in the same invocation. Reports images/s of both, their ratio, the share of
+// libtorch data-parallel training throughput, 2 ranks x 1 thread (--world, --threads), through
+// dpar::torch::DataParallel beside PyTorch's Python DDP (gloo) on the same graph, batch and
+// optimizer (bench/peers/torch_ddp.py), in the same invocation. --model:
+//   resnet18            the ResNet-18 of examples/libtorch (torch::nn; Fashion-MNIST-shaped
+//                       [batch, 1, 32, 32] random inputs, 10 classes; batch 32), against
+//                       torchvision's ResNet-18 with the same 1-channel stem
+//   mobilenet_v3_small  torchvision's MobileNetV3-small written with torch::nn
+//                       (examples/libtorch/mobilenet_v3.h; [batch, 3, 224, 224], 1000 classes;
+//                       batch 16, as bench_ddp), against torchvision's own Reports images/s of
+//                       both, their ratio, the share of
 // dpar's communication hidden behind backward, and each one's scaling against the same program
 // without DataParallel in one process (the overhead of going data parallel).
 //
@@ -17,9 +22,8 @@
 #include "bench_util.h"
 #include "dpar/core/flags.h"
 #include "dpar/torch.h"
+#include "libtorch/mobilenet_v3.h"
 #include "libtorch/resnet18.h"
-
-using libtorch_example::ResNet18;
 
 namespace {
 
@@ -28,18 +32,23 @@ struct StepResult {
   double comm_seconds = 0, exposed_seconds = 0;  // per step (DataParallel's statistics)
 };
 
-StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, bool ddp_on,
-                        int seed) {
+struct Shape {
+  int64_t channels, classes;
+};
+
+template <typename Net>
+StepResult run_training(Shape shape, int64_t batch, int64_t img, int64_t warmup, int64_t steps,
+                        bool ddp_on, int seed) {
   torch::manual_seed(0);
-  ResNet18 model(10);
+  Net model(shape.classes);
   model->train();
   torch::optim::SGD opt(model->parameters(),
                         torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(4e-5));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
-  const at::Tensor x = at::randn({batch, 1, img, img}, gen);
-  const at::Tensor y = at::randint(0, 10, {batch}, gen);
-  std::unique_ptr<dpar::torch::DataParallel<ResNet18>> ddp;
-  if (ddp_on) ddp = std::make_unique<dpar::torch::DataParallel<ResNet18>>(model);
+  const at::Tensor x = at::randn({batch, shape.channels, img, img}, gen);
+  const at::Tensor y = at::randint(0, shape.classes, {batch}, gen);
+  std::unique_ptr<dpar::torch::DataParallel<Net>> ddp;
+  if (ddp_on) ddp = std::make_unique<dpar::torch::DataParallel<Net>>(model);
   StepResult r;
   auto step = [&] {
     opt.zero_grad();
@@ -74,8 +83,10 @@ int main(int argc, char** argv) {
                       "libtorch ResNet-18: dpar::torch::DataParallel vs PyTorch DDP (gloo)");
     auto& world = flags.add_int("world", 2, "ranks");
     auto& threads = flags.add_int("threads", 1, "intra-op threads per rank (and per process)");
-    auto& batch = flags.add_int("batch", 32, "images per rank per step");
-    auto& img = flags.add_int("img", 32, "image side");
+    auto& model = flags.add_string("model", "resnet18", "resnet18 or mobilenet_v3_small");
+    auto& batch_flag =
+        flags.add_int("batch", 0, "images per rank per step (0: 32 for resnet18, 16 otherwise)");
+    auto& img_flag = flags.add_int("img", 0, "image side (0: 32 for resnet18, 224 otherwise)");
     auto& warmup = flags.add_int("warmup", 3, "untimed steps");
     auto& steps = flags.add_int("steps", 10, "timed steps");
     auto& rounds = flags.add_int("rounds", 3, "rounds of (single, dpar job, PyTorch job)");
@@ -87,12 +98,33 @@ int main(int argc, char** argv) {
     flags.parse(argc, argv);
     DPAR_CHECK(rounds >= 1 && threads >= 1 && world >= 1,
                "bench_torch_ddp: --rounds, --threads and --world must be >= 1");
+    DPAR_CHECK(model == "resnet18" || model == "mobilenet_v3_small",
+               "bench_torch_ddp: --model=", model, ": expected resnet18 or mobilenet_v3_small");
+    const bool resnet = model == "resnet18";
+    const int64_t batch = batch_flag > 0 ? batch_flag : resnet ? 32 : 16;
+    const int64_t img = img_flag > 0 ? img_flag : resnet ? 32 : 224;
+    const Shape shape = resnet ? Shape{1, 10} : Shape{3, 1000};
+    auto train = [&](bool ddp_on, int seed) {
+      return resnet ? run_training<libtorch_example::ResNet18>(shape, batch, img, warmup, steps,
+                                                               ddp_on, seed)
+                    : run_training<libtorch_example::MobileNetV3Small>(shape, batch, img, warmup,
+                                                                       steps, ddp_on, seed);
+    };
+    auto parameter_count = [&] {
+      auto count = [](const torch::nn::Module& m) {
+        int64_t n = 0;
+        for (const auto& p : m.parameters()) n += p.numel();
+        return n;
+      };
+      return resnet ? count(*libtorch_example::ResNet18(shape.classes))
+                    : count(*libtorch_example::MobileNetV3Small(shape.classes));
+    };
     at::set_num_threads(static_cast<int>(threads));
     at::set_num_interop_threads(1);
 
     if (worker) {
       dpar::dist::init_parallel_env();
-      const StepResult r = run_training(batch, img, warmup, steps, true, dpar::dist::get_rank());
+      const StepResult r = train(true, dpar::dist::get_rank());
       if (dpar::dist::get_rank() == 0) {
         std::ofstream(result) << r.seconds_per_step << " " << r.comm_seconds << " "
                               << r.exposed_seconds << "\n";
@@ -107,9 +139,9 @@ int main(int argc, char** argv) {
           launcher + " --nproc_per_node=" + std::to_string(world) +
           " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_torch_ddp_log_" +
           std::to_string(getpid()) + " " + dpar::bench::self_path() + " --worker --result " +
-          result_file + " --batch " + std::to_string(batch) + " --img " + std::to_string(img) +
-          " --warmup " + std::to_string(warmup) + " --steps " + std::to_string(steps) +
-          " --threads " + std::to_string(threads) + " > /dev/null";
+          result_file + " --model " + std::string(model) + " --batch " + std::to_string(batch) +
+          " --img " + std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
+          std::to_string(steps) + " --threads " + std::to_string(threads) + " > /dev/null";
       const int status = std::system(cmd.c_str());
       DPAR_CHECK(status == 0, "bench_torch_ddp: the dpar job failed (status ", status, "): ", cmd);
       StepResult r;
@@ -118,13 +150,13 @@ int main(int argc, char** argv) {
       return r;
     };
     auto run_torch_job = [&] {
-      return dpar::bench::run_peer("torch_ddp.py",
-                                   "--model resnet18 --world " + std::to_string(world) +
-                                       " --batch " + std::to_string(batch) + " --img " +
-                                       std::to_string(img) + " --warmup " + std::to_string(warmup) +
-                                       " --steps " + std::to_string(steps) + " --threads " +
-                                       std::to_string(threads),
-                                   static_cast<int>(threads));
+      return dpar::bench::run_peer(
+          "torch_ddp.py",
+          "--model " + std::string(model) + " --world " + std::to_string(world) + " --batch " +
+              std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
+              std::to_string(warmup) + " --steps " + std::to_string(steps) + " --threads " +
+              std::to_string(threads),
+          static_cast<int>(threads));
     };
     const double images_per_step = static_cast<double>(world * batch);
     std::vector<double> single_ips, dpar_ips, dpar_scaling, hidden, torch_ips, torch_single,
@@ -132,7 +164,7 @@ int main(int argc, char** argv) {
     for (int64_t round = 0; round < rounds; ++round) {
       StepResult single, job;
       nlohmann::json theirs;
-      auto do_single = [&] { single = run_training(batch, img, warmup, steps, false, 0); };
+      auto do_single = [&] { single = train(false, 0); };
       auto do_job = [&] { job = run_dpar_job(); };
       auto do_torch = [&] {
         if (peer) theirs = run_torch_job();
@@ -152,6 +184,11 @@ int main(int argc, char** argv) {
           static_cast<long long>(round + 1), single_ips.back(), static_cast<long long>(world),
           dpar_ips.back(), job.comm_seconds * 1e3, job.exposed_seconds * 1e3);
       if (peer) {
+        // The same graph on both sides, as far as the parameters tell.
+        DPAR_CHECK(theirs.at("params").get<int64_t>() == parameter_count(),
+                   "bench_torch_ddp: ", std::string(model), " has ", parameter_count(),
+                   " parameters here but ", theirs.at("params").get<int64_t>(),
+                   " in torchvision's");
         torch_ips.push_back(theirs.at("img_per_s").get<double>());
         torch_single.push_back(theirs.at("single_img_per_s").get<double>());
         torch_scaling.push_back(theirs.at("scaling").get<double>());
@@ -164,9 +201,10 @@ int main(int argc, char** argv) {
     }
     using dpar::bench::median;
     std::printf(
-        "bench_torch_ddp: ResNet-18 (libtorch, %lldx%lld, 1 channel), batch %lld per rank, %lld "
+        "bench_torch_ddp: %s (libtorch, %lldx%lld, %lld channel(s)), batch %lld per rank, %lld "
         "ranks x %lld thread(s), medians of %lld rounds (load %s)\n",
-        static_cast<long long>(img), static_cast<long long>(img), static_cast<long long>(batch),
+        std::string(model).c_str(), static_cast<long long>(img), static_cast<long long>(img),
+        static_cast<long long>(shape.channels), static_cast<long long>(batch),
         static_cast<long long>(world), static_cast<long long>(threads),
         static_cast<long long>(rounds), dpar::bench::load_average().c_str());
     std::printf(
@@ -174,6 +212,7 @@ int main(int argc, char** argv) {
         "DataParallel (%.1f img/s); %.0f%% of communication hidden behind backward\n",
         median(dpar_ips), median(dpar_scaling), median(single_ips), 100.0 * median(hidden));
     nlohmann::json json = {{"bench", "bench_torch_ddp"},
+                           {"model", std::string(model)},
                            {"img", img},
                            {"batch", batch},
                            {"ranks", world},

@@ -130,6 +130,7 @@ def main():
     one = single(a)
     print(json.dumps({"img_per_s": total, "single_img_per_s": one,
                       "scaling": total / (a.world * one), "world": a.world, "batch": a.batch,
+                      "params": sum(p.numel() for p in make_model(a).parameters()),
                       "torch": torch.__version__}))
 
 
