@@ -16,6 +16,7 @@
 #include "dpar/optim/lr_scheduler.h"
 #include "dpar/optim/sgd.h"
 #include "gradcheck.h"
+#include "io/checkpoint_format.h"
 #include "unit/helpers.h"
 
 using namespace dpar;
@@ -194,6 +195,36 @@ TEST_CASE("torn, corrupt and foreign files are clear errors", "[checkpoint]") {
     CHECK(io::load_checkpoint(path).state.global_step == 2);
     CHECK_FALSE(fs::exists(path + ".tmp"));
   }
+}
+
+TEST_CASE("training-state numbers that do not fit their fields are clear errors", "[checkpoint]") {
+  io::TrainingState state;
+  state.epoch = 3;
+  const std::string good = io::detail::state_to_json(state);
+  CHECK(io::detail::state_from_json(good, "x.ckpt").epoch == 3);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return text.replace(at, from.size(), to);
+  };
+  // A float far beyond int64 (fuzz_checkpoint found nlohmann converting it with a cast).
+  CHECK_THAT(
+      error_of(
+          [&] { io::detail::state_from_json(with("\"epoch\":3", "\"epoch\":1.4e76"), "x.ckpt"); }),
+      Catch::Contains("x.ckpt") && Catch::Contains("epoch is 1.4e+76, not a 64-bit integer"));
+  CHECK_THAT(error_of([&] {
+               io::detail::state_from_json(with("\"epoch\":3", "\"epoch\":2.5"), "x.ckpt");
+             }),
+             Catch::Contains("epoch is 2.5, not a 64-bit integer"));
+  CHECK_THAT(error_of([&] {
+               io::detail::state_from_json(with("\"epoch\":3", "\"epoch\":18446744073709551615"),
+                                           "x.ckpt");
+             }),
+             Catch::Contains("not a 64-bit integer"));
+  CHECK_THAT(
+      error_of([&] { io::detail::state_from_json(with("\"seed\":0", "\"seed\":-1"), "x.ckpt"); }),
+      Catch::Contains("seed is -1, not an unsigned 64-bit integer"));
 }
 
 TEST_CASE("a checkpoint of another model lists the mismatches and loads nothing", "[checkpoint]") {

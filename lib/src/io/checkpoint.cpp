@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -160,6 +161,23 @@ std::string state_to_json(const TrainingState& s) {
   return j.dump();
 }
 
+namespace {
+
+// An integer field: a JSON float (1e76) or an unsigned value beyond int64 is an error, not a
+// conversion (nlohmann converts floats with a cast, undefined behaviour out of range).
+int64_t integer_field(const Json& j, const char* key, const std::string& source) {
+  const Json& v = j.at(key);
+  const bool fits =
+      v.is_number_integer() &&
+      (!v.is_number_unsigned() ||
+       v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+  DPAR_CHECK(fits, "checkpoint ", source, ": training state: ", key, " is ", v.dump(),
+             ", not a 64-bit integer");
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 TrainingState state_from_json(const std::string& text, const std::string& source) {
   Json j;
   try {
@@ -171,16 +189,20 @@ TrainingState state_from_json(const std::string& text, const std::string& source
   TrainingState s;
   try {
     s.model_name = j.at("model").get<std::string>();
-    s.epoch = j.at("epoch").get<int64_t>();
-    s.step_in_epoch = j.at("step_in_epoch").get<int64_t>();
-    s.global_step = j.at("global_step").get<int64_t>();
-    s.sampler_position = j.at("sampler_position").get<int64_t>();
-    s.steps_per_epoch = j.at("steps_per_epoch").get<int64_t>();
-    s.batch_size = j.at("batch_size").get<int64_t>();
-    s.world_size = j.at("world_size").get<int64_t>();
+    s.epoch = integer_field(j, "epoch", source);
+    s.step_in_epoch = integer_field(j, "step_in_epoch", source);
+    s.global_step = integer_field(j, "global_step", source);
+    s.sampler_position = integer_field(j, "sampler_position", source);
+    s.steps_per_epoch = integer_field(j, "steps_per_epoch", source);
+    s.batch_size = integer_field(j, "batch_size", source);
+    s.world_size = integer_field(j, "world_size", source);
+    DPAR_CHECK(j.at("seed").is_number_unsigned() ||
+                   (j.at("seed").is_number_integer() && j.at("seed").get<int64_t>() >= 0),
+               "checkpoint ", source, ": training state: seed is ", j.at("seed").dump(),
+               ", not an unsigned 64-bit integer");
     s.seed = j.at("seed").get<uint64_t>();
     s.best_top1 = j.at("best_top1").get<double>();
-    s.best_epoch = j.at("best_epoch").get<int64_t>();
+    s.best_epoch = integer_field(j, "best_epoch", source);
     s.rng = j.at("rng").get<std::map<std::string, std::string>>();
     s.extra = j.at("extra").get<std::map<std::string, std::string>>();
     s.dpar_version = j.at("dpar_version").get<std::string>();
@@ -308,7 +330,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt,
                       {kStateKey, state},
                       {kChecksumKey, crc.hex()}};
   save_safetensors(path, tensors, meta, progress);  // tmp + fsync + rename
-  detail::sync_directory(parent_dir(path));  // makes the rename itself durable
+  detail::sync_directory(parent_dir(path));         // makes the rename itself durable
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
