@@ -2,7 +2,7 @@
 # dpar::torch::DataParallel through the real launcher (real processes, Gloo over loopback).
 #   torch_cases.sh <case> <dpar-launch> <torch_ddp_worker> [train_resnet18]
 # Cases: plain2 plain3 no_sync unequal bf16 buckets unused_error unused_found mismatch detail
-#        timeout mixed checkpoint kill9 (torch_ddp_worker.cpp says what each mode checks), and example
+#        timeout buffers mixed checkpoint kill9 (torch_ddp_worker.cpp says what each mode checks), and example
 #        (examples/libtorch on 2 ranks: an epoch, then --resume for a second).
 set -u
 case_name=$1
@@ -83,6 +83,11 @@ case $case_name in
     expect_text "$work/all.txt" "allreduce"
     expect_text "$work/all.txt" "timed out"
     expect_no_job_processes ;;
+  buffers)
+    run_ok 2 --mode buffers --steps 2
+    expect_text "$work/out.txt" "buffers: running statistics bitwise equal (rank 0's) across ranks"
+    run_ok 2 --mode buffers --steps 2 --no-broadcast-buffers
+    expect_text "$work/out.txt" "buffers: running statistics each rank's own across ranks" ;;
   mixed)
     run_ok 2 --mode mixed --steps 3
     expect_text "$work/out.txt" "mixed: both bitwise equal across ranks" ;;

@@ -12,6 +12,9 @@
 //   unused     a registered layer the forward never uses: an error naming it, unless
 //              --find-unused (then it keeps its initial value and the rest trains)
 //   mismatch   rank 1 builds a wider model: construction fails naming the parameter
+//   buffers    a model with BatchNorm, each rank on its own batches: after the first eval
+//              forward through DataParallel every rank holds rank 0's running statistics
+//              (broadcast_buffers); with --no-broadcast-buffers they stay each rank's own
 //   mixed      dpar's own DataParallel on a dpar model and dpar::torch's on a libtorch model,
 //              interleaved on the same default group
 //   checkpoint rank 0 saves after --save-at steps; a fresh model and optimizer restored from
@@ -206,6 +209,8 @@ int body(int argc, char** argv) {
   auto& mode = flags.add_string("mode", "plain", "what to check (see the file's comment)");
   auto& steps = flags.add_int("steps", 3, "SGD steps");
   auto& find_unused = flags.add_bool("find-unused", false, "find_unused_parameters");
+  auto& no_broadcast_buffers =
+      flags.add_bool("no-broadcast-buffers", false, "buffers mode: broadcast_buffers = false");
   auto& die_rank = flags.add_int("die-rank", -1, "this rank SIGKILLs itself at --die-step");
   auto& die_step = flags.add_int("die-step", 1, "step at which --die-rank dies");
   auto& save_at = flags.add_int("save-at", 2, "checkpoint mode: the step saved after");
@@ -228,6 +233,30 @@ int body(int argc, char** argv) {
     if (!(run.mode == "timeout" && run.rank == 1)) dt::all_reduce(t);
     dt::barrier();
     std::printf("rank %d: drill finished without error\n", run.rank);
+    return 0;
+  }
+
+  if (run.mode == "buffers") {
+    ::torch::manual_seed(3);
+    nn::Sequential bn_net(nn::Conv2d(nn::Conv2dOptions(3, 4, 3)), nn::BatchNorm2d(4));
+    dt::DataParallelOptions options;
+    options.broadcast_buffers = !no_broadcast_buffers;
+    dt::DataParallel ddp(bn_net, options);
+    for (int s = 0; s < run.steps; ++s) ddp.forward(batch(run.rank, s, 0, false).first);
+    bn_net->eval();
+    ddp.forward(batch(run.rank, 0, 0, false).first);  // the first eval forward after training
+    const auto& bn = *bn_net[1]->as<nn::BatchNorm2d>();
+    const at::Tensor stats = at::cat({bn.running_mean, bn.running_var});
+    std::vector<at::Tensor> all{at::empty_like(stats), at::empty_like(stats)};
+    dt::all_gather(all, stats);
+    const bool same = at::equal(all[0], all[1]);
+    DPAR_CHECK(same == !no_broadcast_buffers, "running statistics ", same ? "equal" : "different",
+               " across ranks with broadcast_buffers ", !no_broadcast_buffers);
+    if (run.rank == 0) {
+      std::printf("torch_ddp_worker: buffers: running statistics %s across ranks\n",
+                  same ? "bitwise equal (rank 0's)" : "each rank's own");
+    }
+    dpar::dist::destroy();
     return 0;
   }
 
