@@ -110,15 +110,14 @@ int main(int argc, char** argv) {
                     : run_training<libtorch_example::MobileNetV3Small>(shape, batch, img, warmup,
                                                                        steps, ddp_on, seed);
     };
-    auto parameter_count = [&] {
-      auto count = [](const torch::nn::Module& m) {
-        int64_t n = 0;
-        for (const auto& p : m.parameters()) n += p.numel();
-        return n;
-      };
-      return resnet ? count(*libtorch_example::ResNet18(shape.classes))
-                    : count(*libtorch_example::MobileNetV3Small(shape.classes));
+    auto count = [](const torch::nn::Module& m) {
+      int64_t n = 0;
+      for (const auto& p : m.parameters()) n += p.numel();
+      return n;
     };
+    const int64_t parameter_count = resnet
+                                        ? count(*libtorch_example::ResNet18(shape.classes))
+                                        : count(*libtorch_example::MobileNetV3Small(shape.classes));
     at::set_num_threads(static_cast<int>(threads));
     at::set_num_interop_threads(1);
 
@@ -185,8 +184,8 @@ int main(int argc, char** argv) {
           dpar_ips.back(), job.comm_seconds * 1e3, job.exposed_seconds * 1e3);
       if (peer) {
         // The same graph on both sides, as far as the parameters tell.
-        DPAR_CHECK(theirs.at("params").get<int64_t>() == parameter_count(),
-                   "bench_torch_ddp: ", std::string(model), " has ", parameter_count(),
+        DPAR_CHECK(theirs.at("params").get<int64_t>() == parameter_count,
+                   "bench_torch_ddp: ", std::string(model), " has ", parameter_count,
                    " parameters here but ", theirs.at("params").get<int64_t>(),
                    " in torchvision's");
         torch_ips.push_back(theirs.at("img_per_s").get<double>());

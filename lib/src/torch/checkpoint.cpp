@@ -65,10 +65,10 @@ io::Checkpoint capture_checkpoint(const ::torch::nn::Module& module,
                                   ::torch::optim::Optimizer* optimizer, io::TrainingState state) {
   io::Checkpoint ck;
   for (const auto& item : module.named_parameters()) {
-    ck.model.emplace_back(item.key(), to_dpar(item.value().detach()).clone());
+    ck.model.emplace_back(item.key(), to_dpar(item.value().detach()));
   }
   for (const auto& item : module.named_buffers()) {
-    ck.model.emplace_back(item.key(), to_dpar(item.value()).clone());
+    ck.model.emplace_back(item.key(), to_dpar(item.value()));
   }
   if (optimizer) {
     ::torch::serialize::OutputArchive archive;

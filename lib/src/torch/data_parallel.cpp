@@ -179,8 +179,6 @@ DataParallelBase::DataParallelBase(std::shared_ptr<::torch::nn::Module> module,
   for (const auto& item : module_->named_parameters()) {
     const at::Tensor& p = item.value();
     if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    DPAR_CHECK(p.is_contiguous(), "dpar::torch::DataParallel: parameter '", item.key(),
-               "' is not contiguous");
     trainable.emplace_back(item.key(), to_dpar(p));
     impl_->params.push_back(p);
   }

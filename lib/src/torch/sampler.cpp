@@ -43,13 +43,16 @@ void DistributedSampler::set_position(size_t consumed) {
 
 void DistributedSampler::reset(c10::optional<size_t> new_size) {
   State& s = *state_;
-  if (new_size && *new_size != s.size) {
+  // The order depends on size and epoch only, and set_epoch() drew it already: a loader's
+  // begin() redraws only for a new size.
+  const bool resized = new_size && *new_size != s.size;
+  if (resized) {
     s.size = *new_size;
     s.keep_position = false;
   }
   if (!s.keep_position) s.position = 0;
   s.keep_position = false;
-  draw();
+  if (resized) draw();
 }
 
 void DistributedSampler::draw() {

@@ -19,7 +19,8 @@
 namespace dpar::torch {
 
 // The module's state and the optimizer's (may be null), with state's position. The model
-// tensors are copies (the live module may go on training). The parameters and buffers must
+// tensors share memory with the module, as io::capture_checkpoint's do: save (or clone) before
+// the next step. The parameters and buffers must
 // have dpar dtypes (float32, float16, bfloat16, int64, uint8); others are an error naming them.
 io::Checkpoint capture_checkpoint(const ::torch::nn::Module& module,
                                   ::torch::optim::Optimizer* optimizer,
