@@ -125,6 +125,21 @@ std::shared_ptr<Work> Group::broadcast(std::vector<Tensor> tensors, int root, bo
   return backend_for(device).broadcast(std::move(tensors), root, async_op);
 }
 
+std::vector<int64_t> allreduce_chunk_bounds(int64_t numel, int size, size_t element_size) {
+  DPAR_CHECK(numel >= 0 && size >= 1 && element_size >= 1,
+             "allreduce_chunk_bounds: bad arguments (", numel, " elements, ", size, " ranks)");
+  // Whole 64-byte blocks, spread as evenly as whole blocks allow (the first ranks take one more);
+  // the last block may be partial.
+  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_size));
+  const int64_t blocks = (numel + align - 1) / align;
+  const int64_t base = blocks / size, extra = blocks % size;
+  std::vector<int64_t> bounds(static_cast<size_t>(size) + 1);
+  for (int64_t r = 0; r <= size; ++r) {
+    bounds[static_cast<size_t>(r)] = std::min(numel, align * (r * base + std::min(r, extra)));
+  }
+  return bounds;
+}
+
 std::shared_ptr<Work> Group::allgather(std::vector<Tensor> outputs, Tensor input, bool async_op) {
   DPAR_CHECK(input.defined(), "allgather: the input is undefined");
   outputs.push_back(input);

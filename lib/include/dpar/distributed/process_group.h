@@ -57,6 +57,13 @@ struct ProcessGroupOptions {
   static ProcessGroupOptions from_env();
 };
 
+// Where allreduce splits `numel` elements of `element_size` bytes into size chunks: chunk r
+// is [bounds[r], bounds[r + 1]). Boundaries fall on 64-byte multiples (a chunk starts aligned
+// for vector kernels; a chunk may be empty when there are fewer 64-byte blocks than ranks). A
+// Gloo reduce_scatter given these chunks adds every element in the same order as a Gloo
+// allreduce of the whole buffer, so sharded DataParallel is bitwise equal to unsharded.
+std::vector<int64_t> allreduce_chunk_bounds(int64_t numel, int size, size_t element_size);
+
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
@@ -72,7 +79,9 @@ class ProcessGroup {
   // In place: root's values are copied to every rank.
   virtual std::shared_ptr<Work> broadcast(std::vector<Tensor> tensors, int root = 0,
                                           bool async_op = true) = 0;
-  // outputs[r] receives rank r's input; outputs has size() tensors shaped like input.
+  // outputs[r] receives rank r's input; outputs has size() tensors of input's dtype. Their
+  // sizes may differ between positions (uneven splits of a buffer, as sharded DataParallel's
+  // parameter slices); the input has as many elements as outputs[rank()].
   virtual std::shared_ptr<Work> allgather(std::vector<Tensor> outputs, Tensor input,
                                           bool async_op = true) = 0;
   // output = reduction over ranks of inputs[rank()] (inputs has size() tensors; their sizes

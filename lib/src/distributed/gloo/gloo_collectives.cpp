@@ -46,12 +46,14 @@ bool single_contiguous(const std::vector<Tensor>& tensors) {
   return tensors.size() == 1 && tensors[0].is_contiguous();
 }
 
-// Chunk sizes that split `count` elements over `size` ranks as evenly as whole elements allow.
-std::vector<size_t> even_chunks(size_t count, int size, size_t element_size) {
+// The chunk sizes allreduce_chunk_bounds gives (the same split a sharded reduce-scatter uses).
+std::vector<size_t> allreduce_chunks(size_t count, int size, size_t element_size) {
+  const std::vector<int64_t> bounds =
+      allreduce_chunk_bounds(static_cast<int64_t>(count), size, element_size);
   std::vector<size_t> bytes(static_cast<size_t>(size));
-  const size_t base = count / static_cast<size_t>(size);
-  const size_t extra = count % static_cast<size_t>(size);
-  for (size_t r = 0; r < bytes.size(); ++r) bytes[r] = (base + (r < extra ? 1 : 0)) * element_size;
+  for (size_t r = 0; r < bytes.size(); ++r) {
+    bytes[r] = static_cast<size_t>(bounds[r + 1] - bounds[r]) * element_size;
+  }
   return bytes;
 }
 
@@ -75,7 +77,7 @@ void ProcessGroupGloo::run_allreduce(PendingOp& op) {
   }
   // Reduce-scatter, then allgather, both checked hop by hop; an average is divided on this
   // rank's chunk only, before the gather hands it to everyone.
-  RingBuffer ring{data, even_chunks(static_cast<size_t>(info.numel), size_, element_size),
+  RingBuffer ring{data, allreduce_chunks(static_cast<size_t>(info.numel), size_, element_size),
                   element_size};
   ChunkFn finish;
   if (info.reduce_op == ReduceOp::Avg) {
@@ -139,31 +141,45 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
 void ProcessGroupGloo::run_allgather(PendingOp& op) {
   std::vector<Tensor>& outputs = op.tensors;
   const Tensor& input = op.single;
-  const size_t bytes = input.nbytes();
   if (size_ == 1) {
     outputs[0].copy_(input);
     return;
   }
-  if (bytes == 0) return;
+  // Chunk r is outputs[r]'s bytes: uneven splits travel as they are.
+  RingBuffer ring{nullptr, std::vector<size_t>(static_cast<size_t>(size_)),
+                  dtype_size(input.dtype())};
+  size_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    ring.chunk_bytes[r] = outputs[r].nbytes();
+    total += ring.chunk_bytes[r];
+  }
+  if (total == 0) return;
   // Outputs that are consecutive slices of one buffer (e.g. views of a flat tensor) are
   // gathered into directly.
   bool direct = true;
   auto* first = static_cast<uint8_t*>(outputs[0].raw_data());
-  for (int r = 0; r < size_ && direct; ++r) {
-    direct = outputs[r].is_contiguous() && outputs[r].raw_data() == first + r * bytes;
+  size_t offset = 0, mine = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) mine = offset;
+    direct = direct && outputs[r].is_contiguous() &&
+             static_cast<uint8_t*>(outputs[r].raw_data()) == first + offset;
+    offset += ring.chunk_bytes[r];
   }
-  uint8_t* out = direct ? first : staging(bytes * static_cast<size_t>(size_));
-  uint8_t* mine = out + bytes * static_cast<size_t>(rank_);
+  ring.data = direct ? first : staging(total);
   if (input.is_contiguous()) {
-    if (input.raw_data() != mine) std::memmove(mine, input.raw_data(), bytes);
+    if (input.raw_data() != ring.data + mine) {
+      std::memmove(ring.data + mine, input.raw_data(), input.nbytes());
+    }
   } else {
-    pack(input, mine);
+    pack(input, ring.data + mine);
   }
-  RingBuffer ring{out, std::vector<size_t>(static_cast<size_t>(size_), bytes),
-                  dtype_size(input.dtype())};
   ring_allgather(context_, ring, tag(op.work->info()), options_.timeout, ring_scratch_);
   if (!direct) {
-    for (int r = 0; r < size_; ++r) unpack(out + r * bytes, outputs[r]);
+    offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      unpack(ring.data + offset, outputs[r]);
+      offset += ring.chunk_bytes[r];
+    }
   }
 }
 

@@ -152,11 +152,13 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor> outputs, T
              " output tensors (one per rank), got ", outputs.size());
   for (const Tensor& t : outputs) {
     check_cpu(t, "allgather");
-    DPAR_CHECK(t.shape() == input.shape() && t.dtype() == input.dtype(),
-               "allgather: every output must match the input ", dtype_name(input.dtype()),
-               input.shape(), ", got ", dtype_name(t.dtype()), t.shape());
+    DPAR_CHECK(t.dtype() == input.dtype(), "allgather: every output must have the input's dtype ",
+               dtype_name(input.dtype()), ", got ", dtype_name(t.dtype()));
   }
-  auto info = describe_call(CollectiveKind::Allgather, {input}, ReduceOp::Sum, 0);
+  DPAR_CHECK(outputs[rank_].numel() == input.numel(), "allgather: the input ", input.shape(),
+             " must have as many elements as outputs[", rank_, "] ", outputs[rank_].shape());
+  // Described by the outputs: every rank passes the same ones, even when the inputs differ.
+  auto info = describe_call(CollectiveKind::Allgather, outputs, ReduceOp::Sum, 0);
   return enqueue(std::move(info), std::move(outputs), std::move(input), async_op);
 }
 

@@ -146,22 +146,44 @@ std::shared_ptr<Work> ProcessGroupNccl::allgather(std::vector<Tensor> outputs, T
   const Device device = check_cuda(all, "allgather");
   DPAR_CHECK(static_cast<int>(outputs.size()) == size_, "allgather: expected ", size_,
              " output tensors (one per rank), got ", outputs.size());
-  for (const Tensor& t : outputs) {
-    DPAR_CHECK(t.shape() == input.shape() && t.dtype() == input.dtype(),
-               "allgather: every output must match the input ", dtype_name(input.dtype()),
-               input.shape(), ", got ", dtype_name(t.dtype()), t.shape());
-  }
-  auto info = describe_call(CollectiveKind::Allgather, {input}, ReduceOp::Sum, 0);
+  check_same_dtype(outputs, input.dtype(), "allgather");
+  DPAR_CHECK(outputs[rank_].numel() == input.numel(), "allgather: the input ", input.shape(),
+             " must have as many elements as outputs[", rank_, "] ", outputs[rank_].shape());
+  auto info = describe_call(CollectiveKind::Allgather, outputs, ReduceOp::Sum, 0);
   const Body body = [&](ncclComm_t comm, cudaStream_t stream) {
     const int64_t n = input.numel();
-    if (n == 0) return;
+    const bool even = std::all_of(outputs.begin(), outputs.end(),
+                                  [&](const Tensor& t) { return t.numel() == n; });
     Tensor source = input.is_contiguous() ? input : input.contiguous();
-    Tensor gathered = Tensor::empty({n * size_}, input.dtype(), device);
-    call_nccl(comm, info, "ncclAllGather", [&] {
-      return ncclAllGather(source.raw_data(), gathered.raw_data(), static_cast<size_t>(n),
-                           nccl_dtype(input.dtype()), comm, stream);
-    });
-    unflatten_from(gathered, outputs);
+    if (even) {
+      if (n == 0) return;
+      Tensor gathered = Tensor::empty({n * size_}, input.dtype(), device);
+      call_nccl(comm, info, "ncclAllGather", [&] {
+        return ncclAllGather(source.raw_data(), gathered.raw_data(), static_cast<size_t>(n),
+                             nccl_dtype(input.dtype()), comm, stream);
+      });
+      unflatten_from(gathered, outputs);
+      return;
+    }
+    // Uneven pieces (a buffer split by size): rank r broadcasts its piece, all in one group
+    // call, which NCCL runs as one fused launch.
+    std::vector<Tensor> pieces(outputs.size());
+    call_nccl(comm, info, "ncclGroupStart", [&] { return ncclGroupStart(); });
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      pieces[r] = outputs[r].is_contiguous()
+                      ? outputs[r]
+                      : Tensor::empty(outputs[r].shape(), outputs[r].dtype(), device);
+      if (pieces[r].numel() == 0) continue;
+      const void* send = static_cast<int>(r) == rank_ ? source.raw_data() : pieces[r].raw_data();
+      call_nccl(comm, info, "ncclBroadcast", [&] {
+        return ncclBroadcast(send, pieces[r].raw_data(), static_cast<size_t>(pieces[r].numel()),
+                             nccl_dtype(input.dtype()), static_cast<int>(r), comm, stream);
+      });
+    }
+    call_nccl(comm, info, "ncclGroupEnd", [&] { return ncclGroupEnd(); });
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      if (!pieces[r].is_same(outputs[r])) outputs[r].copy_(pieces[r]);
+    }
   };
   return run(info, device, all, body, async_op);
 }
