@@ -36,7 +36,7 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& o)
 
 std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
 
-void AdamW::step() {
+void AdamW::update() {
   DPAR_PROFILE_SCOPE("optimizer_step");
   NoGradGuard no_grad;
   const AdamWOptions& o = options_;

@@ -73,6 +73,7 @@ void GradScaler::unscale(optim::Optimizer& optimizer) {
       g.copy_(staged);
     }
   }
+  st.cross_shard_sum = optimizer.cross_shard_sum();
   st.stage = Stage::unscaled;
 }
 
@@ -81,6 +82,12 @@ bool GradScaler::found_inf(OptimizerState& st) {
     // The only host read of the flags: one synchronisation per device and step.
     bool any = false;
     for (const Tensor& f : st.found_inf) any = any || f.item() != 0;
+    if (st.cross_shard_sum) {
+      // Every rank must skip the same steps: one rank's inf is everyone's.
+      Tensor count = Tensor::full({1}, any ? 1.0 : 0.0);
+      st.cross_shard_sum(count);
+      any = count.item() != 0;
+    }
     st.any_inf = any;
   }
   return *st.any_inf;

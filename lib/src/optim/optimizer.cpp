@@ -27,6 +27,12 @@ bool multi_tensor_from_env() {
 }  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+  check_parameters();
+  state_.resize(params_.size());
+  multi_tensor_ = multi_tensor_from_env();
+}
+
+void Optimizer::check_parameters() const {
   DPAR_CHECK(!params_.empty(), "Optimizer: got an empty parameter list");
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
@@ -40,8 +46,46 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
                  " is the same tensor as parameter ", j, "; each parameter may appear once");
     }
   }
-  state_.resize(params_.size());
-  multi_tensor_ = multi_tensor_from_env();
+}
+
+void Optimizer::step() {
+  update();
+  for (const auto& [handle, hook] : step_hooks_) hook();
+}
+
+int Optimizer::add_step_hook(std::function<void()> hook) {
+  step_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+void Optimizer::remove_step_hook(int handle) {
+  std::erase_if(step_hooks_, [&](const auto& entry) { return entry.first == handle; });
+}
+
+bool Optimizer::has_state() const {
+  return std::any_of(state_.begin(), state_.end(),
+                     [](const ParamState& st) { return st.initialized; });
+}
+
+size_t Optimizer::state_bytes() const {
+  size_t bytes = 0;
+  for (const ParamState& st : state_) {
+    for (const auto& [name, t] : st.buffers) bytes += t.nbytes();
+  }
+  return bytes;
+}
+
+void Optimizer::replace_parameters(std::vector<Tensor> params) {
+  DPAR_CHECK(!has_state(), name(),
+             "::replace_parameters: the optimizer already has state for its parameters");
+  std::swap(params_, params);
+  try {
+    check_parameters();
+  } catch (...) {
+    std::swap(params_, params);
+    throw;
+  }
+  state_.assign(params_.size(), ParamState{});
 }
 
 void Optimizer::check_lr(double lr) const {

@@ -1,10 +1,10 @@
 // RMSprop: option checks and the fused update (per parameter, or all of a device at once).
 #include "dpar/optim/rmsprop.h"
-#include "dpar/core/profiler.h"
 
 #include <cmath>
 
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/core/profiler.h"
 #include "optim/optim_kernels.h"
 
 namespace dpar::optim {
@@ -30,7 +30,7 @@ std::vector<std::string> RMSprop::buffer_names() const {
   return names;
 }
 
-void RMSprop::step() {
+void RMSprop::update() {
   DPAR_PROFILE_SCOPE("optimizer_step");
   NoGradGuard no_grad;
   kernels::RmspropStepArgs args;

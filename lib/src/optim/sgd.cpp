@@ -1,10 +1,10 @@
 // SGD: option checks and the fused update (per parameter, or all of a device at once).
 #include "dpar/optim/sgd.h"
-#include "dpar/core/profiler.h"
 
 #include <cmath>
 
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/core/profiler.h"
 #include "optim/optim_kernels.h"
 
 namespace dpar::optim {
@@ -29,7 +29,7 @@ std::vector<std::string> SGD::buffer_names() const {
   return {"momentum_buffer"};
 }
 
-void SGD::step() {
+void SGD::update() {
   DPAR_PROFILE_SCOPE("optimizer_step");
   NoGradGuard no_grad;
   kernels::SgdStepArgs args;

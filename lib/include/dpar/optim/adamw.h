@@ -18,11 +18,11 @@ struct AdamWOptions {
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
-  void step() override;
   const char* name() const override { return "AdamW"; }
   const AdamWOptions& options() const { return options_; }
 
  protected:
+  void update() override;
   std::vector<std::string> buffer_names() const override;
   bool counts_steps() const override { return true; }
   // Adam's L2 form: weight_decay * p is added to the gradient instead of decaying p.

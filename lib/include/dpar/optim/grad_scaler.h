@@ -16,9 +16,10 @@
 // gradient is unscaled and checked in one pass (kernel slot unscale_and_check_finite), the
 // per-device found-inf flags stay on the device and are read once per step, in step(). With
 // DataParallel the gradients are already averaged over the ranks, so every rank sees the same
-// flags and skips the same steps. Powers of two as scale, growth and backoff keep scaling
-// exact: a scaled-and-unscaled gradient equals the unscaled one bitwise (barring overflow and
-// subnormals).
+// flags and skips the same steps; with a sharded DataParallel each rank sees its slice of them,
+// and the flags are summed over the ranks (the optimizer's cross_shard_sum) once per step. Powers
+// of two as scale, growth and backoff keep scaling exact: a scaled-and-unscaled gradient equals the
+// unscaled one bitwise (barring overflow and subnormals).
 //
 // As in PyTorch the scale is an f32 value, and a disabled scaler passes everything through
 // (scale() returns the loss, step() just steps, get_scale() is 1).
@@ -86,6 +87,8 @@ class GradScaler {
     Stage stage = Stage::ready;
     std::vector<Tensor> found_inf;  // one f32 flag per device of its gradients
     std::optional<bool> any_inf;    // the flags, once read
+    // The optimizer's cross_shard_sum: a sharded optimizer's flags are combined over ranks.
+    optim::Optimizer::CrossShardSum cross_shard_sum;
   };
   bool found_inf(OptimizerState& state);
 

@@ -5,6 +5,7 @@
 // Update rules follow PyTorch 1.13 (torch.optim.SGD / RMSprop / AdamW, single-tensor path)
 // exactly, so trajectories match torch to float rounding.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -27,8 +28,30 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One update of every parameter that has a gradient (parameters without one are skipped
-  // and their state does not advance). Runs with gradient recording off.
-  virtual void step() = 0;
+  // and their state does not advance). Runs with gradient recording off; then the step hooks.
+  void step();
+
+  // Runs after every step() (torch's register_step_post_hook): sharded DataParallel gathers
+  // the updated parameter slices there. Returns a handle for remove_step_hook.
+  int add_step_hook(std::function<void()> hook);
+  void remove_step_hook(int handle);
+
+  // For an optimizer over one rank's slices of sharded parameters (dist::DataParallel with
+  // shard != none): sums a small f32 CPU tensor, in place, over the ranks that hold the other
+  // slices, so that decisions that depend on every gradient (GradScaler's inf/nan check) are
+  // the same on every rank. Empty (the default): the optimizer sees whole parameters.
+  using CrossShardSum = std::function<void(Tensor&)>;
+  void set_cross_shard_sum(CrossShardSum sum) { cross_shard_sum_ = std::move(sum); }
+  const CrossShardSum& cross_shard_sum() const { return cross_shard_sum_; }
+
+  // Swaps in a new list of parameters (as many or not) for a wrapper that lays its tensors
+  // out anew, as sharded DataParallel does when it rebuilds its buckets after the first
+  // iteration. Only before any state exists: throws dpar::Error (and changes nothing) otherwise.
+  void replace_parameters(std::vector<Tensor> params);
+  // Whether any parameter has state (has taken a step, or state was loaded).
+  bool has_state() const;
+  // Bytes of state held (buffers; step counts are not memory of note).
+  size_t state_bytes() const;
 
   // Zeroes every defined gradient in place (the gradient tensors keep their storage, which
   // matters when they are views into shared buffers, as with DataParallel). set_to_none
@@ -65,6 +88,9 @@ class Optimizer {
     std::map<std::string, Tensor> buffers;  // same shape and layout as the (working) param
   };
 
+  // The update itself (step() without the hooks).
+  virtual void update() = 0;
+
   // The state buffer names this optimizer keeps per parameter, given its options.
   virtual std::vector<std::string> buffer_names() const = 0;
   // Whether per-parameter step counts are part of the state.
@@ -98,6 +124,13 @@ class Optimizer {
   std::vector<Tensor> params_;
   std::vector<ParamState> state_;
   bool multi_tensor_ = true;
+
+ private:
+  void check_parameters() const;
+
+  std::vector<std::pair<int, std::function<void()>>> step_hooks_;
+  int next_hook_ = 0;
+  CrossShardSum cross_shard_sum_;
 };
 
 }  // namespace dpar::optim

@@ -20,11 +20,11 @@ struct RMSpropOptions {
 class RMSprop : public Optimizer {
  public:
   RMSprop(std::vector<Tensor> params, const RMSpropOptions& options = {});
-  void step() override;
   const char* name() const override { return "RMSprop"; }
   const RMSpropOptions& options() const { return options_; }
 
  protected:
+  void update() override;
   std::vector<std::string> buffer_names() const override;
   bool counts_steps() const override { return true; }
 

@@ -19,11 +19,11 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, const SGDOptions& options);
-  void step() override;
   const char* name() const override { return "SGD"; }
   const SGDOptions& options() const { return options_; }
 
  protected:
+  void update() override;
   std::vector<std::string> buffer_names() const override;
   bool counts_steps() const override { return false; }
 
