@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Multi-process tests through the real launcher (real processes, real Gloo over loopback).
-#   mp_cases.sh <case> <dpar-launch> <collectives_worker> <ddp_worker>
+#   mp_cases.sh <case> <dpar-launch> <collectives_worker> <ddp_worker> <shard_worker>
 # Cases: collectives2 collectives4 ddp ddp_no_sync ddp_unequal ddp_buckets ddp_bf16 two_nodes
-#        kill9 timeout detail_mismatch
+#        kill9 timeout detail_mismatch shard_bitwise{2,3}_{sgd,adamw} shard_memory{2,3}
+#        shard_clip3
 set -u
 case_name=$1
 launcher=$2
 coll=$3
 ddp=$4
+shard=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
 # common.sh gives $work, $marker, $port, fail/ok/expect_text/expect_no_job_processes/finish.
 source "$here/../launch/common.sh" "$launcher" "$coll"
@@ -94,6 +96,20 @@ case $case_name in
     expect_text "$work/all.txt" "mismatch"
     expect_text "$work/all.txt" "[1000]"
     expect_text "$work/all.txt" "[999]" ;;
+  shard_bitwise[23]_*)
+    # 20 steps of MobileNetV3-small: shard optimizer and gradients bitwise equal to none
+    n=${case_name:13:1}
+    opt=${case_name##*_}
+    run_ok "$n-rank sharded $opt" launch logs "$n" "$shard" --check bitwise --opt "$opt" "$marker"
+    expect_text "$work/out.txt" "$n ranks, $opt, 20 steps" ;;
+  shard_memory[23])
+    n=${case_name:12:1}
+    run_ok "$n-rank sharded memory" launch logs "$n" "$shard" --check memory --opt adamw \
+      --steps 3 "$marker"
+    expect_text "$work/out.txt" "shard gradients per rank" ;;
+  shard_clip3)
+    run_ok "3-rank clip_grad_norm" launch logs 3 "$shard" --check clip "$marker"
+    expect_text "$work/out.txt" "clip_grad_norm" ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac
 finish

@@ -262,4 +262,9 @@ TEST_CASE("DataParallel in a single process wraps the module and communicates no
   auto impl = std::make_shared<torch::nn::LinearImpl>(4, 3);
   dt::DataParallel ddp2(impl);
   CHECK(ddp2(torch::randn({1, 4})).size(1) == 3);
+  // Sharding is dpar's own DataParallel's for now: refused with a line saying so.
+  dt::DataParallelOptions sharded;
+  sharded.shard = dpar::dist::ShardMode::optimizer;
+  CHECK_THROWS_WITH(dt::DataParallel(torch::nn::Linear(4, 3), sharded),
+                    Contains("shard = optimizer is not supported for libtorch modules yet"));
 }

@@ -20,11 +20,13 @@
 #include "dpar/optim/sgd.h"
 #include "dpar/tensor/ops.h"
 #include "unit/helpers.h"
+#include "unit/two_ranks.h"
 
 using namespace dpar;
 using namespace dpar::dist;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
+using dpar::test::run_two_ranks;
 using Values = std::vector<std::vector<float>>;
 
 namespace {
@@ -123,36 +125,6 @@ optim::SGDOptions sgd() {
   o.lr = 0.1;
   o.momentum = 0.9;
   return o;
-}
-
-// Runs fn(rank, group) on two threads (ranks 0 and 1) against one loopback store.
-template <class F>
-auto run_two_ranks(F fn, Millis collective_timeout = std::chrono::seconds(30)) {
-  StoreServer server("127.0.0.1", 0, "dp-test", 2);
-  const std::string endpoint = server.endpoint();
-  using R = decltype(fn(0, std::shared_ptr<Group>()));
-  auto body = [&](int rank) -> R {
-    StoreClientOptions so;
-    so.connect_timeout = std::chrono::seconds(20);
-    so.timeout = std::chrono::seconds(30);
-    so.log_waiting = false;
-    auto store = std::make_shared<StoreClient>(endpoint, StoreIdentity{"dp-test", 2, rank}, so);
-    ProcessGroupOptions po;
-    po.timeout = collective_timeout;
-    auto group = std::make_shared<Group>(store, rank, 2, po);
-    return fn(rank, group);
-  };
-  auto second = std::async(std::launch::async, body, 1);
-  R first{};
-  std::exception_ptr error;
-  try {
-    first = body(0);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  R other = second.get();
-  if (error) std::rethrow_exception(error);
-  return std::array<R, 2>{std::move(first), std::move(other)};
 }
 
 DataParallelOptions options_for(std::shared_ptr<Group> group) {

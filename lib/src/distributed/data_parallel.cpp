@@ -121,9 +121,18 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
     if (t.requires_grad() && seen.insert(t.impl()).second) trainable.emplace_back(name, t);
   }
   for (const auto& entry : trainable) trainable_params_.push_back(entry.second);
-  reducer_ = std::make_unique<Reducer>(std::move(trainable),
+  reducer_ = std::make_shared<Reducer>(std::move(trainable),
                                        std::make_unique<DparAutogradBinding>(trainable_params_),
                                        options_.group, reducer_options);
+  if (reducer_->sharded()) {
+    reducer_->set_relayout_callback([this] { follow_relayout(); });
+    reducer_->set_layout_lock([this] {
+      for (const auto& weak : optimizers_) {
+        if (auto opt = weak.lock(); opt && opt->has_state()) return true;
+      }
+      return false;
+    });
+  }
   if (group.rank() == 0) {
     std::printf("DataParallel: %s\n", bucket_summary().c_str());
     std::fflush(stdout);
@@ -156,6 +165,7 @@ Tensor DataParallel::run_forward(const Tensor& input, int64_t local_batch_size) 
     }
   }
   buffers_in_sync_ = !training;
+  check_optimizer_attached();
   if (reducer_) reducer_->prepare_forward(sync_enabled_, local_batch_size);
   Tensor output = module_->forward(input);
   if (reducer_) {

@@ -132,6 +132,7 @@ Reducer::Options Reducer::options_from(const DataParallelOptions& options, const
   out.bucket_mb = options.comm_buffer_size;
   out.find_unused_parameters = options.find_unused_parameters;
   out.comm_dtype = options.comm_dtype;
+  out.shard = options.shard;
   return out;
 }
 
@@ -203,32 +204,45 @@ void Reducer::install_buckets(const std::vector<std::vector<size_t>>& partition)
   for (size_t bi = 0; bi < partition.size(); ++bi) {
     Bucket& b = fresh[bi];
     b.params = partition[bi];
-    int64_t total = 0;
     for (size_t idx : b.params) {
-      b.offsets.push_back(total);
-      total += params_[idx].tensor.numel();
+      b.offsets.push_back(b.numel);
+      b.numel += params_[idx].tensor.numel();
+      params_[idx].bucket = bi;
+      params_[idx].view = Tensor();
     }
     const Tensor& first = params_[b.params.front()].tensor;
-    b.buffer = Tensor::zeros({total}, first.dtype(), first.device());
-    if (first.dtype() == DType::f32 && options_.comm_dtype != DType::f32) {
-      b.wire = Tensor::empty({total}, options_.comm_dtype, first.device());
-    }
-    for (size_t k = 0; k < b.params.size(); ++k) {
-      Param& p = params_[b.params[k]];
-      // In the parameter's layout (view_at): the bucket is flat memory either way.
-      Tensor view = view_at(b.buffer, static_cast<size_t>(b.offsets[k]) * dtype_size(first.dtype()),
-                            p.tensor);
-      const size_t index = b.params[k];
-      Tensor g = binding_->grad(index);
-      if (g.defined()) {
-        view.copy_(g);
-        binding_->set_grad(index, view);
-      }
-      p.view = view;
-      p.bucket = bi;
-    }
+    const bool compressed = first.dtype() == DType::f32 && options_.comm_dtype != DType::f32;
+    b.bounds = allreduce_chunk_bounds(b.numel, group_->size(),
+                                      dtype_size(compressed ? options_.comm_dtype : first.dtype()));
+    // With shard = gradients a bucket's memory exists only from its first gradient to its
+    // reduce-scatter; gradients that exist already (a backward before wrapping) move in now.
+    bool any_grad = false;
+    for (size_t idx : b.params) any_grad = any_grad || binding_->grad(idx).defined();
+    if (options_.shard != ShardMode::gradients || any_grad) allocate_buffer(b);
+    if (sharded()) shard_bucket(b);
   }
   buckets_ = std::move(fresh);
+}
+
+void Reducer::allocate_buffer(Bucket& b) {
+  NoGradGuard no_grad;
+  const Tensor& first = params_[b.params.front()].tensor;
+  b.buffer = Tensor::zeros({b.numel}, first.dtype(), first.device());
+  if (first.dtype() == DType::f32 && options_.comm_dtype != DType::f32) {
+    b.wire = Tensor::empty({b.numel}, options_.comm_dtype, first.device());
+  }
+  for (size_t k = 0; k < b.params.size(); ++k) {
+    const size_t index = b.params[k];
+    Param& p = params_[index];
+    // In the parameter's layout (view_at): the bucket is flat memory either way.
+    p.view =
+        view_at(b.buffer, static_cast<size_t>(b.offsets[k]) * dtype_size(first.dtype()), p.tensor);
+    Tensor g = binding_->grad(index);
+    if (g.defined()) {
+      p.view.copy_(g);
+      binding_->set_grad(index, p.view);
+    }
+  }
 }
 
 std::vector<BucketInfo> Reducer::buckets() const {
@@ -236,7 +250,7 @@ std::vector<BucketInfo> Reducer::buckets() const {
   for (const auto& b : buckets_) {
     BucketInfo info;
     for (size_t idx : b.params) info.parameter_names.push_back(params_[idx].name);
-    info.bytes = b.buffer.nbytes();
+    info.bytes = static_cast<size_t>(b.numel) * dtype_size(params_[b.params[0]].tensor.dtype());
     out.push_back(std::move(info));
   }
   return out;
@@ -312,9 +326,11 @@ void Reducer::begin_backward() {
 
 void Reducer::restore_view(size_t index, bool zero_if_missing) {
   Param& p = params_[index];
-  if (binding_->grad_is(index, p.view)) return;
+  if (p.view.defined() && binding_->grad_is(index, p.view)) return;
   NoGradGuard no_grad;
   Tensor g = binding_->grad(index);
+  if (!g.defined() && !zero_if_missing) return;
+  if (!p.view.defined()) allocate_buffer(buckets_[p.bucket]);  // released after the last step
   if (g.defined()) {
     // zero_grad(set_to_none) or a user assignment replaced the view: move the value home.
     p.view.copy_(g);
@@ -367,6 +383,12 @@ void Reducer::launch(Bucket& bucket) {
     NoGradGuard no_grad;
     bucket.wire.copy_(bucket.buffer);
   }
+  // Sharded, once the layout is final (the first iteration reduces whole buckets: its
+  // gradients are laid out anew by the rebuild): each rank receives its slice only.
+  if (sharded() && rebuilt_) {
+    launch_reduce_scatter(bucket);
+    return;
+  }
   bucket.work =
       group_->allreduce({bucket.wire.defined() ? bucket.wire : bucket.buffer}, ReduceOp::Sum);
 }
@@ -383,15 +405,17 @@ void Reducer::complete(size_t k) {
   try {
     bucket.work->wait();
   } catch (const std::exception& e) {
-    DPAR_FAIL("DataParallel's gradient all-reduce of bucket ", k, " (", bucket.params.size(),
-              " parameters, ", bucket.buffer.numel(),
+    DPAR_FAIL("DataParallel's gradient ", sharded() && rebuilt_ ? "reduce-scatter" : "all-reduce",
+              " of bucket ", k, " (", bucket.params.size(), " parameters, ", bucket.numel,
               " elements) in backward failed (every rank must run backward on its DataParallel "
               "output): ",
               e.what());
   }
   bucket.done = true;
   bucket.completed = Clock::now();
-  if (bucket.wire.defined()) {
+  if (sharded() && rebuilt_) {
+    hand_over(k, /*whole_bucket_reduced=*/false);
+  } else if (bucket.wire.defined()) {
     NoGradGuard no_grad;
     bucket.buffer.copy_(bucket.wire);
   }
@@ -445,7 +469,13 @@ void Reducer::finalize() {
 
   active_ = false;
   reachable_.clear();
-  if (!rebuilt_) rebuild_in_ready_order();
+  if (!rebuilt_) {
+    rebuild_in_ready_order();
+    // The first iteration reduced whole buckets: every rank takes its slices from them.
+    if (sharded()) {
+      for (size_t k = 0; k < buckets_.size(); ++k) hand_over(k, /*whole_bucket_reduced=*/true);
+    }
+  }
 }
 
 void Reducer::abandon_iteration() {
@@ -468,6 +498,11 @@ void Reducer::abandon_iteration() {
 
 void Reducer::rebuild_in_ready_order() {
   rebuilt_ = true;
+  // Every rank answers alike (an optimizer's state is loaded on every rank or on none).
+  if (layout_locked_ && layout_locked_()) {
+    ready_order_ = {};
+    return;
+  }
   const size_t n = params_.size();
   std::vector<size_t> order = std::move(ready_order_);
   ready_order_ = {};
@@ -492,6 +527,7 @@ void Reducer::rebuild_in_ready_order() {
   if (partition == current) return;
   install_buckets(partition);
   log_summary("buckets rebuilt in gradient-ready order: ");
+  if (sharded() && on_relayout_) on_relayout_();
 }
 
 }  // namespace dpar::dist

@@ -68,6 +68,7 @@ class Reducer {
     double bucket_mb = 25;
     bool find_unused_parameters = false;
     DType comm_dtype = DType::f32;  // what f32 buckets travel as (DataParallelOptions)
+    ShardMode shard = ShardMode::none;
   };
 
   // params: (name, tensor) of every parameter that requires grad, in registration order, each
@@ -92,6 +93,25 @@ class Reducer {
 
   std::vector<BucketInfo> buckets() const;
   size_t num_parameters() const { return params_.size(); }
+
+  // ---- sharding (options.shard != none; see reducer_shard.cpp) ----------------------------
+  bool sharded() const { return options_.shard != ShardMode::none; }
+  // This rank's slice of each bucket's parameters (views of the parameters' memory), one f32
+  // tensor per bucket, each with its averaged gradient slice as .grad once a synchronised
+  // backward has run: what the optimizer updates.
+  std::vector<Tensor> shard_parameters() const;
+  // All-gathers every bucket's updated slices into the parameters (after an optimizer step).
+  void gather_parameters();
+  // Called after the buckets were laid out anew (the rebuild after the first iteration): the
+  // shard_parameters() are new tensors.
+  void set_relayout_callback(std::function<void()> callback) { on_relayout_ = std::move(callback); }
+  // Whether the bucket layout may still change (no synchronised backward has finished yet).
+  bool layout_final() const { return rebuilt_; }
+  // Asked (on every rank alike) before the rebuild after the first iteration: true keeps the
+  // initial layout, because an optimizer already holds state for the initial slices.
+  void set_layout_lock(std::function<bool()> locked) { layout_locked_ = std::move(locked); }
+  // Bytes of gradient memory held now: bucket buffers (and wire buffers) plus gradient slices.
+  size_t gradient_bytes() const;
   DataParallel::CommStats last_comm_stats() const { return stats_; }
 
  private:
@@ -106,6 +126,12 @@ class Reducer {
     std::shared_ptr<Work> work;
     Clock::time_point launched, completed;
     bool done = false;
+    int64_t numel = 0;
+    // Sharded: rank r owns elements [bounds[r], bounds[r + 1]) (allreduce's chunks, so the
+    // reduce-scatter sums in the allreduce's order); the parameters are views of params_flat,
+    // shard_param is this rank's slice of it, shard_grad its averaged gradient.
+    std::vector<int64_t> bounds;
+    Tensor params_flat, shard_param, shard_grad;
   };
 
   struct Param {
@@ -138,6 +164,19 @@ class Reducer {
   void rebuild_in_ready_order();
   void log_summary(const char* what) const;
 
+  // Sharding (reducer_shard.cpp).
+  // Allocates b's gradient buffer (released after each reduce-scatter with shard = gradients)
+  // and points its parameters' gradient homes at it; gradients that exist move in.
+  void allocate_buffer(Bucket& b);
+  // Lays bucket b's parameters out in one flat buffer (each parameter becomes a view of it)
+  // and makes this rank's slice and its gradient slice.
+  void shard_bucket(Bucket& b);
+  // Launches bucket b's reduce-scatter of its (scaled) buffer.
+  void launch_reduce_scatter(Bucket& b);
+  // After bucket k's reduction: its averaged slice is added to the gradient slice, and the
+  // bucket's own memory is zeroed (shard = optimizer) or released (gradients).
+  void hand_over(size_t k, bool whole_bucket_reduced);
+
   std::vector<Param> params_;
   std::unique_ptr<AutogradBinding> binding_;
   std::shared_ptr<Group> group_;
@@ -164,6 +203,9 @@ class Reducer {
   std::vector<size_t> ready_order_;
 
   DataParallel::CommStats stats_;
+
+  std::function<bool()> layout_locked_;
+  std::function<void()> on_relayout_;
 };
 
 }  // namespace dpar::dist

@@ -151,6 +151,12 @@ DataParallelBase::DataParallelBase(std::shared_ptr<::torch::nn::Module> module,
   DPAR_CHECK(module_ != nullptr, "dpar::torch::DataParallel: the module is null");
   const dist::Reducer::Options reducer_options =
       dist::Reducer::options_from(options_, "dpar::torch::DataParallel");
+  // Sharding re-points parameters into flat buffers, which libtorch's tensors cannot follow
+  // yet (docs/sharding.md).
+  DPAR_CHECK(options_.shard == dist::ShardMode::none,
+             "dpar::torch::DataParallel: shard = ", dist::shard_mode_name(options_.shard),
+             " is not supported for libtorch modules yet; use shard = none (or dpar's own "
+             "dist::DataParallel)");
   if (!options_.group) {
     dist::require_init_under_launcher("dpar::torch::DataParallel");
     options_.group = dist::default_group_ptr();

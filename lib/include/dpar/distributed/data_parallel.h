@@ -21,8 +21,23 @@
 
 #include "dpar/distributed/process_group.h"
 #include "dpar/nn/module.h"
+#include "dpar/optim/optimizer.h"
 
 namespace dpar::dist {
+
+// What DataParallel splits across ranks (ZeRO stages 1 and 2; paddle's group_sharded_parallel
+// levels "os" and "os_g"). See docs/sharding.md.
+//   none:      every rank keeps the whole averaged gradient and the whole optimizer state.
+//   optimizer: each bucket is reduce-scattered; every rank keeps the averaged gradient and the
+//              optimizer state of its slice only and updates that slice; the updated slices
+//              are all-gathered into every rank's parameters after the step.
+//   gradients: as optimizer, and each bucket's gradient memory is released once its slice is
+//              reduced (a bucket lives from its first gradient to its reduce-scatter).
+enum class ShardMode { none, optimizer, gradients };
+const char* shard_mode_name(ShardMode mode);
+// "none", "optimizer" or "gradients" (also paddle's "os" and "os_g"); anything else throws
+// dpar::Error naming the value and the choices.
+ShardMode parse_shard_mode(const std::string& text);
 
 struct DataParallelOptions {
   double comm_buffer_size = 25;      // MB, buckets after the first
@@ -40,6 +55,10 @@ struct DataParallelOptions {
   // 11 bits in a range that small or large gradients can leave. Buckets of other dtypes
   // travel as they are.
   DType comm_dtype = DType::f32;
+  // What is split across ranks (see ShardMode). With sharding, build the optimizer with
+  // make_optimizer() (or from optimizer_parameters() and attach_optimizer()): it updates this
+  // rank's slices, and each step ends with the all-gather of every rank's updated slices.
+  ShardMode shard = ShardMode::none;
   // default: default_group_ptr(). With a group of one (a single process, or
   // init_parallel_env() in a world of one) DataParallel is a plain wrapper that communicates
   // nothing. Without init_parallel_env() it is the same in a single process, but in a process
@@ -54,6 +73,13 @@ struct BucketInfo {
 };
 
 class Reducer;
+
+// Bytes one rank holds for training (DataParallel::memory_stats; the train log line).
+struct ShardMemory {
+  size_t parameters = 0;       // the whole model: every rank runs the whole forward
+  size_t gradients = 0;        // bucket memory held now plus the averaged gradient slices
+  size_t optimizer_state = 0;  // of the attached optimizers (momentum, moments, step counts)
+};
 
 class DataParallel : public nn::Module {
  public:
@@ -90,6 +116,29 @@ class DataParallel : public nn::Module {
   };
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
+  // ---- the optimizer ---------------------------------------------------------------------
+  // What an optimizer for this model updates: parameters() with shard = none (or a world of
+  // one); with sharding, this rank's slice of each bucket's parameters, one flat f32 tensor
+  // per bucket (views of the parameters' memory) whose .grad is the averaged gradient of the
+  // slice after a synchronised backward. The first synchronised backward lays the buckets out
+  // in gradient-ready order, which makes new slices: an attached optimizer follows.
+  std::vector<Tensor> optimizer_parameters() const;
+  // Connects an optimizer built from optimizer_parameters(): with sharding, each step() ends
+  // with the all-gather of the updated slices into every rank's parameters, GradScaler's
+  // inf/nan decision and optim::clip_grad_norm's norm span every rank's slices, and the
+  // optimizer follows the layout. Without sharding it records the optimizer (memory_stats).
+  void attach_optimizer(const std::shared_ptr<optim::Optimizer>& optimizer);
+  // Builds Opt(optimizer_parameters(), options) and attaches it:
+  //   auto opt = dp.make_optimizer<optim::AdamW>(optim::AdamWOptions{.lr = 1e-3});
+  template <class Opt, class Options>
+  std::shared_ptr<Opt> make_optimizer(const Options& options) {
+    auto optimizer = std::make_shared<Opt>(optimizer_parameters(), options);
+    attach_optimizer(optimizer);
+    return optimizer;
+  }
+  ShardMode shard() const { return options_.shard; }
+  ShardMemory memory_stats() const;
+
   nn::Module& module() { return *module_; }
   const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
   std::vector<BucketInfo> buckets() const;
@@ -111,8 +160,15 @@ class DataParallel : public nn::Module {
 
   std::shared_ptr<nn::Module> module_;
   DataParallelOptions options_;
+  // Sharded: an optimizer must be attached before the second iteration (the first one's step
+  // must have gathered the slices).
+  void check_optimizer_attached() const;
+  // Sharded: attached optimizers take the new slices after the rebuild.
+  void follow_relayout();
+
   std::vector<Tensor> trainable_params_;  // the Reducer's parameters, in its order
-  std::unique_ptr<Reducer> reducer_;
+  std::shared_ptr<Reducer> reducer_;      // shared: optimizers' step hooks hold it weakly
+  std::vector<std::weak_ptr<optim::Optimizer>> optimizers_;
   bool sync_enabled_ = true;
   // No training forward has changed the buffers since rank 0's were last broadcast.
   bool buffers_in_sync_ = true;

@@ -1,0 +1,159 @@
+// The Reducer's sharded modes (DataParallelOptions::shard; ZeRO stages 1 and 2).
+//
+// A sharded bucket keeps its parameters in one flat buffer (each parameter tensor is re-pointed
+// at its region, as Module::to re-points moved tensors), so that rank r's slice of the bucket,
+// elements [bounds[r], bounds[r + 1]), is one contiguous tensor the optimizer can update, and
+// the all-gather after the step writes every other rank's slice straight into the parameters.
+// The bounds are allreduce_chunk_bounds: the reduce-scatter then adds each element in the same
+// order as the allreduce of shard = none would, so both train bitwise alike.
+//
+// Gradients: backward accumulates into the bucket as without sharding; the bucket is scaled and
+// reduce-scattered when full, and its reduced slice is added to the slice's gradient (the
+// optimizer parameter's .grad, which accumulates over synchronised backwards until the user
+// zeroes it, like .grad without sharding). The bucket itself is then zeroed (optimizer) or
+// released (gradients: the parameters' .grad become undefined and the next backward allocates
+// the bucket at its first gradient).
+#include <algorithm>
+
+#include "dpar/autograd/grad_mode.h"
+#include "dpar/tensor/ops.h"
+#include "reducer.h"
+
+namespace dpar::dist {
+namespace {
+
+// A flat 1-D tensor over elements [begin, end) of `flat` (same storage, no autograd history).
+Tensor flat_range(const Tensor& flat, int64_t begin, int64_t end) {
+  return Tensor::from_storage(flat.storage(), flat.storage_offset() + begin, {end - begin}, {1},
+                              flat.dtype());
+}
+
+}  // namespace
+
+const char* shard_mode_name(ShardMode mode) {
+  switch (mode) {
+    case ShardMode::none:
+      return "none";
+    case ShardMode::optimizer:
+      return "optimizer";
+    case ShardMode::gradients:
+      return "gradients";
+  }
+  return "?";
+}
+
+ShardMode parse_shard_mode(const std::string& text) {
+  if (text == "none") return ShardMode::none;
+  if (text == "optimizer" || text == "os") return ShardMode::optimizer;
+  if (text == "gradients" || text == "os_g") return ShardMode::gradients;
+  DPAR_FAIL("shard mode '", text, "' is not one of none, optimizer (os), gradients (os_g)");
+}
+
+void Reducer::shard_bucket(Bucket& b) {
+  NoGradGuard no_grad;
+  const Tensor& first = params_[b.params.front()].tensor;
+  DPAR_CHECK(first.dtype() == DType::f32, "DataParallel(shard = ", shard_mode_name(options_.shard),
+             "): parameter '", params_[b.params.front()].name, "' is ", dtype_name(first.dtype()),
+             "; sharding needs f32 parameters (the optimizers' dtype)");
+  b.params_flat = Tensor::empty({b.numel}, first.dtype(), first.device());
+  for (size_t k = 0; k < b.params.size(); ++k) {
+    Tensor& p = params_[b.params[k]].tensor;
+    // Same shape and strides (view_at keeps a dense layout): forward sees the same tensor.
+    const Shape strides = p.is_dense() ? p.strides() : contiguous_strides(p.shape());
+    Tensor home =
+        Tensor::from_storage(b.params_flat.storage(), b.offsets[k], p.shape(), strides, p.dtype());
+    home.copy_(p);
+    TensorImpl& impl = *p.impl();
+    impl.storage = home.storage();
+    impl.offset = home.storage_offset();
+    impl.strides = home.strides();
+  }
+  const int rank = group_->rank();
+  const int64_t lo = b.bounds[static_cast<size_t>(rank)];
+  const int64_t hi = b.bounds[static_cast<size_t>(rank) + 1];
+  b.shard_param = flat_range(b.params_flat, lo, hi);
+  b.shard_grad = Tensor::zeros({hi - lo}, first.dtype(), first.device());
+  b.shard_param.set_grad(b.shard_grad);
+}
+
+std::vector<Tensor> Reducer::shard_parameters() const {
+  std::vector<Tensor> out;
+  for (const Bucket& b : buckets_) out.push_back(b.shard_param);
+  return out;
+}
+
+void Reducer::launch_reduce_scatter(Bucket& b) {
+  const Tensor& source = b.wire.defined() ? b.wire : b.buffer;
+  std::vector<Tensor> pieces;
+  for (int r = 0; r < group_->size(); ++r) {
+    pieces.push_back(
+        flat_range(source, b.bounds[static_cast<size_t>(r)], b.bounds[static_cast<size_t>(r) + 1]));
+  }
+  // In place: this rank's piece receives the sum (the backends read every input first).
+  Tensor mine = pieces[static_cast<size_t>(group_->rank())];
+  b.work = group_->reduce_scatter(mine, std::move(pieces), ReduceOp::Sum);
+}
+
+void Reducer::hand_over(size_t k, bool whole_bucket_reduced) {
+  NoGradGuard no_grad;
+  Bucket& b = buckets_[k];
+  const int rank = group_->rank();
+  const int64_t lo = b.bounds[static_cast<size_t>(rank)];
+  const int64_t hi = b.bounds[static_cast<size_t>(rank) + 1];
+  Tensor reduced = flat_range(b.buffer, lo, hi);
+  // A compressed bucket's slice comes back from the wire format (a whole reduced bucket was
+  // converted already).
+  if (b.wire.defined() && !whole_bucket_reduced) reduced.copy_(flat_range(b.wire, lo, hi));
+  Tensor current = b.shard_param.grad();
+  if (!current.defined()) {
+    b.shard_grad.copy_(reduced);  // zero_grad(set_to_none): the gradient starts afresh
+  } else {
+    if (!current.is_same(b.shard_grad)) b.shard_grad.copy_(current);  // the user assigned one
+    add_(b.shard_grad, reduced);
+  }
+  b.shard_param.set_grad(b.shard_grad);
+  if (options_.shard == ShardMode::gradients) {
+    for (size_t index : b.params) {
+      binding_->set_grad(index, Tensor());
+      params_[index].view = Tensor();
+    }
+    b.buffer = Tensor();
+    b.wire = Tensor();
+  } else {
+    // Handed over: the next backward accumulates afresh (the slice's .grad keeps the sum).
+    b.buffer.zero_();
+  }
+}
+
+void Reducer::gather_parameters() {
+  if (!sharded()) return;
+  std::vector<std::shared_ptr<Work>> works;
+  // The last bucket holds the first layers' parameters (buckets follow gradient order): the
+  // forward's first needs go first.
+  for (size_t k = buckets_.size(); k-- > 0;) {
+    const Bucket& b = buckets_[k];
+    std::vector<Tensor> slices;
+    for (int r = 0; r < group_->size(); ++r) {
+      slices.push_back(flat_range(b.params_flat, b.bounds[static_cast<size_t>(r)],
+                                  b.bounds[static_cast<size_t>(r) + 1]));
+    }
+    works.push_back(group_->allgather(std::move(slices), b.shard_param));
+  }
+  for (auto& work : works) {
+    wait_explained(*work, *group_,
+                   "DataParallel's all-gather of the updated parameter slices after "
+                   "optimizer.step() (every rank must step the optimizer)");
+  }
+}
+
+size_t Reducer::gradient_bytes() const {
+  size_t bytes = 0;
+  for (const Bucket& b : buckets_) {
+    if (b.buffer.defined()) bytes += b.buffer.nbytes();
+    if (b.wire.defined()) bytes += b.wire.nbytes();
+    if (b.shard_grad.defined()) bytes += b.shard_grad.nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace dpar::dist

@@ -1,0 +1,186 @@
+// Sharded DataParallel's API and failure paths with 2 ranks as threads (the equality with
+// unsharded training on MobileNetV3-small is tests/multiproc/shard_worker.cpp's), plus
+// clip_grad_norm and the optimizer hooks sharding relies on.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "dpar/distributed/data_parallel.h"
+#include "dpar/nn/layers.h"
+#include "dpar/optim/adamw.h"
+#include "dpar/optim/clip_grad.h"
+#include "dpar/optim/grad_scaler.h"
+#include "dpar/optim/sgd.h"
+#include "dpar/tensor/ops.h"
+#include "unit/helpers.h"
+#include "unit/two_ranks.h"
+
+using namespace dpar;
+using namespace dpar::dist;
+using Catch::Matchers::Contains;
+using dpar::test::run_two_ranks;
+
+namespace {
+
+std::shared_ptr<nn::Sequential> small_net() {
+  manual_seed(3);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Linear>(6, 40));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::Linear>(40, 3));
+  return net;
+}
+
+DataParallelOptions sharded(std::shared_ptr<Group> group, ShardMode mode) {
+  DataParallelOptions o;
+  o.group = std::move(group);
+  o.shard = mode;
+  o.last_comm_buffer_size = 0.0005;  // a few buckets
+  o.comm_buffer_size = 0.0005;
+  return o;
+}
+
+Tensor loss_on(DataParallel& dp, int rank, uint64_t salt) {
+  Generator gen(10 * salt + static_cast<uint64_t>(rank));
+  Tensor x = Tensor::empty({4, 6});
+  float* d = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) d[i] = gen.normal();
+  return sum(mul(dp.forward(x), dp.forward(x)));
+}
+
+}  // namespace
+
+TEST_CASE("parse_shard_mode and shard_mode_name", "[sharding]") {
+  CHECK(parse_shard_mode("none") == ShardMode::none);
+  CHECK(parse_shard_mode("optimizer") == ShardMode::optimizer);
+  CHECK(parse_shard_mode("os") == ShardMode::optimizer);
+  CHECK(parse_shard_mode("gradients") == ShardMode::gradients);
+  CHECK(parse_shard_mode("os_g") == ShardMode::gradients);
+  CHECK(std::string(shard_mode_name(ShardMode::gradients)) == "gradients");
+  CHECK_THAT(error_of([] { parse_shard_mode("params"); }),
+             Contains("shard mode 'params' is not one of none, optimizer (os), gradients (os_g)"));
+}
+
+TEST_CASE("sharded: the optimizer holds this rank's slices, which together make the model",
+          "[sharding]") {
+  for (ShardMode mode : {ShardMode::optimizer, ShardMode::gradients}) {
+    DYNAMIC_SECTION(shard_mode_name(mode)) {
+      auto results = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+        auto net = small_net();
+        DataParallel dp(net, sharded(group, mode));
+        auto opt = dp.make_optimizer<optim::AdamW>(optim::AdamWOptions{.lr = 1e-2});
+        int64_t slice_elements = 0;
+        for (const Tensor& s : dp.optimizer_parameters()) slice_elements += s.numel();
+        for (int step = 0; step < 3; ++step) {
+          opt->zero_grad();
+          loss_on(dp, rank, static_cast<uint64_t>(step)).backward();
+          // After backward: with gradients the model's .grad are released; the slices'
+          // gradients are what the optimizer reads.
+          for (const Tensor& p : dp.parameters()) {
+            if (mode == ShardMode::gradients && p.grad().defined()) {
+              DPAR_FAIL("a parameter kept a gradient under shard = gradients");
+            }
+          }
+          for (const Tensor& s : opt->params()) {
+            if (!s.grad().defined()) DPAR_FAIL("a slice has no gradient after backward");
+          }
+          opt->step();
+        }
+        std::vector<float> weights;
+        for (const Tensor& p : dp.parameters()) {
+          const auto v = p.to_float_vector();
+          weights.insert(weights.end(), v.begin(), v.end());
+        }
+        return std::pair{slice_elements, weights};
+      });
+      CHECK(results[0].first + results[1].first == small_net()->num_parameters());
+      CHECK(results[0].first > 0);
+      CHECK(results[1].first > 0);
+      CHECK(results[0].second == results[1].second);  // gathered: the same model everywhere
+    }
+  }
+}
+
+TEST_CASE("sharded: an optimizer that is not attached, or holds whole parameters, is an error",
+          "[sharding]") {
+  auto errors = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+    auto net = small_net();
+    DataParallel dp(net, sharded(group, ShardMode::optimizer));
+    std::string wrong_params = error_of([&] {
+      dp.attach_optimizer(
+          std::make_shared<optim::SGD>(dp.parameters(), optim::SGDOptions{.lr = 0.1}));
+    });
+    // Built from the slices but never attached: the step cannot gather.
+    optim::SGD loose(dp.optimizer_parameters(), {.lr = 0.1});
+    loss_on(dp, rank, 1).backward();
+    loose.step();
+    std::string unattached = error_of([&] { loss_on(dp, rank, 2); });
+    return std::pair{wrong_params, unattached};
+  });
+  for (const auto& [wrong_params, unattached] : errors) {
+    CHECK_THAT(wrong_params, Contains("DataParallel(shard = optimizer): the SGD optimizer must be "
+                                      "built from dp.optimizer_parameters()"));
+    CHECK_THAT(unattached, Contains("no optimizer is attached"));
+  }
+}
+
+TEST_CASE("sharded: GradScaler skips on every rank when one rank's slice holds an inf",
+          "[sharding]") {
+  auto stepped = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+    auto net = small_net();
+    DataParallel dp(net, sharded(group, ShardMode::gradients));
+    auto opt = dp.make_optimizer<optim::SGD>(optim::SGDOptions{.lr = 0.1});
+    amp::GradScaler scaler({.init_scale = 1024.0});
+    std::vector<bool> out;
+    for (int step = 0; step < 3; ++step) {
+      opt->zero_grad();
+      scaler.scale(loss_on(dp, rank, static_cast<uint64_t>(step))).backward();
+      if (step == 1 && rank == 1) {
+        // Only rank 1's slice sees it: rank 0 must still skip.
+        Tensor g = opt->params().back().grad();
+        g.data<float>()[0] = INFINITY;
+      }
+      out.push_back(scaler.step(*opt));
+      scaler.update();
+    }
+    return out;
+  });
+  CHECK(stepped[0] == std::vector<bool>{true, false, true});
+  CHECK(stepped[1] == stepped[0]);
+}
+
+TEST_CASE("clip_grad_norm: the norm of all gradients, clipped as torch does", "[sharding]") {
+  Tensor a = Tensor::from_vector(std::vector<float>{3, 0}, {2});
+  Tensor b = Tensor::from_vector(std::vector<float>{0, 4, 0}, {3});
+  Tensor c = Tensor::zeros({2});  // no gradient: skipped
+  a.set_grad(Tensor::from_vector(std::vector<float>{3, 0}, {2}));
+  b.set_grad(Tensor::from_vector(std::vector<float>{0, 4, 0}, {3}));
+  CHECK(optim::clip_grad_norm({a, b, c}, 10.0) == Approx(5.0));
+  CHECK(a.grad().to_float_vector() == std::vector<float>{3, 0});  // under max_norm: unchanged
+  CHECK(optim::clip_grad_norm({a, b, c}, 1.0) == Approx(5.0));
+  CHECK(a.grad().to_float_vector()[0] == Approx(3.0 / (5.0 + 1e-6)));
+  CHECK(b.grad().to_float_vector()[1] == Approx(4.0 / (5.0 + 1e-6)));
+  CHECK_THAT(error_of([&] { optim::clip_grad_norm({a}, 0.0); }),
+             Contains("max_norm must be > 0, got 0"));
+}
+
+TEST_CASE("Optimizer: step hooks, replace_parameters only without state", "[sharding]") {
+  Tensor p = Tensor::zeros({3});
+  p.set_grad(Tensor::ones({3}));
+  optim::SGD opt({p}, {.lr = 0.5});
+  int calls = 0;
+  const int handle = opt.add_step_hook([&] { ++calls; });
+  Tensor q = Tensor::zeros({2});
+  opt.replace_parameters({q});  // no state yet
+  CHECK(opt.params()[0].is_same(q));
+  opt.replace_parameters({p});
+  opt.step();
+  CHECK(calls == 1);
+  opt.remove_step_hook(handle);
+  opt.step();
+  CHECK(calls == 1);
+  optim::SGD with_state({p}, {.lr = 0.5, .momentum = 0.9});
+  with_state.step();
+  CHECK(with_state.has_state());
+  CHECK_THAT(error_of([&] { with_state.replace_parameters({q}); }), Contains("already has state"));
+  CHECK(with_state.state_bytes() == 3 * sizeof(float));
+}
