@@ -29,23 +29,24 @@
 #include <cstdio>
 #include <fstream>
 
+#include "bench_ddp_shard.h"
 #include "bench_util.h"
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
+#include "dpar/optim/adamw.h"
 #include "dpar/ps/ps.h"
+#include "dpar/tensor/allocator.h"
 #include "model/mobilenet_v3.h"
 
 using namespace dpar;
+using bench::read_step_result;
+using bench::run_shard_bench;
+using bench::ShardBench;
+using bench::StepResult;
+using bench::write_step_result;
 
 namespace {
-
-struct StepResult {
-  double seconds_per_step = 0;
-  double comm_seconds = 0;     // per step, all-reduce time summed over buckets
-  double exposed_seconds = 0;  // per step, communication left after backward finished
-  double cpu_seconds = 0;      // per step, CPU time of every thread of this process
-};
 
 double process_cpu_seconds() {
   rusage u{};
@@ -54,28 +55,48 @@ double process_cpu_seconds() {
   return secs(u.ru_utime) + secs(u.ru_stime);
 }
 
+// What a run trains: the model, the optimizer and DataParallel's sharding (--model, --opt,
+// --shard; the defaults are the classic bench's MobileNetV3-small with SGD, unsharded).
+struct TrainSetup {
+  std::string model = "mobilenet_v3_small";
+  std::string opt = "sgd";
+  dist::ShardMode shard = dist::ShardMode::none;
+};
+
 StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, int seed,
-                        double bucket_mb, DType comm_dtype, Device device) {
+                        double bucket_mb, DType comm_dtype, Device device,
+                        const TrainSetup& setup) {
   manual_seed(0);
-  auto model = models::mobilenet_v3_small(1000);
+  auto model = models::mobilenet_v3(setup.model, 1000);
   model->train();
   model->to(device);
   dist::DataParallelOptions dp_options;
   if (bucket_mb > 0) dp_options.comm_buffer_size = bucket_mb;
   dp_options.comm_dtype = comm_dtype;
+  dp_options.shard = setup.shard;
   dist::DataParallel dp(model, dp_options);
-  optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
+  std::shared_ptr<optim::Optimizer> opt;
+  if (setup.opt == "adamw") {
+    opt = dp.make_optimizer<optim::AdamW>(optim::AdamWOptions{.lr = 1e-3, .weight_decay = 1e-2});
+  } else {
+    DPAR_CHECK(setup.opt == "sgd", "bench_ddp: --opt must be sgd or adamw, got ", setup.opt);
+    opt = dp.make_optimizer<optim::SGD>(
+        optim::SGDOptions{.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
+  }
   const auto [host_x, host_y] = bench::random_batch(batch, img, 1000, static_cast<uint64_t>(seed));
   const Tensor x = host_x.to(device), y = host_y.to(device);
   StepResult r;
   auto step = [&] {
-    opt.zero_grad();
+    opt->zero_grad();
     cross_entropy(dp.forward(x), y).backward();
-    opt.step();
+    opt->step();
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   if (device.is_cuda()) synchronize(device);
   dist::barrier();
+  // The steady state's peak: the first iteration reduces whole buckets (it learns their order).
+  Allocator& allocator = allocator_for(device);
+  allocator.reset_peak_stats();
   const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
@@ -94,6 +115,11 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
   r.seconds_per_step = elapsed.item() / static_cast<double>(steps);
   r.comm_seconds /= static_cast<double>(steps);
   r.exposed_seconds /= static_cast<double>(steps);
+  const dist::ShardMemory memory = dp.memory_stats();
+  r.parameter_bytes = memory.parameters;
+  r.gradient_bytes = memory.gradients;
+  r.optimizer_state_bytes = memory.optimizer_state;
+  r.peak_bytes = allocator.stats().peak_allocated_bytes;
   return r;
 }
 
@@ -170,7 +196,20 @@ int main(int argc, char** argv) {
                                   "--ps: dpar-launch --start_port of the servers (0: free ports)");
     auto& ps_pairs =
         flags.add_int("ps-pairs", 3, "--ps: (collective, ps) job pairs, alternating; medians");
+    auto& shard_name = flags.add_string(
+        "shard", "",
+        "none, optimizer or gradients: compare DataParallel with this sharding against unsharded "
+        "(img/s, memory per rank at --memory-worlds) instead of the classic bench");
+    auto& model_name =
+        flags.add_string("model", "mobilenet_v3_small", "mobilenet_v3_small or mobilenet_v3_large");
+    auto& opt_name = flags.add_string("opt", "sgd", "sgd (momentum) or adamw");
+    auto& memory_worlds = flags.add_string("memory-worlds", "1,2,4",
+                                           "--shard: the world sizes of the memory-per-rank table");
     flags.parse(argc, argv);
+    TrainSetup setup;
+    setup.model = model_name;
+    setup.opt = opt_name;
+    if (!shard_name.empty()) setup.shard = dist::parse_shard_mode(shard_name);
     DPAR_CHECK(ps_pairs >= 1 && ps_servers >= 1 && rounds >= 1,
                "bench_ddp: --ps-pairs, --ps-servers and --rounds must be >= 1");
     DPAR_CHECK(threads >= 1, "bench_ddp: --threads must be >= 1");
@@ -220,7 +259,7 @@ int main(int argc, char** argv) {
     if (solo) {  // one of <world> independent processes: no init_parallel_env, no DataParallel
       const char* rank = std::getenv("DPAR_RANK");
       const StepResult r =
-          run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype, this_device());
+          run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype, this_device(), setup);
       std::ofstream(result + ".solo" + (rank ? rank : "0"))
           << r.seconds_per_step << " " << r.cpu_seconds << "\n";
       return 0;
@@ -232,11 +271,8 @@ int main(int argc, char** argv) {
         setenv("NCCL_HOSTID", host.c_str(), 1);  // before the first collective makes the comm
       }
       const StepResult r = run_training(batch, img, warmup, steps, dist::get_rank() + 1, bucket_mb,
-                                        comm_dtype, this_device());
-      if (dist::get_rank() == 0) {
-        std::ofstream(result) << r.seconds_per_step << " " << r.comm_seconds << " "
-                              << r.exposed_seconds << " " << r.cpu_seconds << "\n";
-      }
+                                        comm_dtype, this_device(), setup);
+      if (dist::get_rank() == 0) write_step_result(result, r);
       dist::destroy();
       return 0;
     }
@@ -248,28 +284,50 @@ int main(int argc, char** argv) {
       DPAR_CHECK(status == 0, "bench_ddp: the ", what, " run failed (status ", status, "): ", cmd);
     };
     auto run_single = [&] {
-      return run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype, this_device());
+      return run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype, this_device(),
+                          setup);
     };
     const std::string result_file = "/tmp/bench_ddp_" + std::to_string(getpid()) + ".txt";
     const std::string device_args = " --threads " + std::to_string(threads) + " --device " +
                                     device_name + " --gpu-index " + std::to_string(gpu_index);
     const std::string worker_args =
         " --worker --result " + result_file + " --batch " + std::to_string(batch) + " --img " +
-        std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
-        std::to_string(steps) + " --bucket-mb " + std::to_string(bucket_mb) + " --comm-dtype " +
-        comm_dtype_name + device_args + " > /dev/null";
-    auto run_collective = [&] {
-      const std::string cmd = launcher + " --nproc_per_node=" + std::to_string(world) +
-                              " --start_port=" + std::to_string(port) +
-                              " --log_dir=/tmp/bench_ddp_log_" + std::to_string(getpid()) + " " +
-                              std::string(argv[0]) + worker_args;
-      run_job(cmd, std::to_string(world) + "-rank");
-      StepResult r;
-      std::ifstream(result_file) >> r.seconds_per_step >> r.comm_seconds >> r.exposed_seconds >>
-          r.cpu_seconds;
+        std::to_string(img) + " --bucket-mb " + std::to_string(bucket_mb) + " --comm-dtype " +
+        comm_dtype_name + device_args + " --model " + model_name + " --opt " + opt_name;
+    const std::string timing_args =
+        " --warmup " + std::to_string(warmup) + " --steps " + std::to_string(steps);
+    // A collective job of `ranks` ranks; shard: DataParallel's sharding there.
+    auto run_job_with = [&](int64_t ranks, dist::ShardMode shard, int64_t job_warmup,
+                            int64_t job_steps) {
+      const std::string cmd =
+          launcher + " --nproc_per_node=" + std::to_string(ranks) +
+          " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_log_" +
+          std::to_string(getpid()) + " " + std::string(argv[0]) + worker_args + " --shard " +
+          dist::shard_mode_name(shard) + " --warmup " + std::to_string(job_warmup) + " --steps " +
+          std::to_string(job_steps) + " > /dev/null";
+      run_job(cmd, std::to_string(ranks) + "-rank");
+      const StepResult r = read_step_result(result_file);
       std::remove(result_file.c_str());
       return r;
     };
+    auto run_collective = [&] { return run_job_with(world, setup.shard, warmup, steps); };
+    if (!shard_name.empty()) {
+      ShardBench bench;
+      bench.model = model_name;
+      bench.opt = opt_name;
+      bench.shard = setup.shard;
+      bench.world = world;
+      bench.threads = threads;
+      bench.batch = batch;
+      bench.img = img;
+      bench.warmup = warmup;
+      bench.steps = steps;
+      bench.rounds = rounds;
+      bench.memory_worlds = memory_worlds;
+      bench.peer = peer;
+      bench.run = run_job_with;
+      return run_shard_bench(bench);
+    }
     // The machine's own limit for scaling (shared cores, caches and memory bandwidth) before
     // any communication is added: summed img/s and the mean CPU per step of the processes.
     struct Independent {
@@ -277,13 +335,13 @@ int main(int argc, char** argv) {
       double cpu_seconds = 0;
     };
     auto run_independent = [&] {
-      const std::string cmd = launcher + " --nproc_per_node=" + std::to_string(world) +
-                              " --start_port=" + std::to_string(port) +
-                              " --log_dir=/tmp/bench_ddp_solo_log_" + std::to_string(getpid()) +
-                              " " + bench::self_path() + " --solo --result " + result_file +
-                              " --batch " + std::to_string(batch) + " --img " +
-                              std::to_string(img) + " --warmup " + std::to_string(warmup) +
-                              " --steps " + std::to_string(steps) + device_args + " > /dev/null";
+      const std::string cmd =
+          launcher + " --nproc_per_node=" + std::to_string(world) +
+          " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_solo_log_" +
+          std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
+          " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
+          std::to_string(warmup) + " --steps " + std::to_string(steps) + device_args + " --model " +
+          model_name + " --opt " + opt_name + " > /dev/null";
       run_job(cmd, "independent-processes");
       Independent out;
       for (int64_t r = 0; r < world; ++r) {
@@ -308,7 +366,7 @@ int main(int argc, char** argv) {
                               " --trainer_num=" + std::to_string(world) +
                               " --ips=127.0.0.1 --start_port=" + std::to_string(first_port) +
                               " --log_dir=/tmp/bench_ddp_ps_log_" + std::to_string(getpid()) + " " +
-                              bench::self_path() + worker_args;
+                              bench::self_path() + worker_args + timing_args + " > /dev/null";
       run_job(cmd, "parameter-server");
       StepResult slowest;
       for (int64_t t = 0; t < world; ++t) {

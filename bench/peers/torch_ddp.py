@@ -4,6 +4,9 @@ torch::nn, on [batch, 1, img, img] inputs): N processes x --threads threads, glo
 the CPU; with --device cuda, nccl on GPU --gpu-index shared by every rank (each rank its own
 NCCL_HOSTID, sockets on lo, as bench_ddp's ranks), or GPU <rank> with --gpu-index -1.
 
+--model mobilenet_v3_large, --opt adamw and --zero (the optimizer state sharded by
+torch.distributed.optim.ZeroRedundancyOptimizer, ZeRO stage 1) are bench_ddp --shard's peer.
+
 Spawns the ranks itself (torch.multiprocessing) on loopback, trains on random data, and prints
 one JSON line: {"img_per_s": total over ranks, "single_img_per_s": one process alone,
 "scaling": img_per_s / (N * single), ...}.
@@ -66,11 +69,25 @@ def pick_device(a, rank):
     return device
 
 
+def make_optimizer(a, params, zero):
+    """bench_ddp's optimizers: SGD with momentum, or AdamW; zero: ZeroRedundancyOptimizer."""
+    if a.opt == "adamw":
+        cls, kwargs = torch.optim.AdamW, dict(lr=1e-3, weight_decay=1e-2)
+    else:
+        cls, kwargs = torch.optim.SGD, dict(lr=0.01, momentum=0.9, weight_decay=4e-5)
+    if zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
+    return cls(params, **kwargs)
+
+
 def make_model(a):
     if a.model == "resnet18":
         model = torchvision.models.resnet18(num_classes=10)
         model.conv1 = torch.nn.Conv2d(1, 64, 7, 2, 3, bias=False)
         return model
+    if a.model == "mobilenet_v3_large":
+        return torchvision.models.mobilenet_v3_large(num_classes=1000)
     return torchvision.models.mobilenet_v3_small(num_classes=1000)
 
 
@@ -92,7 +109,7 @@ def worker(rank, world, port, a, results):
     model = make_model(a).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+    opt = make_optimizer(a, ddp.parameters(), zero=a.zero)
     x, y = make_batch(a, torch.Generator().manual_seed(rank))
     sec = train(ddp, opt, x.to(device), y.to(device), a.warmup, a.steps)
     results[rank] = sec
@@ -104,7 +121,7 @@ def single(a):
     device = pick_device(a, 0)
     torch.manual_seed(0)
     model = make_model(a).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+    opt = make_optimizer(a, model.parameters(), zero=False)
     x, y = make_batch(a)
     return a.batch / train(model, opt, x.to(device), y.to(device), a.warmup, a.steps)
 
@@ -118,8 +135,10 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--model", choices=["mobilenet_v3_small", "resnet18"],
+    p.add_argument("--model", choices=["mobilenet_v3_small", "mobilenet_v3_large", "resnet18"],
                    default="mobilenet_v3_small")
+    p.add_argument("--opt", choices=["sgd", "adamw"], default="sgd")
+    p.add_argument("--zero", action="store_true")
     p.add_argument("--gpu-index", type=int, default=0)
     a = p.parse_args()
     manager = mp.Manager()
