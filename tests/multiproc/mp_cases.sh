@@ -3,7 +3,7 @@
 #   mp_cases.sh <case> <dpar-launch> <collectives_worker> <ddp_worker> <shard_worker>
 # Cases: collectives2 collectives4 ddp ddp_no_sync ddp_unequal ddp_buckets ddp_bf16 two_nodes
 #        kill9 timeout detail_mismatch shard_bitwise{2,3}_{sgd,adamw} shard_memory{2,3}
-#        shard_clip3
+#        shard_clip3 shard_resume shard_kill_save
 set -u
 case_name=$1
 launcher=$2
@@ -107,6 +107,28 @@ case $case_name in
     run_ok "$n-rank sharded memory" launch logs "$n" "$shard" --check memory --opt adamw \
       --steps 3 "$marker"
     expect_text "$work/out.txt" "shard gradients per rank" ;;
+  shard_resume)
+    # Save on 2 ranks (sharded), resume on 3 and on 1: every way of loading the optimizer
+    # state gives the unsharded resume's next 10 steps bitwise.
+    run_ok "2-rank sharded save" launch save 2 "$shard" --check save --dir "$work/ckpt" "$marker"
+    for n in 3 1; do
+      run_ok "$n-rank resume" launch resume$n "$n" "$shard" --check resume --dir "$work/ckpt" \
+        --steps 10 "$marker"
+      expect_text "$work/out.txt" "resumed on $n ranks"
+    done ;;
+  shard_kill_save)
+    # kill -9 of a rank while a shard set is written: the set never appears, the previous one
+    # still loads (on another number of ranks).
+    launch kill 2 "$shard" --check kill-save --dir "$work/ckpt" "$marker" >"$work/out.txt" 2>&1
+    code=$?
+    [ $code -ne 0 ] && ok "the job failed ($code)" || fail "the job survived a dead rank"
+    expect_text "$work/kill/workerlog.1" "killing myself with SIGKILL"
+    [ -d "$work/ckpt/set_b" ] && fail "set_b appeared although rank 1 died" || ok "no set_b"
+    [ -d "$work/ckpt/set_b.tmp" ] && ok "set_b.tmp left behind" || fail "no set_b.tmp"
+    [ -f "$work/ckpt/set_a/index.json" ] && ok "set_a intact" || fail "set_a lost its index"
+    run_ok "3-rank load of set_a" launch load 3 "$shard" --check load --dir "$work/ckpt" \
+      --shards "$work/ckpt/set_a" "$marker"
+    expect_text "$work/out.txt" "AdamW state of step 3" ;;
   shard_clip3)
     run_ok "3-rank clip_grad_norm" launch logs 3 "$shard" --check clip "$marker"
     expect_text "$work/out.txt" "clip_grad_norm" ;;

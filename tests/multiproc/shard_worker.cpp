@@ -5,15 +5,29 @@
 //   --check memory: gradient and optimizer-state bytes per rank (memory_stats and the
 //       allocator) are about 1/N of unsharded, plus at most one bucket;
 //   --check clip: optim::clip_grad_norm on the sharded optimizer returns the norm a single
-//       process computes on the concatenated batch, and clips the same step.
+//       process computes on the concatenated batch, and clips the same step;
+//   --check save --dir D: 5 AdamW steps sharded (optimizer), then D/model.safetensors, the
+//       shard set D/shards, and the unsharded run's optimizer state D/full.safetensors;
+//   --check resume --dir D: on any number of ranks, the next --steps steps after loading D's
+//       optimizer state are bitwise equal whether the state comes from the shard set or the
+//       unsharded file, into a sharded (gradients, optimizer) or unsharded job;
+//   --check kill-save --dir D: saves D/set_a, then rank 1 dies (SIGKILL) while D/set_b is
+//       being written.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <thread>
 
 #include "dpar/distributed/data_parallel.h"
+#include "dpar/distributed/optimizer_shards.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
+#include "dpar/io/safetensors.h"
+#include "dpar/nn/weights.h"
 #include "dpar/optim/clip_grad.h"
 #include "dpar/tensor/allocator.h"
 #include "mobilenetv3/model/mobilenet_v3.h"  // examples/
@@ -244,6 +258,128 @@ void check_clip(double bucket_mb) {
   }
 }
 
+// AdamW steps [first, first + steps) on DataParallel (the batches depend on rank and step).
+void adamw_steps(DataParallel& dp, optim::Optimizer& opt, int first, int steps) {
+  for (int s = first; s < first + steps; ++s) {
+    opt.zero_grad();
+    auto [x, y] = batch(get_rank(), s, 0, 2);
+    cross_entropy(dp.forward(x), y).backward();
+    opt.step();
+  }
+}
+
+std::shared_ptr<optim::Optimizer> adamw(DataParallel& dp) {
+  return dp.make_optimizer<optim::AdamW>(optim::AdamWOptions{.lr = 1e-3, .weight_decay = 1e-2});
+}
+
+void check_save(const std::string& dir, double bucket_mb) {
+  std::filesystem::create_directories(dir);
+  {
+    auto model = make_model();
+    DataParallel dp(model, options_for(ShardMode::optimizer, bucket_mb));
+    auto opt = adamw(dp);
+    adamw_steps(dp, *opt, 0, 5);
+    if (get_rank() == 0) nn::save_weights(*model, dir + "/model.safetensors");
+    dp.save_optimizer_state(*opt, dir + "/shards");
+  }
+  auto model = make_model();
+  DataParallel dp(model, options_for(ShardMode::none, bucket_mb));
+  auto opt = adamw(dp);
+  adamw_steps(dp, *opt, 0, 5);
+  if (get_rank() == 0) io::save_safetensors(dir + "/full.safetensors", opt->state_dict());
+  if (get_rank() == 0) {
+    std::printf("shard_worker: %d ranks saved %s/shards and the unsharded state\n",
+                get_world_size(), dir.c_str());
+  }
+}
+
+void check_resume(const std::string& dir, const std::string& shards, int steps, double bucket_mb) {
+  const optim::StateDict full = io::load_safetensors(dir + "/full.safetensors").tensors;
+  // One resumed run: the model from D, the optimizer state from `source`.
+  auto resumed = [&](ShardMode mode, bool from_shards) {
+    auto model = make_model();
+    nn::load_weights(*model, dir + "/model.safetensors");
+    DataParallel dp(model, options_for(mode, bucket_mb));
+    auto opt = adamw(dp);
+    const OptimizerLayout whole = whole_parameter_layout(model->named_parameters());
+    dp.load_optimizer_state(opt, [&](const OptimizerLayout& layout) {
+      return from_shards ? read_optimizer_shards(shards, layout, opt->name())
+                         : slice_optimizer_state(full, whole, layout);
+    });
+    adamw_steps(dp, *opt, 100, steps);
+    return flat_params(*model);
+  };
+  const std::vector<float> reference = resumed(ShardMode::none, /*from_shards=*/false);
+  const struct {
+    ShardMode mode;
+    bool from_shards;
+  } runs[] = {{ShardMode::gradients, true},
+              {ShardMode::optimizer, true},
+              {ShardMode::none, true},
+              {ShardMode::gradients, false}};
+  for (const auto& run : runs) {
+    const std::vector<float> got = resumed(run.mode, run.from_shards);
+    DPAR_CHECK(std::memcmp(got.data(), reference.data(), got.size() * sizeof(float)) == 0,
+               "resume with shard = ", shard_mode_name(run.mode), " from ",
+               run.from_shards ? "the shard set" : "the unsharded state",
+               " differs from the unsharded resume after ", steps, " steps");
+  }
+  if (get_rank() == 0) {
+    std::printf(
+        "shard_worker: resumed on %d ranks from %s: shard gradients, optimizer and none, from "
+        "the shard set or the unsharded state: %d steps bitwise equal to the unsharded resume\n",
+        get_world_size(), shards.c_str(), steps);
+  }
+}
+
+// Loads a shard set into a 3-rank sharded job and takes one step: the deferred load happens
+// at the end of the first backward; AdamW's step counts say which step the set was saved at.
+void check_load(const std::string& shards, double bucket_mb) {
+  auto model = make_model();
+  DataParallel dp(model, options_for(ShardMode::gradients, bucket_mb));
+  auto opt = adamw(dp);
+  dp.load_optimizer_state(opt, [&](const OptimizerLayout& layout) {
+    return read_optimizer_shards(shards, layout, opt->name());
+  });
+  adamw_steps(dp, *opt, 0, 1);
+  int64_t step = -1;
+  for (const auto& [key, t] : opt->state_dict()) {
+    if (key.rfind("step.", 0) == 0) {
+      const auto s = static_cast<int64_t>(t.item());
+      DPAR_CHECK(step < 0 || step == s, "slices disagree on the step: ", step, " and ", s);
+      step = s;
+    }
+  }
+  DPAR_CHECK(step >= 1, "no step count after loading ", shards);
+  if (get_rank() == 0) {
+    std::printf("shard_worker: %d ranks loaded %s: AdamW state of step %lld\n", get_world_size(),
+                shards.c_str(), static_cast<long long>(step - 1));
+  }
+}
+
+void check_kill_save(const std::string& dir, double bucket_mb) {
+  auto model = make_model();
+  DataParallel dp(model, options_for(ShardMode::gradients, bucket_mb));
+  auto opt = adamw(dp);
+  adamw_steps(dp, *opt, 0, 3);
+  dp.save_optimizer_state(*opt, dir + "/set_a");
+  adamw_steps(dp, *opt, 3, 2);
+  if (get_rank() == 1) {
+    // Dies the moment its own file of set_b exists: rank 0 has not written the index yet.
+    const std::string mine =
+        dir + "/set_b.tmp/rank-1-of-" + std::to_string(get_world_size()) + ".safetensors";
+    std::thread([mine] {
+      while (!std::filesystem::exists(mine))
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      std::printf("rank 1: killing myself with SIGKILL while set_b is saved\n");
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }).detach();
+  }
+  dp.save_optimizer_state(*opt, dir + "/set_b");
+  std::printf("rank %d: set_b was saved although rank 1 died\n", get_rank());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -253,6 +389,8 @@ int main(int argc, char** argv) {
     auto& opt_name = flags.add_string("opt", "sgd", "sgd (momentum) or adamw");
     auto& steps = flags.add_int("steps", 20, "optimizer steps");
     auto& bucket_mb = flags.add_double("bucket-mb", 0.5, "comm_buffer_size in MB");
+    auto& dir = flags.add_string("dir", "", "save, resume, kill-save: the checkpoint folder");
+    auto& shards = flags.add_string("shards", "", "resume: the shard set (default <dir>/shards)");
     flags.parse(argc, argv, /*allow_positional=*/true);
     set_num_threads(1);
     init_parallel_env();
@@ -262,8 +400,20 @@ int main(int argc, char** argv) {
       check_memory(opt_name, static_cast<int>(steps), bucket_mb);
     } else if (check == "clip") {
       check_clip(bucket_mb);
+    } else if (check == "save" || check == "resume" || check == "kill-save" || check == "load") {
+      if (dir.empty()) throw FlagError("shard_worker: --check " + check + " needs --dir");
+      if (check == "save") check_save(dir, bucket_mb);
+      if (check == "resume") {
+        check_resume(dir, shards.empty() ? dir + "/shards" : shards, static_cast<int>(steps),
+                     bucket_mb);
+      }
+      if (check == "kill-save") check_kill_save(dir, bucket_mb);
+      if (check == "load") check_load(shards, bucket_mb);
     } else {
-      throw FlagError("shard_worker: --check must be bitwise, memory or clip, got " + check);
+      throw FlagError(
+          "shard_worker: --check must be bitwise, memory, clip, save, resume, "
+          "kill-save or load, got " +
+          check);
     }
     destroy();
     return 0;

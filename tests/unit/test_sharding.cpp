@@ -1,10 +1,15 @@
 // Sharded DataParallel's API and failure paths with 2 ranks as threads (the equality with
 // unsharded training on MobileNetV3-small is tests/multiproc/shard_worker.cpp's), plus
 // clip_grad_norm and the optimizer hooks sharding relies on.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "dpar/distributed/data_parallel.h"
+#include "dpar/distributed/optimizer_shards.h"
 #include "dpar/nn/layers.h"
 #include "dpar/optim/adamw.h"
 #include "dpar/optim/clip_grad.h"
@@ -183,4 +188,91 @@ TEST_CASE("Optimizer: step hooks, replace_parameters only without state", "[shar
   CHECK(with_state.has_state());
   CHECK_THAT(error_of([&] { with_state.replace_parameters({q}); }), Contains("already has state"));
   CHECK(with_state.state_bytes() == 3 * sizeof(float));
+}
+
+TEST_CASE("optimizer shard sets: round trip, re-cut to another layout, and every failure named",
+          "[sharding]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dpar_shards_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto net = small_net();
+  optim::SGD opt(net->parameters(), {.lr = 0.1, .momentum = 0.9});
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    sum(mul(net->forward(Tensor::ones({2, 6})), 0.5)).backward();
+    opt.step();
+  }
+  const OptimizerLayout whole = whole_parameter_layout(net->named_parameters());
+  const std::string set = (dir / "set").string();
+  save_optimizer_shards(set, whole, opt, nullptr);
+  CHECK(fs::exists(set + "/index.json"));
+  CHECK_FALSE(fs::exists(set + ".tmp"));
+
+  auto same = [](const optim::StateDict& a, const optim::StateDict& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].first != b[i].first ||
+          a[i].second.to_float_vector() != b[i].second.to_float_vector()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  CHECK(same(read_optimizer_shards(set, whole, "SGD"), opt.state_dict()));
+
+  // Another layout: parameter 0 (40 x 6 weights) cut in two tensors of 100 and 140 elements,
+  // the other parameters whole; the pieces come back exactly.
+  OptimizerLayout cut = whole;
+  cut.tensors[0] = {{0, 0, 100, 0}};
+  cut.tensor_shapes[0] = {100};
+  cut.tensor_strides[0] = {1};
+  cut.tensors.push_back({{0, 100, 240, 0}});
+  cut.tensor_shapes.push_back({140});
+  cut.tensor_strides.push_back({1});
+  const optim::StateDict sliced = read_optimizer_shards(set, cut, "SGD");
+  const auto momentum0 = opt.state_dict()[0].second.to_float_vector();
+  std::vector<float> joined = sliced[0].second.to_float_vector();
+  for (const auto& [key, t] : sliced) {
+    if (key == "momentum_buffer." + std::to_string(cut.tensors.size() - 1)) {
+      const auto rest = t.to_float_vector();
+      joined.insert(joined.end(), rest.begin(), rest.end());
+    }
+  }
+  CHECK(joined == momentum0);
+  // The same re-cut from the unsharded state dict, without files.
+  CHECK(same(slice_optimizer_state(opt.state_dict(), whole, cut), sliced));
+
+  CHECK_THAT(error_of([&] { read_optimizer_shards(set, whole, "AdamW"); }),
+             Contains("hold SGD state; this optimizer is AdamW"));
+  auto other = std::make_shared<nn::Linear>(6, 41);
+  OptimizerLayout wrong = whole_parameter_layout({{"0.weight", other->weight}});
+  CHECK_THAT(error_of([&] { read_optimizer_shards(set, wrong, "SGD"); }),
+             Contains("parameter '0.weight' has shape [40,6] there and [41,6] here"));
+  OptimizerLayout unknown = whole_parameter_layout({{"head.weight", other->weight}});
+  CHECK_THAT(error_of([&] { read_optimizer_shards(set, unknown, "SGD"); }),
+             Contains("holds no state for parameter 'head.weight'"));
+
+  // A flipped byte in a piece fails its CRC, naming file and tensor.
+  const std::string file = set + "/rank-0-of-1.safetensors";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-3, std::ios::end);
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  CHECK_THAT(error_of([&] { read_optimizer_shards(set, whole, "SGD"); }),
+             Contains("fails its CRC-32C check (corrupted)"));
+
+  // A set whose writing never finished: only <set>.tmp exists.
+  fs::rename(set, set + ".tmp");
+  CHECK_THAT(error_of([&] { read_optimizer_shards(set, whole, "SGD"); }),
+             Contains("the set was never completed"));
+  fs::remove_all(set + ".tmp");
+  CHECK_THAT(error_of([&] { read_optimizer_shards(set, whole, "SGD"); }),
+             Contains("missing (not a shard set, or removed)"));
+  fs::remove_all(dir);
 }

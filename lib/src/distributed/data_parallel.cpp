@@ -125,7 +125,14 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
                                        std::make_unique<DparAutogradBinding>(trainable_params_),
                                        options_.group, reducer_options);
   if (reducer_->sharded()) {
-    reducer_->set_relayout_callback([this] { follow_relayout(); });
+    reducer_->set_layout_final_callback([this](bool changed) {
+      if (changed) follow_relayout();
+      if (pending_optimizer_) {
+        auto optimizer = std::move(pending_optimizer_);
+        auto source = std::move(pending_source_);
+        apply_optimizer_state(*optimizer, source);
+      }
+    });
     reducer_->set_layout_lock([this] {
       for (const auto& weak : optimizers_) {
         if (auto opt = weak.lock(); opt && opt->has_state()) return true;

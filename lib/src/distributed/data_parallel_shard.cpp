@@ -82,4 +82,46 @@ ShardMemory DataParallel::memory_stats() const {
   return m;
 }
 
+OptimizerLayout DataParallel::optimizer_layout() const {
+  if (reducer_ && reducer_->sharded()) return reducer_->shard_layout();
+  return whole_parameter_layout(named_parameters());
+}
+
+void DataParallel::load_optimizer_state(const std::shared_ptr<optim::Optimizer>& optimizer,
+                                        OptimizerStateSource source) {
+  DPAR_CHECK(optimizer != nullptr && source, "DataParallel::load_optimizer_state: no optimizer");
+  if (reducer_ && reducer_->sharded() && !reducer_->layout_final()) {
+    pending_optimizer_ = optimizer;
+    pending_source_ = std::move(source);
+    return;
+  }
+  apply_optimizer_state(*optimizer, source);
+}
+
+void DataParallel::apply_optimizer_state(optim::Optimizer& optimizer,
+                                         const OptimizerStateSource& source) {
+  std::string error;
+  try {
+    optimizer.load_state_dict(source(optimizer_layout()));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!options_.group || options_.group->size() == 1) {
+    DPAR_CHECK(error.empty(), error);
+    return;
+  }
+  // Every rank fails alike: a rank that loaded fine must not step alone.
+  Tensor ok = Tensor::full({1}, error.empty() ? 1.0 : 0.0);
+  options_.group->allreduce({ok}, ReduceOp::Min, /*async_op=*/false);
+  DPAR_CHECK(error.empty(), error);
+  DPAR_CHECK(ok.item() == 1.0,
+             "DataParallel: another rank failed to load its optimizer state "
+             "(its log names the problem)");
+}
+
+void DataParallel::save_optimizer_state(const optim::Optimizer& optimizer,
+                                        const std::string& dir) const {
+  save_optimizer_shards(dir, optimizer_layout(), optimizer, options_.group.get());
+}
+
 }  // namespace dpar::dist

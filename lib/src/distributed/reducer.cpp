@@ -470,10 +470,11 @@ void Reducer::finalize() {
   active_ = false;
   reachable_.clear();
   if (!rebuilt_) {
-    rebuild_in_ready_order();
+    const bool changed = rebuild_in_ready_order();
     // The first iteration reduced whole buckets: every rank takes its slices from them.
     if (sharded()) {
       for (size_t k = 0; k < buckets_.size(); ++k) hand_over(k, /*whole_bucket_reduced=*/true);
+      if (on_layout_final_) on_layout_final_(changed);
     }
   }
 }
@@ -496,12 +497,12 @@ void Reducer::abandon_iteration() {
   if (!rebuilt_) ready_order_.clear();
 }
 
-void Reducer::rebuild_in_ready_order() {
+bool Reducer::rebuild_in_ready_order() {
   rebuilt_ = true;
   // Every rank answers alike (an optimizer's state is loaded on every rank or on none).
   if (layout_locked_ && layout_locked_()) {
     ready_order_ = {};
-    return;
+    return false;
   }
   const size_t n = params_.size();
   std::vector<size_t> order = std::move(ready_order_);
@@ -524,10 +525,10 @@ void Reducer::rebuild_in_ready_order() {
   auto partition = assign_buckets(order);
   std::vector<std::vector<size_t>> current;
   for (const auto& b : buckets_) current.push_back(b.params);
-  if (partition == current) return;
+  if (partition == current) return false;
   install_buckets(partition);
   log_summary("buckets rebuilt in gradient-ready order: ");
-  if (sharded() && on_relayout_) on_relayout_();
+  return true;
 }
 
 }  // namespace dpar::dist

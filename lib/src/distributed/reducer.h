@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dpar/distributed/data_parallel.h"
+#include "dpar/distributed/optimizer_shards.h"
 #include "dpar/distributed/process_group.h"
 
 namespace dpar::dist {
@@ -102,9 +103,13 @@ class Reducer {
   std::vector<Tensor> shard_parameters() const;
   // All-gathers every bucket's updated slices into the parameters (after an optimizer step).
   void gather_parameters();
-  // Called after the buckets were laid out anew (the rebuild after the first iteration): the
-  // shard_parameters() are new tensors.
-  void set_relayout_callback(std::function<void()> callback) { on_relayout_ = std::move(callback); }
+  // Called when the layout becomes final, at the end of the first synchronised backward (after
+  // the rebuild; changed: the buckets were laid out anew, so shard_parameters() are new tensors).
+  void set_layout_final_callback(std::function<void(bool changed)> callback) {
+    on_layout_final_ = std::move(callback);
+  }
+  // This rank's slices as parameter pieces, one entry per bucket (shard_parameters() order).
+  OptimizerLayout shard_layout() const;
   // Whether the bucket layout may still change (no synchronised backward has finished yet).
   bool layout_final() const { return rebuilt_; }
   // Asked (on every rank alike) before the rebuild after the first iteration: true keeps the
@@ -161,7 +166,8 @@ class Reducer {
   // Waits for whatever was launched (errors ignored) and forgets the iteration: after an
   // error the next iteration must start from a clean state.
   void abandon_iteration();
-  void rebuild_in_ready_order();
+  // Whether the buckets were laid out anew.
+  bool rebuild_in_ready_order();
   void log_summary(const char* what) const;
 
   // Sharding (reducer_shard.cpp).
@@ -205,7 +211,7 @@ class Reducer {
   DataParallel::CommStats stats_;
 
   std::function<bool()> layout_locked_;
-  std::function<void()> on_relayout_;
+  std::function<void(bool)> on_layout_final_;
 };
 
 }  // namespace dpar::dist

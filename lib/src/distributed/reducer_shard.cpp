@@ -82,6 +82,28 @@ std::vector<Tensor> Reducer::shard_parameters() const {
   return out;
 }
 
+OptimizerLayout Reducer::shard_layout() const {
+  OptimizerLayout layout;
+  for (const Param& p : params_) {
+    const Tensor& t = p.tensor;
+    layout.parameters.push_back({p.name, t.shape(), t.strides()});  // dense: views of params_flat
+  }
+  const size_t rank = static_cast<size_t>(group_->rank());
+  for (const Bucket& b : buckets_) {
+    const int64_t lo = b.bounds[rank], hi = b.bounds[rank + 1];
+    std::vector<SlicePiece> pieces;
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const int64_t start = b.offsets[k], stop = start + params_[b.params[k]].tensor.numel();
+      const int64_t from = std::max(lo, start), to = std::min(hi, stop);
+      if (from < to) pieces.push_back({b.params[k], from - start, to - start, from - lo});
+    }
+    layout.tensors.push_back(std::move(pieces));
+    layout.tensor_shapes.push_back({hi - lo});
+    layout.tensor_strides.push_back({1});
+  }
+  return layout;
+}
+
 void Reducer::launch_reduce_scatter(Bucket& b) {
   const Tensor& source = b.wire.defined() ? b.wire : b.buffer;
   std::vector<Tensor> pieces;

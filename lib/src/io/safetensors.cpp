@@ -91,8 +91,8 @@ class OutFile {
   int fd_ = -1;
 };
 
-void write_file(const std::string& tmp, const std::string& header,
-                const std::vector<Tensor>& blobs, const ProgressCallback& progress) {
+void write_file(const std::string& tmp, const std::string& header, const std::vector<Tensor>& blobs,
+                const ProgressCallback& progress) {
   OutFile out(tmp);
   uint64_t n = header.size();
   int64_t total = static_cast<int64_t>(sizeof(n) + header.size());
@@ -249,7 +249,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   }
 }
 
-SafetensorsContents load_safetensors(const std::string& path) {
+SafetensorsHeader read_safetensors_header(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) fail(path, std::string("cannot open: ") + std::strerror(errno));
   in.seekg(0, std::ios::end);
@@ -293,7 +293,7 @@ SafetensorsContents load_safetensors(const std::string& path) {
   if (!header.is_object()) fail(path, "header is not a JSON object: " + header.dump());
   if (!duplicate.empty()) fail(path, "tensor '" + duplicate + "' appears twice in the header");
 
-  SafetensorsContents result;
+  SafetensorsHeader result;
   std::vector<Entry> entries;
   for (const auto& [name, info] : header.items()) {
     if (name == kMetadataKey) {
@@ -312,15 +312,31 @@ SafetensorsContents load_safetensors(const std::string& path) {
   std::vector<const Entry*> order;
   for (const Entry& e : entries) order.push_back(&e);
   check_layout(path, order, file_size - data_start);
-
   for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype);
-    if (t.nbytes() > 0) {
-      in.seekg(static_cast<std::streamoff>(data_start + e.begin), std::ios::beg);
-      in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(t.nbytes()));
-      if (!in) fail(path, "could not read the data of tensor '" + e.name + "'");
-    }
-    result.tensors.emplace_back(e.name, std::move(t));
+    result.entries.push_back({e.name, e.dtype, e.shape, data_start + e.begin, e.end - e.begin});
+  }
+  return result;
+}
+
+Tensor read_safetensors_entry(const std::string& path, const SafetensorsEntry& entry) {
+  Tensor t = Tensor::empty(entry.shape, entry.dtype);
+  DPAR_CHECK(t.nbytes() == entry.nbytes, "read_safetensors_entry: ", path, ": tensor '", entry.name,
+             "' has ", entry.nbytes, " bytes for shape ", entry.shape);
+  if (t.nbytes() == 0) return t;
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  in.seekg(static_cast<std::streamoff>(entry.offset), std::ios::beg);
+  in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(t.nbytes()));
+  if (!in) fail(path, "could not read the data of tensor '" + entry.name + "' (truncated?)");
+  return t;
+}
+
+SafetensorsContents load_safetensors(const std::string& path) {
+  SafetensorsHeader header = read_safetensors_header(path);
+  SafetensorsContents result;
+  result.metadata = std::move(header.metadata);
+  for (const SafetensorsEntry& e : header.entries) {
+    result.tensors.emplace_back(e.name, read_safetensors_entry(path, e));
   }
   return result;
 }

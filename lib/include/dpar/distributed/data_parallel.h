@@ -15,10 +15,12 @@
 //     each training forward;
 //   * comm_dtype = bf16 or f16 sends gradients compressed (half the bytes), as DDP's
 //     bf16_compress_hook / fp16_compress_hook and fleet's fp16_allreduce do.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dpar/distributed/optimizer_shards.h"
 #include "dpar/distributed/process_group.h"
 #include "dpar/nn/module.h"
 #include "dpar/optim/optimizer.h"
@@ -139,6 +141,21 @@ class DataParallel : public nn::Module {
   ShardMode shard() const { return options_.shard; }
   ShardMemory memory_stats() const;
 
+  // ---- optimizer state across world sizes (dpar/distributed/optimizer_shards.h) -------------
+  // Where each optimizer_parameters() tensor lies in the model.
+  OptimizerLayout optimizer_layout() const;
+  // Loads an attached optimizer's state from source(optimizer_layout()), e.g.
+  //   [&](const OptimizerLayout& l) { return read_optimizer_shards(dir, l, opt->name()); }
+  // Before the first synchronised backward a sharded layout is not final yet (the buckets are
+  // laid out in gradient-ready order then): the state is then loaded at the end of that
+  // backward, before the optimizer's first step. Every rank must call it; a failure on any
+  // rank throws on every rank (the failing rank's message, or a line naming it).
+  using OptimizerStateSource = std::function<optim::StateDict(const OptimizerLayout&)>;
+  void load_optimizer_state(const std::shared_ptr<optim::Optimizer>& optimizer,
+                            OptimizerStateSource source);
+  // Writes the attached optimizer's state as a shard set (every rank; collective).
+  void save_optimizer_state(const optim::Optimizer& optimizer, const std::string& dir) const;
+
   nn::Module& module() { return *module_; }
   const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
   std::vector<BucketInfo> buckets() const;
@@ -165,10 +182,14 @@ class DataParallel : public nn::Module {
   void check_optimizer_attached() const;
   // Sharded: attached optimizers take the new slices after the rebuild.
   void follow_relayout();
+  void apply_optimizer_state(optim::Optimizer& optimizer, const OptimizerStateSource& source);
 
   std::vector<Tensor> trainable_params_;  // the Reducer's parameters, in its order
   std::shared_ptr<Reducer> reducer_;      // shared: optimizers' step hooks hold it weakly
   std::vector<std::weak_ptr<optim::Optimizer>> optimizers_;
+  // A load_optimizer_state() waiting for the final layout.
+  std::shared_ptr<optim::Optimizer> pending_optimizer_;
+  OptimizerStateSource pending_source_;
   bool sync_enabled_ = true;
   // No training forward has changed the buffers since rank 0's were last broadcast.
   bool buffers_in_sync_ = true;

@@ -35,4 +35,22 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // the problem. Tensors come back contiguous on the CPU.
 SafetensorsContents load_safetensors(const std::string& path);
 
+// The header alone, validated as load_safetensors validates the file (offsets inside it, no
+// overlaps or gaps), for readers that need a few tensors of a large file: sharded optimizer
+// checkpoints read only the byte ranges of their own slices.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  uint64_t offset = 0;  // of its first byte, from the start of the file
+  uint64_t nbytes = 0;
+};
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // in header order
+  Metadata metadata;
+};
+SafetensorsHeader read_safetensors_header(const std::string& path);
+// One tensor, read from its byte range only (a contiguous CPU tensor).
+Tensor read_safetensors_entry(const std::string& path, const SafetensorsEntry& entry);
+
 }  // namespace dpar::io
