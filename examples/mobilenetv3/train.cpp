@@ -25,6 +25,7 @@
 #include "dpar/io/safetensors.h"
 #include "dpar/nn/weights.h"
 #include "dpar/optim/adamw.h"
+#include "dpar/optim/clip_grad.h"
 #include "dpar/optim/lr_scheduler.h"
 #include "dpar/optim/rmsprop.h"
 #include "dpar/optim/sgd.h"
@@ -81,20 +82,20 @@ Metrics evaluate(nn::Module& model, data::DataLoader& loader, Device device, boo
   return m;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, nn::Module& model,
+// Built through DataParallel, so that with --shard it updates this rank's slices (and gathers
+// them after each step); otherwise over the model's parameters.
+std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, dist::DataParallel& dp,
                                                  double lr, double momentum, double wd) {
   if (name == "sgd" || name == "momentum") {
-    return std::make_unique<optim::SGD>(
-        model.parameters(), optim::SGDOptions{.lr = lr, .momentum = momentum, .weight_decay = wd});
+    return dp.make_optimizer<optim::SGD>(
+        optim::SGDOptions{.lr = lr, .momentum = momentum, .weight_decay = wd});
   }
   if (name == "rmsprop") {
-    return std::make_unique<optim::RMSprop>(
-        model.parameters(),
+    return dp.make_optimizer<optim::RMSprop>(
         optim::RMSpropOptions{.lr = lr, .weight_decay = wd, .momentum = momentum});
   }
   if (name == "adamw") {
-    return std::make_unique<optim::AdamW>(model.parameters(),
-                                          optim::AdamWOptions{.lr = lr, .weight_decay = wd});
+    return dp.make_optimizer<optim::AdamW>(optim::AdamWOptions{.lr = lr, .weight_decay = wd});
   }
   throw FlagError("train: --opt=" + name + ": expected sgd, rmsprop or adamw");
 }
@@ -129,6 +130,13 @@ int main(int argc, char** argv) {
         "broadcast-buffers", true,
         "rank 0's BN running statistics go to every rank before each training forward (false: "
         "each rank keeps the statistics of its own batches)");
+    auto& shard = flags.add_string(
+        "shard", "none",
+        "what ranks split (ZeRO): none, optimizer (optimizer state and averaged gradients: each "
+        "rank updates its slice) or gradients (also the gradient buckets, released after their "
+        "reduce-scatter)");
+    auto& clip_grad_norm =
+        flags.add_double("clip-grad-norm", 0, "clip gradients to this global L2 norm (0: off)");
     auto& img_size = flags.add_int("img-size", 32, "input image side");
     auto& num_classes = flags.add_int("num-classes", 0, "classes (0: from the data)");
     auto& seed = flags.add_int("seed", 0, "seed for initialisation, shuffling and augmentation");
@@ -234,6 +242,12 @@ int main(int argc, char** argv) {
                       ": expected f32, bf16 or f16");
     }
     dp_options.broadcast_buffers = broadcast_buffers;
+    try {
+      dp_options.shard = dist::parse_shard_mode(shard);
+    } catch (const Error& e) {
+      throw FlagError("train: --shard: " + std::string(e.what()));
+    }
+    if (clip_grad_norm < 0) throw FlagError("train: --clip-grad-norm must be >= 0");
     if (threads > 0) set_num_threads(static_cast<int>(threads));
     manual_seed(static_cast<uint64_t>(seed));
     // Parameter-server job (dpar-launch --run_mode=ps): a PSERVER process only serves; a
@@ -243,6 +257,10 @@ int main(int argc, char** argv) {
     const bool ps_mode = mobilenetv3::use_ps(ps_settings, ps_env);
     if (ps_mode && ps_env.role == ps::Role::kServer) {
       return mobilenetv3::serve_parameters(ps_env, ps_settings);
+    }
+    if (ps_mode && dp_options.shard != dist::ShardMode::none) {
+      throw FlagError("train: --shard " + shard +
+                      " shards DataParallel's state; a ps job keeps it on the servers");
     }
     if (ps_mode && test_only) {
       throw FlagError("train: --test-only evaluates without servers; run it outside a ps job");
@@ -320,7 +338,7 @@ int main(int argc, char** argv) {
                       std::to_string(splits.train->size()) + " training images");
     }
 
-    auto opt = make_optimizer(opt_name, *model, lr, momentum, weight_decay);
+    auto opt = make_optimizer(opt_name, dp, lr, momentum, weight_decay);
     const DType amp_dtype = amp == "bf16" ? DType::bf16 : DType::f16;
     amp::GradScaler scaler({.enabled = amp == "fp16"});
     std::unique_ptr<optim::LRScheduler> sched;
@@ -366,6 +384,7 @@ int main(int argc, char** argv) {
     // from the checkpoint; the data order is a pure function of (seed, epoch), so skipping the
     // batches already trained in the interrupted epoch replays the rest exactly.
     int64_t start_epoch = 0, start_step = 0, global_step = 0, best_epoch = -1;
+    int64_t start_consumed = -1;  // >= 0: the resumed epoch's samples a job of another shape took
     double best_top1 = -1;
     std::optional<io::Checkpoint> resumed = mobilenetv3::resolve_resume(resume, checkpoint_dir);
     const bool was_resumed = resumed.has_value();
@@ -379,10 +398,31 @@ int main(int argc, char** argv) {
             st, {model_name, static_cast<uint64_t>(seed), world, batch_size, steps_per_epoch},
             source);
       }
-      io::restore_checkpoint(*resumed, *model, test_only ? nullptr : opt.get(),
+      // The optimizer state is a shard set beside the checkpoint (a sharded run's), or goes
+      // into this run's slices: either way the library re-cuts it (any world size).
+      const bool shards_involved =
+          st.extra.count(io::kOptimizerShardsKey) > 0 || mobilenetv3::optimizer_is_sharded(dp);
+      io::restore_checkpoint(*resumed, *model, test_only || shards_involved ? nullptr : opt.get(),
                              test_only ? nullptr : sched.get(), source);
+      if (!test_only && shards_involved) {
+        const auto at = st.extra.find("resumed_from");
+        mobilenetv3::restore_optimizer(*resumed, at != st.extra.end() ? at->second : resume, dp,
+                                       opt);
+      }
       start_epoch = st.epoch;
-      start_step = std::min(st.step_in_epoch, steps_per_epoch);
+      const mobilenetv3::ResumePosition position = mobilenetv3::resume_position(
+          st, {model_name, static_cast<uint64_t>(seed), world, batch_size, steps_per_epoch},
+          train_sampler->dataset_size());
+      start_step = position.first_iter;
+      start_consumed = position.consumed;
+      if (!test_only && st.steps_per_epoch > 0 && st.steps_per_epoch != steps_per_epoch) {
+        // Another world size or batch size: the LR schedule keeps its place in the epochs (the
+        // global step counts on as it was), measured in this run's steps.
+        const double progress =
+            static_cast<double>(sched->last_step()) / static_cast<double>(st.steps_per_epoch);
+        sched->set_last_step(
+            static_cast<int64_t>(std::llround(progress * static_cast<double>(steps_per_epoch))));
+      }
       global_step = st.global_step;
       best_top1 = st.best_top1;
       best_epoch = st.best_epoch;
@@ -443,7 +483,15 @@ int main(int argc, char** argv) {
     for (const std::string& c : splits.train->class_names())
       class_names += (class_names.empty() ? "" : ",") + c;
     // The state after `global_step` steps, positioned at (epoch_pos, step_pos).
-    auto checkpoint_at = [&](int64_t epoch_pos, int64_t step_pos) {
+    // With --shard every rank writes its optimizer slices first (a set per global step);
+    // rank 0's checkpoint file then names the set instead of holding the optimizer state.
+    const bool sharded_optimizer = mobilenetv3::optimizer_is_sharded(dp);
+    auto optimizer_shards = [&] {
+      return sharded_optimizer
+                 ? mobilenetv3::save_optimizer_shards(*checkpoints, global_step, dp, *opt)
+                 : std::string();
+    };
+    auto checkpoint_at = [&](int64_t epoch_pos, int64_t step_pos, const std::string& shards) {
       if (ps_trainer) {
         // The servers' shards and optimizer state at this step come first: a trainer checkpoint
         // exists only once its shards do. Servers keep as many steps as the trainer can keep
@@ -459,6 +507,12 @@ int main(int argc, char** argv) {
       s.step_in_epoch = step_pos;
       s.global_step = global_step;
       s.sampler_position = step_pos * batch_size;
+      if (epoch_pos == start_epoch && start_consumed >= 0 && step_pos > 0) {
+        // An epoch resumed with another world size: its samples so far, over all ranks (the
+        // next resume continues from there, whatever its world size).
+        s.extra["epoch_samples_consumed"] =
+            std::to_string(start_consumed + (step_pos - start_step) * batch_size * world);
+      }
       s.steps_per_epoch = steps_per_epoch;
       s.batch_size = batch_size;
       s.world_size = world;
@@ -471,7 +525,12 @@ int main(int argc, char** argv) {
                  {"epochs", std::to_string(epochs)},
                  {"img_size", std::to_string(img_size)},
                  {"data", splits.kind}};
-      return io::capture_checkpoint(*model, opt.get(), sched.get(), std::move(s));
+      if (!shards.empty()) {
+        s.extra[io::kOptimizerShardsKey] = shards;
+        s.extra["optimizer"] = opt->name();
+      }
+      return io::capture_checkpoint(*model, shards.empty() ? opt.get() : nullptr, sched.get(),
+                                    std::move(s));
     };
     auto note_saved = [](const std::string& path, Clock::time_point t0) {
       std::printf("saved checkpoint %s (%.0f ms)\n", path.c_str(), 1e3 * seconds(t0, Clock::now()));
@@ -498,7 +557,16 @@ int main(int argc, char** argv) {
       const int64_t first_iter = epoch == start_epoch ? start_step : 0;
       std::unique_ptr<data::DataLoader> rest_of_epoch;
       data::DataLoader* loader = &train_loader;
-      if (first_iter > 0) {
+      if (epoch == start_epoch && start_consumed >= 0) {
+        // Resumed with another world size or batch size: this job splits the rest of the
+        // epoch's order, from the sample the other job had reached.
+        rest_of_epoch = std::make_unique<data::DataLoader>(
+            splits.train,
+            std::make_shared<data::EpochRemainderSampler>(train_sampler, epoch,
+                                                          static_cast<size_t>(start_consumed)),
+            train_options);
+        loader = rest_of_epoch.get();
+      } else if (first_iter > 0) {
         rest_of_epoch = std::make_unique<data::DataLoader>(
             splits.train,
             std::make_shared<data::SkipSampler>(train_sampler, epoch,
@@ -531,6 +599,11 @@ int main(int argc, char** argv) {
           // fp16: the loss is scaled so small gradients survive f16; a step whose gradients
           // overflowed is skipped and the scale lowered (bf16 and fp32: the scaler is off).
           scaler.scale(loss).backward();
+          if (clip_grad_norm > 0) {
+            // The norm over every rank's slice when sharded (one small all-reduce).
+            scaler.unscale(*opt);
+            optim::clip_grad_norm(*opt, clip_grad_norm);
+          }
           scaler.step(*opt);
           scaler.update();
         }
@@ -560,16 +633,18 @@ int main(int argc, char** argv) {
                     .lr = current_lr,
                     .reader_seconds = reader_s,
                     .batch_seconds = batch_s,
-                    .batch_size = batch_size});
+                    .batch_size = batch_size,
+                    .memory = dp.memory_stats()});
           window = Metrics();
           reader_s = batch_s = 0;
         }
         // The epoch's last step is covered by the epoch checkpoint when that one is due.
         const bool step_due = step_interval > 0 && global_step % step_interval == 0 &&
                               !(iter == steps_per_epoch && epoch_checkpoint_due(epoch));
-        if (checkpoints && step_due && rank == 0) {
+        if (checkpoints && step_due) {
           const auto t0 = Clock::now();
-          note_saved(checkpoints->save_step(checkpoint_at(epoch, iter)), t0);
+          const std::string shards = optimizer_shards();
+          if (rank == 0) note_saved(checkpoints->save_step(checkpoint_at(epoch, iter, shards)), t0);
         }
       }
       if (scaler.is_enabled() && rank == 0) {
@@ -584,12 +659,14 @@ int main(int argc, char** argv) {
         best_top1 = last_eval.acc1();
         best_epoch = epoch;
       }
-      if (checkpoints && rank == 0) {
+      if (checkpoints && (epoch_checkpoint_due(epoch) || is_best)) {
         const auto t0 = Clock::now();
-        if (epoch_checkpoint_due(epoch)) {
-          note_saved(checkpoints->save_epoch(checkpoint_at(epoch + 1, 0), epoch, is_best), t0);
-        } else if (is_best) {
-          note_saved(checkpoints->save_best(checkpoint_at(epoch + 1, 0)), t0);
+        const std::string shards = optimizer_shards();
+        if (rank == 0 && epoch_checkpoint_due(epoch)) {
+          note_saved(checkpoints->save_epoch(checkpoint_at(epoch + 1, 0, shards), epoch, is_best),
+                     t0);
+        } else if (rank == 0) {
+          note_saved(checkpoints->save_best(checkpoint_at(epoch + 1, 0, shards)), t0);
         }
       }
     }

@@ -3,11 +3,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
 #include "dpar/core/flags.h"
+#include "dpar/distributed/optimizer_shards.h"
 
 namespace fs = std::filesystem;
 using namespace dpar;
@@ -72,16 +74,81 @@ std::string check_resume(const io::TrainingState& s, const RunShape& run,
   const std::string now = "world size " + std::to_string(run.world_size) + " x batch " +
                           std::to_string(run.batch_size) + ", " +
                           std::to_string(run.steps_per_epoch) + " steps/epoch";
-  if (s.step_in_epoch > 0) {
-    throw FlagError("train: checkpoint " + source + " stopped inside epoch " +
-                    std::to_string(s.epoch) + " (step " + std::to_string(s.step_in_epoch) +
-                    ") of a run with " + was + "; this run has " + now +
-                    ": the rest of that epoch can only be replayed with the same world size, "
-                    "batch size and data");
+  if (s.world_size == run.world_size && s.batch_size == run.batch_size) {
+    // Same job shape, another epoch length: the data differs.
+    throw FlagError("train: checkpoint " + source + " was written by a run with " + was +
+                    "; this run has " + now +
+                    ": the training data differs (--data-path, "
+                    "--limit-train?)");
   }
   return "note: the checkpoint was written with " + was + ", this run has " + now +
-         "; training continues from epoch " + std::to_string(s.epoch) +
-         " but not bitwise as the original run would have";
+         "; training continues at global step " + std::to_string(s.global_step) +
+         " and at sample " + std::to_string(s.sampler_position * s.world_size) + " of epoch " +
+         std::to_string(s.epoch) + "'s order, but not bitwise as the original run would have";
+}
+
+ResumePosition resume_position(const io::TrainingState& s, const RunShape& run,
+                               size_t dataset_size) {
+  ResumePosition p;
+  auto split_rest = [&](int64_t consumed) {
+    p.consumed = consumed;
+    // As EpochRemainderSampler splits the rest (drop_last: whole batches only).
+    const int64_t rest = std::max<int64_t>(0, static_cast<int64_t>(dataset_size) - consumed);
+    const int64_t rest_per_rank = (rest + run.world_size - 1) / run.world_size;
+    p.first_iter = std::max<int64_t>(0, run.steps_per_epoch - rest_per_rank / run.batch_size);
+    return p;
+  };
+  const auto remainder = s.extra.find("epoch_samples_consumed");
+  if (remainder != s.extra.end() && s.step_in_epoch > 0) {
+    // Written in an epoch that was itself resumed with another shape.
+    return split_rest(std::stoll(remainder->second));
+  }
+  const bool same_shape = s.world_size == run.world_size && s.batch_size == run.batch_size;
+  if (same_shape || s.step_in_epoch == 0) {
+    p.first_iter = std::min(s.step_in_epoch, run.steps_per_epoch);
+    return p;
+  }
+  // The other job's ranks took s.sampler_position samples each, consecutive positions of the
+  // epoch's order together; this job splits the rest and ends the epoch at its own length.
+  return split_rest(s.sampler_position * s.world_size);
+}
+
+bool optimizer_is_sharded(const dist::DataParallel& dp) {
+  return dp.shard() != dist::ShardMode::none && dp.group() && dp.group()->size() > 1;
+}
+
+std::string save_optimizer_shards(const io::CheckpointManager& checkpoints, int64_t global_step,
+                                  dist::DataParallel& dp, const optim::Optimizer& opt) {
+  const std::string path = checkpoints.shard_set_path(global_step);
+  // The checkpoints of one step (a step file, then best.ckpt) share one set; rank 0 decides.
+  Tensor exists = Tensor::full({1}, fs::exists(path + "/index.json") ? 1.0 : 0.0);
+  dp.group()->broadcast({exists}, 0, /*async_op=*/false);
+  if (exists.item() == 0.0) dp.save_optimizer_state(opt, path);
+  return fs::path(path).filename().string();
+}
+
+void restore_optimizer(const io::Checkpoint& ckpt, const std::string& checkpoint_path,
+                       dist::DataParallel& dp, const std::shared_ptr<optim::Optimizer>& opt) {
+  const auto kind = ckpt.state.extra.find("optimizer");
+  if (kind != ckpt.state.extra.end() && kind->second != opt->name()) {
+    throw FlagError("train: checkpoint " + checkpoint_path + " holds " + kind->second +
+                    " optimizer state, but this run uses " + opt->name() + " (--opt)");
+  }
+  const auto shards = ckpt.state.extra.find(io::kOptimizerShardsKey);
+  if (shards != ckpt.state.extra.end()) {
+    const std::string dir = (fs::path(checkpoint_path).parent_path() / shards->second).string();
+    const std::string name = opt->name();
+    dp.load_optimizer_state(opt, [dir, name](const dist::OptimizerLayout& layout) {
+      return dist::read_optimizer_shards(dir, layout, name);
+    });
+    return;
+  }
+  // An unsharded checkpoint: its entries are over the model's parameters, whole.
+  const dist::OptimizerLayout whole = dist::whole_parameter_layout(dp.named_parameters());
+  const optim::StateDict state = ckpt.optimizer;
+  dp.load_optimizer_state(opt, [whole, state](const dist::OptimizerLayout& layout) {
+    return dist::slice_optimizer_state(state, whole, layout);
+  });
 }
 
 DieAtStepHook::DieAtStepHook(int rank) {

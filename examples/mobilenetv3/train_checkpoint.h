@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dpar/data/sampler.h"
+#include "dpar/distributed/data_parallel.h"
 #include "dpar/io/checkpoint.h"
 
 namespace mobilenetv3 {
@@ -35,12 +36,39 @@ struct RunShape {
 std::optional<dpar::io::Checkpoint> resolve_resume(const std::string& resume,
                                                    const std::string& checkpoint_dir);
 
-// Throws dpar::FlagError when the checkpoint cannot continue this run exactly: another seed,
-// or a mid-epoch position with another world size, batch size or epoch length. Returns a note
-// (possibly empty) when it can continue but not bitwise (an epoch boundary with another
-// world size or batch size).
+// Throws dpar::FlagError when the checkpoint cannot continue this run: another seed, or a
+// mid-epoch position in data of another size. Returns a note (possibly empty) when it
+// continues but not bitwise: another world size or batch size (training continues at the same
+// global step and the same sample of the epoch's order, see resume_position).
 std::string check_resume(const dpar::io::TrainingState& state, const RunShape& run,
                          const std::string& source);
+
+// Where a resumed run starts its first epoch: the iteration (so that the epoch still ends at
+// steps_per_epoch) and, after a change of world size or batch size mid-epoch, the samples of
+// the epoch's order the checkpointed job had consumed together (-1: the same shape, the rest
+// of the epoch replays per rank, bitwise).
+struct ResumePosition {
+  int64_t first_iter = 0;
+  int64_t consumed = -1;
+};
+ResumePosition resume_position(const dpar::io::TrainingState& state, const RunShape& run,
+                               size_t dataset_size);
+
+// The optimizer's state in a checkpoint of a sharded run is a shard set beside the file
+// (state.extra[io::kOptimizerShardsKey]); a run loads it, or an unsharded checkpoint's
+// "optimizer.*" entries, into whichever layout it has (sharded or not, any world size).
+// Whether this run's optimizer holds slices (--shard with more than one rank).
+bool optimizer_is_sharded(const dpar::dist::DataParallel& dp);
+// Writes the shard set of global_step (every rank; a set that exists already for this step is
+// kept) and returns its name for the checkpoint's extra.
+std::string save_optimizer_shards(const dpar::io::CheckpointManager& checkpoints,
+                                  int64_t global_step, dpar::dist::DataParallel& dp,
+                                  const dpar::optim::Optimizer& opt);
+// Loads the optimizer state of checkpoint (read from checkpoint_path) into opt, from its shard
+// set or its unsharded entries; a sharded layout takes it at the end of the first backward.
+void restore_optimizer(const dpar::io::Checkpoint& checkpoint, const std::string& checkpoint_path,
+                       dpar::dist::DataParallel& dp,
+                       const std::shared_ptr<dpar::optim::Optimizer>& opt);
 
 // Test hook for the restart drills: DPAR_TEST_DIE_AT_STEP=N[:R] makes rank R (default 0) kill
 // itself with SIGKILL right after optimizer step N (before that step's checkpoint), in the

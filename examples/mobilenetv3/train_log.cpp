@@ -48,13 +48,17 @@ void TrainLog::step(const StepReport& r) {
   const double images = static_cast<double>(r.window.samples);
   const double iters = images / static_cast<double>(r.batch_size);
   const double ips = r.batch_seconds > 0 ? images / r.batch_seconds : 0;
+  constexpr double kMB = 1024.0 * 1024.0;
   std::printf(
-      "[Epoch %lld, iter: %lld] top1: %.5f, top5: %.5f, lr: %.6f, loss: %.5f, "
+      "[Epoch %lld, iter: %lld] top1: %.5f, top5: %.5f, lr: %.6f, loss: %.5f, memory per rank: "
+      "params %.2f MB, grads %.2f MB, optimizer %.2f MB, "
       "avg_reader_cost: %.5f sec, avg_batch_cost: %.5f sec, avg_samples: %lld, "
       "avg_ips: %.2f images/sec.\n",
       static_cast<long long>(r.epoch), static_cast<long long>(r.iter), r.window.acc1(),
-      r.window.acc5(), r.lr, r.window.avg_loss(), r.reader_seconds / iters, r.batch_seconds / iters,
-      static_cast<long long>(r.batch_size), ips);
+      r.window.acc5(), r.lr, r.window.avg_loss(), static_cast<double>(r.memory.parameters) / kMB,
+      static_cast<double>(r.memory.gradients) / kMB,
+      static_cast<double>(r.memory.optimizer_state) / kMB, r.reader_seconds / iters,
+      r.batch_seconds / iters, static_cast<long long>(r.batch_size), ips);
   std::fflush(stdout);
   if (!tensorboard_) return;
   // Every rank's images/s reaches rank 0 (one tiny synchronous allgather per log line).

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "dpar/distributed/data_parallel.h"
 #include "dpar/io/summary_writer.h"
 #include "dpar/tensor/tensor.h"
 
@@ -34,6 +35,9 @@ struct StepReport {
   double lr = 0;
   double reader_seconds = 0, batch_seconds = 0;  // summed over the window
   int64_t batch_size = 0;                        // per rank
+  // This rank's training memory (DataParallel::memory_stats: 1/N of the gradients and of the
+  // optimizer state with --shard).
+  dpar::dist::ShardMemory memory;
 };
 
 class TrainLog {

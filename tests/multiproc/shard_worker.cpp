@@ -341,6 +341,20 @@ void check_load(const std::string& shards, double bucket_mb) {
   dp.load_optimizer_state(opt, [&](const OptimizerLayout& layout) {
     return read_optimizer_shards(shards, layout, opt->name());
   });
+  // Saved before the first backward applied it: the loaded state is what goes out (a resumed
+  // run that checkpoints before it trains keeps its optimizer state).
+  const std::string resaved = shards + "_resaved";
+  dp.save_optimizer_state(*opt, resaved);
+  const OptimizerLayout whole = whole_parameter_layout(model->named_parameters());
+  const optim::StateDict a = read_optimizer_shards(shards, whole, "AdamW");
+  const optim::StateDict b = read_optimizer_shards(resaved, whole, "AdamW");
+  DPAR_CHECK(!a.empty() && a.size() == b.size(), "the re-saved set has ", b.size(), " entries, ",
+             shards, " has ", a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    DPAR_CHECK(
+        a[i].first == b[i].first && a[i].second.to_float_vector() == b[i].second.to_float_vector(),
+        "the re-saved set differs from ", shards, " at ", a[i].first);
+  }
   adamw_steps(dp, *opt, 0, 1);
   int64_t step = -1;
   for (const auto& [key, t] : opt->state_dict()) {

@@ -1,6 +1,7 @@
 // Samplers: sequential, shuffled, and per-rank shards.
 #include "dpar/data/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "dpar/core/error.h"
@@ -62,8 +63,7 @@ size_t DistributedSampler::size() const {
   return (n_ + w - 1) / w;
 }
 
-std::vector<size_t> DistributedSampler::indices(int64_t epoch) const {
-  if (n_ == 0) return {};
+std::vector<size_t> DistributedSampler::epoch_order(int64_t epoch) const {
   std::vector<size_t> order;
   if (shuffle_) {
     order = random_permutation(n_, seed_ + static_cast<uint64_t>(epoch));
@@ -71,6 +71,40 @@ std::vector<size_t> DistributedSampler::indices(int64_t epoch) const {
     order.resize(n_);
     std::iota(order.begin(), order.end(), size_t{0});
   }
+  return order;
+}
+
+EpochRemainderSampler::EpochRemainderSampler(std::shared_ptr<const DistributedSampler> base,
+                                             int64_t epoch, size_t consumed)
+    : base_(std::move(base)), epoch_(epoch), consumed_(consumed) {
+  DPAR_CHECK(base_ != nullptr, "EpochRemainderSampler: the base sampler is null");
+  // A job that padded its last steps consumed more positions than the epoch has.
+  consumed_ = std::min(consumed_, base_->dataset_size());
+}
+
+size_t EpochRemainderSampler::size() const {
+  const size_t rest = base_->dataset_size() - consumed_;
+  const size_t w = static_cast<size_t>(base_->world_size());
+  return (rest + w - 1) / w;
+}
+
+std::vector<size_t> EpochRemainderSampler::indices(int64_t epoch) const {
+  DPAR_CHECK(epoch == epoch_, "EpochRemainderSampler: built for epoch ", epoch_,
+             ", asked for epoch ", epoch, " (use the base sampler for later epochs)");
+  const std::vector<size_t> order = base_->epoch_order(epoch);
+  const size_t rest = order.size() - consumed_;
+  const size_t w = static_cast<size_t>(base_->world_size());
+  std::vector<size_t> out;
+  for (size_t k = 0; k < size(); ++k) {
+    const size_t pos = k * w + static_cast<size_t>(base_->rank());
+    out.push_back(order[consumed_ + pos % rest]);
+  }
+  return out;
+}
+
+std::vector<size_t> DistributedSampler::indices(int64_t epoch) const {
+  if (n_ == 0) return {};
+  const std::vector<size_t> order = epoch_order(epoch);
   const size_t per_rank = size();
   const size_t w = static_cast<size_t>(world_size_);
   std::vector<size_t> out;

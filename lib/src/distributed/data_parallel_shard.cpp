@@ -121,7 +121,12 @@ void DataParallel::apply_optimizer_state(optim::Optimizer& optimizer,
 
 void DataParallel::save_optimizer_state(const optim::Optimizer& optimizer,
                                         const std::string& dir) const {
-  save_optimizer_shards(dir, optimizer_layout(), optimizer, options_.group.get());
+  // A state loaded but not applied yet (the layout becomes final at the first backward) is
+  // what this optimizer holds: it is saved, not the empty state it has until then.
+  const bool pending = pending_optimizer_.get() == &optimizer;
+  const OptimizerLayout layout = optimizer_layout();
+  save_optimizer_shards(dir, layout, pending ? pending_source_(layout) : optimizer.state_dict(),
+                        optimizer.name(), options_.group.get());
 }
 
 }  // namespace dpar::dist

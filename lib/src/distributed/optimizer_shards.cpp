@@ -190,6 +190,12 @@ OptimizerLayout whole_parameter_layout(const std::vector<std::pair<std::string, 
 
 void save_optimizer_shards(const std::string& dir, const OptimizerLayout& layout,
                            const optim::Optimizer& opt, Group* group) {
+  save_optimizer_shards(dir, layout, opt.state_dict(), opt.name(), group);
+}
+
+void save_optimizer_shards(const std::string& dir, const OptimizerLayout& layout,
+                           const optim::StateDict& state, const std::string& optimizer_name,
+                           Group* group) {
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   const std::string tmp = dir + ".tmp";
   const std::string file =
@@ -202,7 +208,6 @@ void save_optimizer_shards(const std::string& dir, const OptimizerLayout& layout
 
   Json mine = Json::object();
   try {
-    const optim::StateDict state = opt.state_dict();
     std::vector<std::string> buffers;
     for (const auto& [key, t] : state) {
       const std::string b = split_key(key).first;
@@ -251,7 +256,7 @@ void save_optimizer_shards(const std::string& dir, const OptimizerLayout& layout
     try {
       Json index = {{"format", kFormat},
                     {"version", kVersion},
-                    {"optimizer", opt.name()},
+                    {"optimizer", optimizer_name},
                     {"world_size", world},
                     {"buffers", Json::array()},
                     {"counts_steps", false},

@@ -51,10 +51,11 @@ CheckpointManager::CheckpointManager(std::string dir, CheckpointManagerOptions o
         names += (i ? ", " : "") + fs::path(existing[i]).filename().string();
       }
       if (existing.size() > 3) names += ", ...";
-      DPAR_FAIL("CheckpointManager: ", dir_, " already holds ", existing.size(),
-                " checkpoint(s) of an earlier run (", names,
-                "); continue that run (CheckpointManagerOptions::on_existing = OnExisting::resume), "
-                "replace it (OnExisting::overwrite) or use an empty folder");
+      DPAR_FAIL(
+          "CheckpointManager: ", dir_, " already holds ", existing.size(),
+          " checkpoint(s) of an earlier run (", names,
+          "); continue that run (CheckpointManagerOptions::on_existing = OnExisting::resume), "
+          "replace it (OnExisting::overwrite) or use an empty folder");
     }
     case OnExisting::resume:
       adopt_existing(std::numeric_limits<int64_t>::max());
@@ -173,6 +174,36 @@ void CheckpointManager::rotate(const std::string& path, int64_t global_step) {
     if (ec) warn("cannot remove old checkpoint " + rotating_.front().second + ": " + ec.message());
     rotating_.erase(rotating_.begin());
   }
+  remove_unreferenced_shard_sets();
+}
+
+std::string CheckpointManager::shard_set_path(int64_t global_step) const {
+  return (fs::path(dir_) / ("optimizer_step_" + std::to_string(global_step))).string();
+}
+
+void CheckpointManager::remove_unreferenced_shard_sets() {
+  std::set<std::string> named;
+  for (const std::string& path : list()) {
+    try {
+      const TrainingState s = read_checkpoint_state(path);
+      const auto it = s.extra.find(kOptimizerShardsKey);
+      if (it != s.extra.end()) named.insert(it->second);
+    } catch (const Error&) {
+      // An unreadable file names nothing it could still be loaded with.
+    }
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || !name.starts_with("optimizer_step_") || name.ends_with(".tmp") ||
+        named.count(name)) {
+      continue;
+    }
+    std::error_code rm;
+    fs::remove_all(entry.path(), rm);
+    if (rm)
+      warn("cannot remove old optimizer shards " + entry.path().string() + ": " + rm.message());
+  }
 }
 
 void CheckpointManager::adopt_existing(int64_t global_step) {
@@ -184,6 +215,11 @@ void CheckpointManager::adopt_existing(int64_t global_step) {
       warn("removing " + entry.path().string() + ", left by an interrupted checkpoint write");
       std::error_code rm;
       fs::remove(entry.path(), rm);
+    }
+    if (name.starts_with("optimizer_step_") && name.ends_with(".tmp")) {
+      warn("removing " + entry.path().string() + ", left by an interrupted optimizer-shard write");
+      std::error_code rm;
+      fs::remove_all(entry.path(), rm);
     }
   }
   std::vector<std::pair<int64_t, std::string>> found;

@@ -53,6 +53,11 @@ class DistributedSampler : public Sampler {
                      uint64_t seed = 0);
   size_t size() const override;
   std::vector<size_t> indices(int64_t epoch) const override;
+  // The epoch's whole order, before it is split over the ranks.
+  std::vector<size_t> epoch_order(int64_t epoch) const;
+  size_t dataset_size() const { return n_; }
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_size_; }
 
  private:
   size_t n_;
@@ -60,6 +65,24 @@ class DistributedSampler : public Sampler {
   int64_t world_size_;
   bool shuffle_;
   uint64_t seed_;
+};
+
+// The rest of an epoch that a job of another world size began: base's epoch order from
+// position `consumed` on (the samples that job's ranks had taken together: steps x batch x
+// its world size), split over base's ranks as DistributedSampler splits (padded by wrapping
+// within the rest, rank takes every world_size-th). A resume with another number of ranks
+// thereby continues at the same sample of the same order. Built for one epoch.
+class EpochRemainderSampler : public Sampler {
+ public:
+  EpochRemainderSampler(std::shared_ptr<const DistributedSampler> base, int64_t epoch,
+                        size_t consumed);
+  size_t size() const override;
+  std::vector<size_t> indices(int64_t epoch) const override;
+
+ private:
+  std::shared_ptr<const DistributedSampler> base_;
+  int64_t epoch_;
+  size_t consumed_;
 };
 
 // Exact mid-epoch resume: base's order for `epoch` from position `start` on, i.e. the

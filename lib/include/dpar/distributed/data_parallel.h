@@ -139,6 +139,8 @@ class DataParallel : public nn::Module {
     return optimizer;
   }
   ShardMode shard() const { return options_.shard; }
+  // The group it synchronises over; null in a single process without init_parallel_env().
+  const std::shared_ptr<Group>& group() const { return options_.group; }
   ShardMemory memory_stats() const;
 
   // ---- optimizer state across world sizes (dpar/distributed/optimizer_shards.h) -------------
@@ -153,7 +155,8 @@ class DataParallel : public nn::Module {
   using OptimizerStateSource = std::function<optim::StateDict(const OptimizerLayout&)>;
   void load_optimizer_state(const std::shared_ptr<optim::Optimizer>& optimizer,
                             OptimizerStateSource source);
-  // Writes the attached optimizer's state as a shard set (every rank; collective).
+  // Writes the attached optimizer's state as a shard set (every rank; collective); a state
+  // load_optimizer_state() has not applied yet is the one written.
   void save_optimizer_state(const optim::Optimizer& optimizer, const std::string& dir) const;
 
   nn::Module& module() { return *module_; }

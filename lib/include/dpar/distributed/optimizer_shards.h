@@ -62,6 +62,10 @@ OptimizerLayout whole_parameter_layout(const std::vector<std::pair<std::string, 
 // Throws (on every rank) naming the rank and the problem when a rank cannot write.
 void save_optimizer_shards(const std::string& dir, const OptimizerLayout& layout,
                            const optim::Optimizer& opt, Group* group);
+// The same for a state dict of an optimizer of kind optimizer_name (a state not loaded yet).
+void save_optimizer_shards(const std::string& dir, const OptimizerLayout& layout,
+                           const optim::StateDict& state, const std::string& optimizer_name,
+                           Group* group);
 
 // The state dict (keys "<buffer>.<i>", "step.<i>") of an optimizer of kind optimizer_name whose
 // tensors `layout` describes, read from the shard set `dir` (written with any number of ranks

@@ -31,6 +31,10 @@
 namespace dpar::io {
 
 inline constexpr const char* kCheckpointExtension = ".ckpt";
+// A checkpoint of a sharded run keeps its optimizer state beside it, as the shard set (see
+// dpar/distributed/optimizer_shards.h) that TrainingState::extra[kOptimizerShardsKey] names,
+// a folder of the checkpoint's folder.
+inline constexpr const char* kOptimizerShardsKey = "optimizer_shards";
 
 // Where a run stands. Positions count what is already done: a checkpoint written after the
 // 5th batch of epoch 2 has epoch 2, step_in_epoch 5; one written after epoch 2 finished
@@ -142,6 +146,9 @@ class CheckpointManager {
   std::string step_path(int64_t global_step) const;  // <dir>/step_{global_step}.ckpt
   std::string latest_path() const;                   // <dir>/latest.ckpt
   std::string best_path() const;                     // <dir>/best.ckpt
+  // <dir>/optimizer_step_{global_step}: the shard set of the checkpoints of that step. Sets no
+  // checkpoint names any more go with the rotation.
+  std::string shard_set_path(int64_t global_step) const;
 
   // Every *.ckpt file in dir (latest and best included), sorted by name; [] if dir is absent.
   std::vector<std::string> list() const;
@@ -160,13 +167,16 @@ class CheckpointManager {
   std::optional<Checkpoint> load_latest_valid(std::string* path_out = nullptr) const;
 
   // Adopts the rotating files already in dir with global step <= global_step (the run being
-  // continued) into the rotation, oldest first, and removes leftover "*.ckpt.tmp" files of
-  // interrupted writes. Rank 0 only. OnExisting::resume does this for every step; call it
-  // when the run continues from an older checkpoint than the newest.
+  // continued) into the rotation, oldest first, and removes leftover "*.ckpt.tmp" files and
+  // "optimizer_step_*.tmp" folders of interrupted writes. Rank 0 only. OnExisting::resume does
+  // this for every step; call it when the run continues from an older checkpoint than the
+  // newest.
   void adopt_existing(int64_t global_step);
 
  private:
   void rotate(const std::string& path, int64_t global_step);
+  // Removes the shard sets no checkpoint file in dir names.
+  void remove_unreferenced_shard_sets();
   void point(const std::string& link, const std::string& target, const Checkpoint& checkpoint);
   void warn(const std::string& message) const;
   void check_writable() const;
