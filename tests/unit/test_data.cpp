@@ -512,3 +512,35 @@ TEST_CASE("DataLoader shuts down cleanly mid-epoch", "[data][loader]") {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(seconds < 2.0);  // a full epoch would take 1000 * 2 ms / 3 workers
 }
+
+TEST_CASE("EpochRemainderSampler: the rest of an epoch's order, split over another world size",
+          "[data]") {
+  constexpr size_t n = 103;
+  // A job of 2 ranks took 5 batches of 4 each: positions 0..39 of the epoch's order.
+  auto shape2 = std::make_shared<DistributedSampler>(n, 0, 2, true, 11);
+  const std::vector<size_t> order = shape2->epoch_order(3);
+  std::vector<size_t> taken;
+  for (int64_t r = 0; r < 2; ++r) {
+    const auto idx = DistributedSampler(n, r, 2, true, 11).indices(3);
+    taken.insert(taken.end(), idx.begin(), idx.begin() + 20);
+  }
+  std::sort(taken.begin(), taken.end());
+  std::vector<size_t> prefix(order.begin(), order.begin() + 40);
+  std::sort(prefix.begin(), prefix.end());
+  CHECK(taken == prefix);  // the consumed samples are a prefix of the order
+  // Three ranks continue from position 40: together exactly the rest (63 samples, 21 each).
+  std::multiset<size_t> rest;
+  for (int64_t r = 0; r < 3; ++r) {
+    EpochRemainderSampler s(std::make_shared<DistributedSampler>(n, r, 3, true, 11), 3, 40);
+    CHECK(s.size() == 21);
+    const auto idx = s.indices(3);
+    rest.insert(idx.begin(), idx.end());
+  }
+  CHECK(rest == std::multiset<size_t>(order.begin() + 40, order.end()));
+  // Nothing consumed: the plain sampler's indices; an uneven rest pads by wrapping.
+  auto plain = std::make_shared<DistributedSampler>(n, 1, 4, true, 11);
+  CHECK(EpochRemainderSampler(plain, 3, 0).indices(3) == plain->indices(3));
+  EpochRemainderSampler padded(std::make_shared<DistributedSampler>(n, 3, 4, true, 11), 3, 100);
+  CHECK(padded.indices(3) == std::vector<size_t>{order[100]});  // positions 103 -> 100
+  CHECK_THROWS_WITH(padded.indices(4), Contains("built for epoch 3"));
+}

@@ -26,12 +26,17 @@ using dpar::test::run_two_ranks;
 
 namespace {
 
+// Initialised from its own generator: ranks are threads here, and the process-wide one is
+// shared between them.
 std::shared_ptr<nn::Sequential> small_net() {
-  manual_seed(3);
+  Generator gen(3);
+  auto first = std::make_shared<nn::Linear>(6, 40), second = std::make_shared<nn::Linear>(40, 3);
+  first->reset_parameters(gen);
+  second->reset_parameters(gen);
   auto net = std::make_shared<nn::Sequential>();
-  net->push_back(std::make_shared<nn::Linear>(6, 40));
+  net->push_back(first);
   net->push_back(std::make_shared<nn::ReLU>());
-  net->push_back(std::make_shared<nn::Linear>(40, 3));
+  net->push_back(second);
   return net;
 }
 
@@ -275,4 +280,57 @@ TEST_CASE("optimizer shard sets: round trip, re-cut to another layout, and every
   CHECK_THAT(error_of([&] { read_optimizer_shards(set, whole, "SGD"); }),
              Contains("missing (not a shard set, or removed)"));
   fs::remove_all(dir);
+}
+
+TEST_CASE(
+    "sharded: zeroing through the model or the optimizer, and two synchronised backwards "
+    "per step, train as unsharded does",
+    "[sharding]") {
+  // zero: 0 = opt->zero_grad(), 1 = dp.zero_grad(), 2 = the inner module's zero_grad().
+  // twice: every other step runs two synchronised backwards (their gradients add up).
+  auto run = [](ShardMode mode, int zero, bool twice) {
+    return run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+      auto net = small_net();
+      DataParallel dp(net, sharded(group, mode));
+      auto opt = dp.make_optimizer<optim::SGD>(optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+      for (int step = 0; step < 4; ++step) {
+        if (zero == 0) opt->zero_grad();
+        if (zero == 1) dp.zero_grad();
+        if (zero == 2) net->zero_grad();
+        loss_on(dp, rank, static_cast<uint64_t>(2 * step)).backward();
+        if (twice && step % 2 == 1) {
+          loss_on(dp, rank, static_cast<uint64_t>(2 * step + 1)).backward();
+        }
+        opt->step();
+      }
+      std::vector<float> weights;
+      for (const Tensor& p : net->parameters()) {
+        const auto v = p.to_float_vector();
+        weights.insert(weights.end(), v.begin(), v.end());
+      }
+      return weights;
+    });
+  };
+  const auto reference = run(ShardMode::none, 0, false);
+  const auto accumulated = run(ShardMode::none, 0, true);
+  CHECK(reference[0] == reference[1]);
+  for (ShardMode mode : {ShardMode::optimizer, ShardMode::gradients}) {
+    for (int zero : {0, 1, 2}) {
+      INFO(shard_mode_name(mode) << ", zeroing " << zero);
+      const auto got = run(mode, zero, false);
+      CHECK(got[0] == reference[0]);  // bitwise
+      CHECK(got[1] == reference[0]);
+    }
+    // Unsharded adds the second backward's local gradients to the first's average before the
+    // all-reduce; sharded adds the two averages: equal up to rounding.
+    const auto got = run(mode, 0, true);
+    CHECK(got[0] == got[1]);
+    double worst = 0;
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(got[0][i] - accumulated[0][i])));
+    }
+    INFO(shard_mode_name(mode) << ": largest difference " << worst);
+    CHECK(worst <= 1e-6);
+    CHECK(got[0] != reference[0]);  // the second backward counted
+  }
 }

@@ -3,6 +3,7 @@
 // a rank holds.
 #include <algorithm>
 
+#include "dpar/autograd/engine.h"
 #include "dpar/distributed/data_parallel.h"
 #include "reducer.h"
 
@@ -80,6 +81,13 @@ ShardMemory DataParallel::memory_stats() const {
     if (auto opt = weak.lock()) m.optimizer_state += opt->state_bytes();
   }
   return m;
+}
+
+void DataParallel::zero_grad(bool set_to_none) {
+  Module::zero_grad(set_to_none);
+  if (reducer_ && reducer_->sharded()) {
+    autograd::zero_grad(reducer_->shard_parameters(), set_to_none);
+  }
 }
 
 OptimizerLayout DataParallel::optimizer_layout() const {

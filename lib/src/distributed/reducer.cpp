@@ -495,6 +495,11 @@ void Reducer::abandon_iteration() {
   next_launch_ = 0;
   reachable_.clear();
   if (!rebuilt_) ready_order_.clear();
+  // Sharded: what the failed backward left in the buckets is no one's gradient; the next
+  // backward starts from nothing, as the slices do not hold it either.
+  if (sharded() && rebuilt_) {
+    for (Bucket& b : buckets_) clear_bucket(b);
+  }
 }
 
 bool Reducer::rebuild_in_ready_order() {

@@ -137,6 +137,9 @@ class Reducer {
     // shard_param is this rank's slice of it, shard_grad its averaged gradient.
     std::vector<int64_t> bounds;
     Tensor params_flat, shard_param, shard_grad;
+    // The slice's gradient was consumed by an optimizer step (or never set): the next
+    // reduced slice replaces it instead of adding to it.
+    bool consumed = true;
   };
 
   struct Param {
@@ -182,6 +185,8 @@ class Reducer {
   // After bucket k's reduction: its averaged slice is added to the gradient slice, and the
   // bucket's own memory is zeroed (shard = optimizer) or released (gradients).
   void hand_over(size_t k, bool whole_bucket_reduced);
+  // Releases (gradients) or zeroes (optimizer) bucket b's memory once it is handed over.
+  void clear_bucket(Bucket& b);
 
   std::vector<Param> params_;
   std::unique_ptr<AutogradBinding> binding_;

@@ -126,14 +126,23 @@ void Reducer::hand_over(size_t k, bool whole_bucket_reduced) {
   // A compressed bucket's slice comes back from the wire format (a whole reduced bucket was
   // converted already).
   if (b.wire.defined() && !whole_bucket_reduced) reduced.copy_(flat_range(b.wire, lo, hi));
+  // Synchronised backwards between two steps accumulate, as .grad does without sharding; the
+  // first one after a step (or after zero_grad(set_to_none)) starts afresh, so a loop that
+  // zeroes the model's gradients rather than the optimizer's still steps on this step's.
   Tensor current = b.shard_param.grad();
-  if (!current.defined()) {
-    b.shard_grad.copy_(reduced);  // zero_grad(set_to_none): the gradient starts afresh
+  if (b.consumed || !current.defined()) {
+    b.shard_grad.copy_(reduced);
   } else {
     if (!current.is_same(b.shard_grad)) b.shard_grad.copy_(current);  // the user assigned one
     add_(b.shard_grad, reduced);
   }
+  b.consumed = false;
   b.shard_param.set_grad(b.shard_grad);
+  clear_bucket(b);
+}
+
+void Reducer::clear_bucket(Bucket& b) {
+  if (!b.buffer.defined()) return;
   if (options_.shard == ShardMode::gradients) {
     for (size_t index : b.params) {
       binding_->set_grad(index, Tensor());
@@ -143,12 +152,14 @@ void Reducer::hand_over(size_t k, bool whole_bucket_reduced) {
     b.wire = Tensor();
   } else {
     // Handed over: the next backward accumulates afresh (the slice's .grad keeps the sum).
+    NoGradGuard no_grad;
     b.buffer.zero_();
   }
 }
 
 void Reducer::gather_parameters() {
   if (!sharded()) return;
+  for (Bucket& b : buckets_) b.consumed = true;
   std::vector<std::shared_ptr<Work>> works;
   // The last bucket holds the first layers' parameters (buckets follow gradient order): the
   // forward's first needs go first.

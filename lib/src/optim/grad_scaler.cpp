@@ -111,6 +111,7 @@ bool GradScaler::step(optim::Optimizer& optimizer) {
   const bool skip = found_inf(st);
   if (skip) {
     ++skipped_steps_;
+    optimizer.run_step_hooks();  // nothing changed, but the step is over
   } else {
     optimizer.step();
   }

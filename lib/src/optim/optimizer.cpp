@@ -50,6 +50,10 @@ void Optimizer::check_parameters() const {
 
 void Optimizer::step() {
   update();
+  run_step_hooks();
+}
+
+void Optimizer::run_step_hooks() {
   for (const auto& [handle, hook] : step_hooks_) hook();
 }
 

@@ -101,6 +101,8 @@ class DataParallel : public nn::Module {
   nn::NamedTensors state_dict() const override;
   nn::LoadReport load_state_dict(const nn::NamedTensors& entries, bool strict = true) override;
   nn::LoadReport compare_state_dict(const nn::NamedTensors& entries) const override;
+  // The module's gradients and, with sharding, the averaged gradient slices the optimizer reads.
+  void zero_grad(bool set_to_none = false) override;
 
   // RAII scope in which backward accumulates gradients locally without communication. As in
   // DDP, what counts is whether the forward ran inside the scope; the next synchronised

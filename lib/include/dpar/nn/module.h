@@ -108,8 +108,8 @@ class Module {
   // uses there.
   Module& to(Device device);
   // Zeroes gradients in place (gradients may be views into DataParallel buckets), or drops
-  // them when set_to_none.
-  void zero_grad(bool set_to_none = false);
+  // them when set_to_none. Virtual: a sharded DataParallel also zeroes its gradient slices.
+  virtual void zero_grad(bool set_to_none = false);
 
   // Indented structure, like printing a torch module.
   std::string repr() const;

@@ -35,6 +35,9 @@ class Optimizer {
   // the updated parameter slices there. Returns a handle for remove_step_hook.
   int add_step_hook(std::function<void()> hook);
   void remove_step_hook(int handle);
+  // Runs the step hooks without an update: GradScaler does this for a step it skips, so that
+  // what follows a step (a sharded DataParallel starts the next gradients afresh) follows it.
+  void run_step_hooks();
 
   // For an optimizer over one rank's slices of sharded parameters (dist::DataParallel with
   // shard != none): sums a small f32 CPU tensor, in place, over the ranks that hold the other
