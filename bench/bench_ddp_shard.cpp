@@ -111,19 +111,28 @@ int run_shard_bench(const ShardBench& b) {
                          {"memory", memory}};
   if (b.peer) {
     // PyTorch's sharded optimizer state: DDP + ZeroRedundancyOptimizer (ZeRO-1; torch has no
-    // ZeRO-2 without FSDP, which does not run on gloo CPU), same model, optimizer and batch.
-    const auto p = run_peer(
-        "torch_ddp.py",
-        "--world " + std::to_string(b.world) + " --batch " + std::to_string(b.batch) + " --img " +
-            std::to_string(b.img) + " --warmup " + std::to_string(b.warmup) + " --steps " +
-            std::to_string(b.steps) + " --threads " + std::to_string(b.threads) + " --model " +
-            b.model + " --opt " + b.opt + " --zero",
-        static_cast<int>(b.threads));
-    const double theirs = p.at("img_per_s").get<double>();
-    std::printf("  pytorch   %8.2f img/s (DDP + ZeroRedundancyOptimizer, gloo)\n", theirs);
-    std::printf("  ratio dpar shard %s / pytorch ZeRO: %.2fx\n", mode, median(shard_ips) / theirs);
-    json["pytorch_zero_img_per_s"] = theirs;
-    json["ratio_dpar_pytorch"] = median(shard_ips) / theirs;
+    // ZeRO-2 without FSDP, which does not run on gloo CPU), same model, optimizer and batch;
+    // and plain DDP, so the cost of its sharding shows beside dpar's.
+    auto peer_ips = [&](const std::string& extra) {
+      return run_peer("torch_ddp.py",
+                      "--world " + std::to_string(b.world) + " --batch " + std::to_string(b.batch) +
+                          " --img " + std::to_string(b.img) + " --warmup " +
+                          std::to_string(b.warmup) + " --steps " + std::to_string(b.steps) +
+                          " --threads " + std::to_string(b.threads) + " --model " + b.model +
+                          " --opt " + b.opt + extra,
+                      static_cast<int>(b.threads))
+          .at("img_per_s")
+          .get<double>();
+    };
+    const double zero = peer_ips(" --zero"), ddp = peer_ips("");
+    std::printf(
+        "  pytorch   %8.2f img/s DDP + ZeroRedundancyOptimizer (plain DDP %.2f img/s: ratio "
+        "%.3f), gloo\n",
+        zero, ddp, zero / ddp);
+    std::printf("  ratio dpar shard %s / pytorch ZeRO: %.2fx\n", mode, median(shard_ips) / zero);
+    json["pytorch_zero_img_per_s"] = zero;
+    json["pytorch_ddp_img_per_s"] = ddp;
+    json["ratio_dpar_pytorch"] = median(shard_ips) / zero;
   }
   std::printf("%s\n", json.dump().c_str());
   std::fflush(stdout);
