@@ -74,12 +74,13 @@ std::string check_resume(const io::TrainingState& s, const RunShape& run,
   const std::string now = "world size " + std::to_string(run.world_size) + " x batch " +
                           std::to_string(run.batch_size) + ", " +
                           std::to_string(run.steps_per_epoch) + " steps/epoch";
-  if (s.world_size == run.world_size && s.batch_size == run.batch_size) {
-    // Same job shape, another epoch length: the data differs.
-    throw FlagError("train: checkpoint " + source + " was written by a run with " + was +
-                    "; this run has " + now +
-                    ": the training data differs (--data-path, "
-                    "--limit-train?)");
+  if (s.step_in_epoch > 0 && s.world_size == run.world_size && s.batch_size == run.batch_size) {
+    // Same job shape, another epoch length: other data, in which the position means nothing.
+    throw FlagError("train: checkpoint " + source + " stopped inside epoch " +
+                    std::to_string(s.epoch) + " (step " + std::to_string(s.step_in_epoch) +
+                    ") of a run with " + was + "; this run has " + now +
+                    ": the rest of that epoch exists only in the same training data "
+                    "(--data-path, --limit-train)");
   }
   return "note: the checkpoint was written with " + was + ", this run has " + now +
          "; training continues at global step " + std::to_string(s.global_step) +

@@ -69,9 +69,19 @@ expect 1 "does not fit this MobileNetV3" -- "${small[@]}" --pretrained "$work/ck
 # A plain weights file is not a checkpoint (but is fine as --pretrained).
 expect 1 "is not a dpar checkpoint" -- "${small[@]}" --resume "$work/weights/mobilenet_v3_small.safetensors"
 
-# Continuing with another seed, or mid-epoch with another batch size, cannot be exact.
+# Continuing with another seed cannot be exact; mid-epoch in other data (another epoch length
+# at the same world size and batch) has no position to continue from.
 expect 2 "resume with --seed 0" -- "${small[@]}" --resume "$work/ck/step_2.ckpt" --seed 9
-expect 2 "stopped inside epoch 0 (step 2)" -- "${small[@]}" --resume "$work/ck/step_2.ckpt" --batch-size 16
+expect 2 "stopped inside epoch 0 (step 2)" -- "${small[@]}" --resume "$work/ck/step_2.ckpt" \
+  --limit-train 96
+# Mid-epoch with another batch size continues at the same sample of the epoch's order.
+if "$train" "${small[@]}" --resume "$work/ck/step_2.ckpt" --batch-size 16 \
+     --checkpoint-dir "$work/ck_b16" >"$work/out" 2>"$work/err" &&
+   grep -q "training continues at global step 2 and at sample 64 of epoch 0's order" "$work/out"; then
+  echo "ok: mid-epoch resume with another batch size continues at sample 64"
+else
+  echo "FAIL: mid-epoch resume with --batch-size 16:"; cat "$work/out" "$work/err"; fail=1
+fi
 
 # A fresh start must not overwrite an earlier run's checkpoints.
 (cd "$work/ck" && md5sum ./*) >"$work/before.md5"
