@@ -11,6 +11,7 @@
 
 #include "dpar/core/random.h"
 #include "dpar/data/image.h"
+#include "dpar/distributed/optimizer_shards.h"
 #include "dpar/io/checkpoint.h"
 #include "dpar/io/onnx_quantize.h"
 #include "dpar/io/safetensors.h"
@@ -100,6 +101,22 @@ void model_seeds(const fs::path& scratch) {
   io::save_checkpoint(ck.string(), io::capture_checkpoint(*run.net, &run.opt, nullptr, state));
   put("fuzz_checkpoint", "tiny.ckpt", slurp(ck));
   put("fuzz_checkpoint", "state.json", io::detail::state_to_json(state));
+
+  // A shard set of the tiny net's SGD state after one step: index.json and its one file,
+  // packed as split_two reads them.
+  run.net->train();
+  run.opt.zero_grad();
+  sum(run.net->forward(Tensor::ones({2, 3, fuzz::kTinyImageSide, fuzz::kTinyImageSide})))
+      .backward();
+  run.opt.step();
+  const fs::path set = scratch / "set";
+  dist::save_optimizer_shards(
+      set.string(), dist::whole_parameter_layout(run.net->named_parameters()), run.opt, nullptr);
+  const std::string index = slurp(set / "index.json");
+  std::string packed{static_cast<char>(index.size() & 0xff),
+                     static_cast<char>((index.size() >> 8) & 0xff)};
+  packed += index + slurp(set / "rank-0-of-1.safetensors");
+  put("fuzz_optimizer_shards", "sgd_step.set", packed);
 }
 
 void file_seeds(const fs::path& scratch) {

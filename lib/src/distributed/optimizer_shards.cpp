@@ -341,20 +341,29 @@ optim::StateDict read_optimizer_shards(const std::string& dir, const OptimizerLa
       s.end = piece.at("end").get<int64_t>();
       s.step = piece.at("step").get<int64_t>();
       const size_t f = piece.at("file").get<size_t>();
-      DPAR_CHECK(f < files.size() && s.begin <= s.end, "piece ", piece.dump(), " is invalid");
+      DPAR_CHECK(f < files.size() && s.begin >= 0 && s.begin <= s.end &&
+                     files[f].find('/') == std::string::npos,
+                 "piece ", piece.dump(), " is invalid");
       const std::string path = dir + "/" + files[f];
-      const Json tensors = piece.at("tensors");
+      // What a piece's tensors are called and their CRCs, checked here rather than when read.
+      std::map<std::string, std::pair<std::string, uint32_t>> tensors;
+      for (const std::string& b : source.buffers) {
+        const Json& entry = piece.at("tensors").at(b);
+        tensors[b] = {entry.at("name").get<std::string>(), entry.at("crc32c").get<uint32_t>()};
+      }
       s.read = [path, tensors, headers, n = s.end - s.begin](const std::string& buffer) {
         auto it = headers->find(path);
-        if (it == headers->end())
+        if (it == headers->end()) {
           it = headers->emplace(path, io::read_safetensors_header(path)).first;
-        const Json& entry = tensors.at(buffer);
-        const std::string name = entry.at("name").get<std::string>();
+        }
+        const auto& [name, want_crc] = tensors.at(buffer);
         for (const io::SafetensorsEntry& e : it->second.entries) {
           if (e.name != name) continue;
+          DPAR_CHECK(e.dtype == DType::f32 && e.shape == Shape{n}, "optimizer shards: ", path,
+                     ": tensor '", name, "' is ", dtype_name(e.dtype), e.shape,
+                     ", the index says f32 [", n, "]");
           Tensor t = io::read_safetensors_entry(path, e);
-          const uint32_t crc = ::dpar::detail::crc32c(t.raw_data(), t.nbytes());
-          DPAR_CHECK(crc == entry.at("crc32c").get<uint32_t>() && t.numel() == n,
+          DPAR_CHECK(::dpar::detail::crc32c(t.raw_data(), t.nbytes()) == want_crc,
                      "optimizer shards: ", path, ": tensor '", name,
                      "' fails its CRC-32C check (corrupted)");
           return t;
