@@ -49,8 +49,12 @@ while IFS= read -r f; do binaries+=("$f"); done < <(
     -type f -perm -u+x \( -name 'test_*' -o -name train -o -name infer -o -name export_model \
     -o -name dpar-launch -o -name 'bench_*' -o -name '*_worker' \) 2>/dev/null | sort |
     # Programs of dpar::torch (bench_torch_ddp) link this machine's CPU-only libtorch: not for
-    # the GPU machine (see the configure above), and hundreds of MB of libraries.
-    while IFS= read -r b; do ldd "$b" 2>/dev/null | grep -q 'libtorch' || echo "$b"; done)
+    # the GPU machine (see the configure above), and hundreds of MB of libraries. (grep reads
+    # all of ldd's output: with -q it could exit first, and under pipefail ldd's SIGPIPE would
+    # make the pipeline fail and let the program in.)
+    while IFS= read -r b; do
+      if ! ldd "$b" 2>/dev/null | grep 'libtorch' >/dev/null; then echo "$b"; fi
+    done)
 [ "${#binaries[@]}" -gt 0 ] || { echo "gpu-bundle: no binaries in $build" >&2; exit 1; }
 for f in "${binaries[@]}"; do
   mkdir -p "$root/$(dirname "$f")"
