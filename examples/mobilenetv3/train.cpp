@@ -391,51 +391,16 @@ int main(int argc, char** argv) {
     if (resumed) {
       const io::TrainingState& st = resumed->state;
       const auto from = st.extra.find("resumed_from");
-      const std::string source = from != st.extra.end() ? from->second : resume;
-      std::string note;
-      if (!test_only) {
-        note = mobilenetv3::check_resume(
-            st, {model_name, static_cast<uint64_t>(seed), world, batch_size, steps_per_epoch},
-            source);
-      }
-      // The optimizer state is a shard set beside the checkpoint (a sharded run's), or goes
-      // into this run's slices: either way the library re-cuts it (any world size).
-      const bool shards_involved =
-          st.extra.count(io::kOptimizerShardsKey) > 0 || mobilenetv3::optimizer_is_sharded(dp);
-      io::restore_checkpoint(*resumed, *model, test_only || shards_involved ? nullptr : opt.get(),
-                             test_only ? nullptr : sched.get(), source);
-      if (!test_only && shards_involved) {
-        const auto at = st.extra.find("resumed_from");
-        mobilenetv3::restore_optimizer(*resumed, at != st.extra.end() ? at->second : resume, dp,
-                                       opt);
-      }
+      const mobilenetv3::ResumePosition position = mobilenetv3::restore_run(
+          *resumed, from != st.extra.end() ? from->second : resume,
+          {model_name, static_cast<uint64_t>(seed), world, batch_size, steps_per_epoch},
+          train_sampler->dataset_size(), *model, dp, opt, *sched, test_only, rank);
       start_epoch = st.epoch;
-      const mobilenetv3::ResumePosition position = mobilenetv3::resume_position(
-          st, {model_name, static_cast<uint64_t>(seed), world, batch_size, steps_per_epoch},
-          train_sampler->dataset_size());
       start_step = position.first_iter;
       start_consumed = position.consumed;
-      if (!test_only && st.steps_per_epoch > 0 && st.steps_per_epoch != steps_per_epoch) {
-        // Another world size or batch size: the LR schedule keeps its place in the epochs (the
-        // global step counts on as it was), measured in this run's steps.
-        const double progress =
-            static_cast<double>(sched->last_step()) / static_cast<double>(st.steps_per_epoch);
-        sched->set_last_step(
-            static_cast<int64_t>(std::llround(progress * static_cast<double>(steps_per_epoch))));
-      }
       global_step = st.global_step;
       best_top1 = st.best_top1;
       best_epoch = st.best_epoch;
-      if (rank == 0) {
-        std::printf(
-            "resumed from %s: epoch %lld, step %lld of %lld, global step %lld (written by dpar %s, "
-            "commit %s)\n",
-            source.c_str(), static_cast<long long>(st.epoch),
-            static_cast<long long>(st.step_in_epoch), static_cast<long long>(st.steps_per_epoch),
-            static_cast<long long>(st.global_step), st.dpar_version.c_str(), st.git_commit.c_str());
-        if (!note.empty()) std::printf("%s\n", note.c_str());
-        std::fflush(stdout);
-      }
       resumed.reset();  // the tensors were copied into the model and optimizer
     }
     if (test_only) {

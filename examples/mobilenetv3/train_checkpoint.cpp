@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -112,6 +113,40 @@ ResumePosition resume_position(const io::TrainingState& s, const RunShape& run,
   // The other job's ranks took s.sampler_position samples each, consecutive positions of the
   // epoch's order together; this job splits the rest and ends the epoch at its own length.
   return split_rest(s.sampler_position * s.world_size);
+}
+
+ResumePosition restore_run(const io::Checkpoint& ckpt, const std::string& source,
+                           const RunShape& run, size_t dataset_size, nn::Module& model,
+                           dist::DataParallel& dp, const std::shared_ptr<optim::Optimizer>& opt,
+                           optim::LRScheduler& sched, bool test_only, int rank) {
+  const io::TrainingState& st = ckpt.state;
+  const std::string note = test_only ? std::string() : check_resume(st, run, source);
+  // The optimizer state is a shard set beside the checkpoint (a sharded run's), or goes into
+  // this run's slices: either way the library re-cuts it (any world size).
+  const bool shards_involved =
+      st.extra.count(io::kOptimizerShardsKey) > 0 || optimizer_is_sharded(dp);
+  io::restore_checkpoint(ckpt, model, test_only || shards_involved ? nullptr : opt.get(),
+                         test_only ? nullptr : &sched, source);
+  if (!test_only && shards_involved) restore_optimizer(ckpt, source, dp, opt);
+  if (!test_only && st.steps_per_epoch > 0 && st.steps_per_epoch != run.steps_per_epoch) {
+    // Another world size or batch size: the LR schedule keeps its place in the epochs (the
+    // global step counts on as it was), measured in this run's steps.
+    const double progress =
+        static_cast<double>(sched.last_step()) / static_cast<double>(st.steps_per_epoch);
+    sched.set_last_step(
+        static_cast<int64_t>(std::llround(progress * static_cast<double>(run.steps_per_epoch))));
+  }
+  if (rank == 0) {
+    std::printf(
+        "resumed from %s: epoch %lld, step %lld of %lld, global step %lld (written by dpar %s, "
+        "commit %s)\n",
+        source.c_str(), static_cast<long long>(st.epoch), static_cast<long long>(st.step_in_epoch),
+        static_cast<long long>(st.steps_per_epoch), static_cast<long long>(st.global_step),
+        st.dpar_version.c_str(), st.git_commit.c_str());
+    if (!note.empty()) std::printf("%s\n", note.c_str());
+    std::fflush(stdout);
+  }
+  return resume_position(st, run, dataset_size);
 }
 
 bool optimizer_is_sharded(const dist::DataParallel& dp) {

@@ -11,6 +11,7 @@
 #include "dpar/data/sampler.h"
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/io/checkpoint.h"
+#include "dpar/optim/lr_scheduler.h"
 
 namespace mobilenetv3 {
 
@@ -53,6 +54,17 @@ struct ResumePosition {
 };
 ResumePosition resume_position(const dpar::io::TrainingState& state, const RunShape& run,
                                size_t dataset_size);
+
+// Puts checkpoint (read from source) back into this run after check_resume (unless test_only):
+// the model; unless test_only, the LR scheduler (kept at its place in the epochs when this
+// run's epochs have another length) and the optimizer in whichever form the checkpoint and the
+// run have (restore_optimizer). Rank 0 prints where it resumed (and check_resume's note).
+// Returns where the first epoch starts (resume_position).
+ResumePosition restore_run(const dpar::io::Checkpoint& checkpoint, const std::string& source,
+                           const RunShape& run, size_t dataset_size, dpar::nn::Module& model,
+                           dpar::dist::DataParallel& dp,
+                           const std::shared_ptr<dpar::optim::Optimizer>& opt,
+                           dpar::optim::LRScheduler& scheduler, bool test_only, int rank);
 
 // The optimizer's state in a checkpoint of a sharded run is a shard set beside the file
 // (state.extra[io::kOptimizerShardsKey]); a run loads it, or an unsharded checkpoint's
