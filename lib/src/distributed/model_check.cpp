@@ -71,21 +71,13 @@ void verify_same_model(Group& group, const ModelSignature& mine) {
   }
   if (same) return;
 
-  const auto lengths = gather(Tensor::full({1}, static_cast<double>(text.size())));
-  int64_t longest = 1;
-  for (const auto& l : lengths)
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(l.item()));
-  std::vector<float> bytes(static_cast<size_t>(longest), 0.f);
-  for (size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
-  const auto texts = gather(Tensor::from_vector(bytes, {longest}));
+  const std::vector<std::string> texts = allgather_strings(group, text);
   std::vector<ModelSignature> all(world);
   for (int r = 0; r < world; ++r) {
     const auto d = digests[r].to_float_vector();
-    const auto chars = texts[r].to_float_vector();
     std::string line;
     std::vector<std::string> lines;
-    for (int64_t i = 0; i < static_cast<int64_t>(lengths[r].item()); ++i) {
-      const char c = static_cast<char>(static_cast<unsigned char>(chars[i]));
+    for (const char c : texts[r]) {
       if (c == '\n') {
         lines.push_back(line);
         line.clear();

@@ -152,28 +152,6 @@ Json layout_json(const ParameterLayout& p) {
   DPAR_FAIL("optimizer shards: ", path, ": ", problem);
 }
 
-// Every rank's text, in rank order (lengths first, then the bytes as one uneven allgather).
-std::vector<std::string> allgather_text(Group& group, const std::string& mine) {
-  const int n = group.size();
-  std::vector<Tensor> lengths;
-  for (int r = 0; r < n; ++r) lengths.push_back(Tensor::zeros({1}, DType::i64));
-  group.allgather(lengths,
-                  Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, {1}),
-                  /*async_op=*/false);
-  std::vector<Tensor> texts;
-  for (int r = 0; r < n; ++r) {
-    texts.push_back(Tensor::zeros({lengths[r].to_int_vector()[0]}, DType::u8));
-  }
-  Tensor input = Tensor::zeros({static_cast<int64_t>(mine.size())}, DType::u8);
-  if (!mine.empty()) std::memcpy(input.raw_data(), mine.data(), mine.size());
-  group.allgather(texts, input, /*async_op=*/false);
-  std::vector<std::string> out;
-  for (const Tensor& t : texts) {
-    out.emplace_back(static_cast<const char*>(t.raw_data()), static_cast<size_t>(t.nbytes()));
-  }
-  return out;
-}
-
 }  // namespace
 
 OptimizerLayout whole_parameter_layout(const std::vector<std::pair<std::string, Tensor>>& params) {
@@ -242,7 +220,7 @@ void save_optimizer_shards(const std::string& dir, const OptimizerLayout& layout
     mine = {{"error", e.what()}};
   }
   const std::vector<std::string> all =
-      group ? allgather_text(*group, mine.dump()) : std::vector<std::string>{mine.dump()};
+      group ? allgather_strings(*group, mine.dump()) : std::vector<std::string>{mine.dump()};
   std::vector<Json> parts;
   for (int r = 0; r < world; ++r) {
     parts.push_back(Json::parse(all[static_cast<size_t>(r)]));

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "distributed/gloo/process_group_gloo.h"
 #include "distributed/gpu_groups.h"
@@ -167,5 +168,26 @@ std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store>, int, int,
 }
 }  // namespace detail
 #endif
+
+std::vector<std::string> allgather_strings(Group& group, const std::string& mine) {
+  const int n = group.size();
+  std::vector<Tensor> lengths;
+  for (int r = 0; r < n; ++r) lengths.push_back(Tensor::zeros({1}, DType::i64));
+  group.allgather(lengths,
+                  Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, {1}),
+                  /*async_op=*/false);
+  std::vector<Tensor> texts;
+  for (int r = 0; r < n; ++r) {
+    texts.push_back(Tensor::zeros({lengths[r].to_int_vector()[0]}, DType::u8));
+  }
+  Tensor input = Tensor::zeros({static_cast<int64_t>(mine.size())}, DType::u8);
+  if (!mine.empty()) std::memcpy(input.raw_data(), mine.data(), mine.size());
+  group.allgather(texts, input, /*async_op=*/false);
+  std::vector<std::string> out;
+  for (const Tensor& t : texts) {
+    out.emplace_back(static_cast<const char*>(t.raw_data()), static_cast<size_t>(t.nbytes()));
+  }
+  return out;
+}
 
 }  // namespace dpar::dist

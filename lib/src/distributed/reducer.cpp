@@ -16,6 +16,12 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+double seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
 // A view of `bytes_offset` into buffer with like's shape, dtype and layout: a dense tensor
 // (contiguous, or channels-last as GPU convolution weights are) keeps its strides, so its
 // gradient accumulates into the view and copies to and from it run over flat memory; anything
@@ -27,12 +33,6 @@ Tensor view_at(const Tensor& buffer, size_t bytes_offset, const Tensor& like) {
       buffer.storage(), static_cast<int64_t>((base + bytes_offset) / dtype_size(like.dtype())),
       like.shape(), strides, like.dtype());
 }
-
-double seconds(std::chrono::steady_clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
-
-}  // namespace
 
 void wait_explained(Work& work, const Group& group, const std::string& purpose) {
   using std::chrono::milliseconds;
@@ -210,10 +210,7 @@ void Reducer::install_buckets(const std::vector<std::vector<size_t>>& partition)
       params_[idx].bucket = bi;
       params_[idx].view = Tensor();
     }
-    const Tensor& first = params_[b.params.front()].tensor;
-    const bool compressed = first.dtype() == DType::f32 && options_.comm_dtype != DType::f32;
-    b.bounds = allreduce_chunk_bounds(b.numel, group_->size(),
-                                      dtype_size(compressed ? options_.comm_dtype : first.dtype()));
+    b.bounds = allreduce_chunk_bounds(b.numel, group_->size(), dtype_size(wire_dtype(b)));
     // With shard = gradients a bucket's memory exists only from its first gradient to its
     // reduce-scatter; gradients that exist already (a backward before wrapping) move in now.
     bool any_grad = false;
@@ -224,11 +221,16 @@ void Reducer::install_buckets(const std::vector<std::vector<size_t>>& partition)
   buckets_ = std::move(fresh);
 }
 
+DType Reducer::wire_dtype(const Bucket& b) const {
+  const DType dtype = params_[b.params.front()].tensor.dtype();
+  return dtype == DType::f32 ? options_.comm_dtype : dtype;
+}
+
 void Reducer::allocate_buffer(Bucket& b) {
   NoGradGuard no_grad;
   const Tensor& first = params_[b.params.front()].tensor;
   b.buffer = Tensor::zeros({b.numel}, first.dtype(), first.device());
-  if (first.dtype() == DType::f32 && options_.comm_dtype != DType::f32) {
+  if (wire_dtype(b) != first.dtype()) {
     b.wire = Tensor::empty({b.numel}, options_.comm_dtype, first.device());
   }
   for (size_t k = 0; k < b.params.size(); ++k) {

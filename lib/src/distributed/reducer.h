@@ -38,6 +38,11 @@ void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int r
 // collective the user never called is not silent until the timeout.
 void wait_explained(Work& work, const Group& group, const std::string& purpose);
 
+// A view of `bytes_offset` into buffer with like's shape, dtype and layout: a dense tensor
+// (contiguous, or channels-last) keeps its strides, anything else gets contiguous ones. Either
+// way it fills like.numel() elements from the offset: a parameter's home in a bucket.
+Tensor view_at(const Tensor& buffer, size_t bytes_offset, const Tensor& like);
+
 // "all_reduce tensors: 142, after fusion: 3 buckets [1.0 MB, 8.7 MB, 25.1 MB]"
 std::string format_bucket_summary(const std::vector<BucketInfo>& buckets);
 
@@ -177,6 +182,8 @@ class Reducer {
   // Allocates b's gradient buffer (released after each reduce-scatter with shard = gradients)
   // and points its parameters' gradient homes at it; gradients that exist move in.
   void allocate_buffer(Bucket& b);
+  // The dtype bucket b travels in: comm_dtype for f32 buckets, else the bucket's own.
+  DType wire_dtype(const Bucket& b) const;
   // Lays bucket b's parameters out in one flat buffer (each parameter becomes a view of it)
   // and makes this rank's slice and its gradient slice.
   void shard_bucket(Bucket& b);
@@ -187,6 +194,8 @@ class Reducer {
   void hand_over(size_t k, bool whole_bucket_reduced);
   // Releases (gradients) or zeroes (optimizer) bucket b's memory once it is handed over.
   void clear_bucket(Bucket& b);
+  // This rank's elements of bucket b: [first, second).
+  std::pair<int64_t, int64_t> my_range(const Bucket& b) const;
 
   std::vector<Param> params_;
   std::unique_ptr<AutogradBinding> binding_;

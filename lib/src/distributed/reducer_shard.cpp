@@ -28,6 +28,15 @@ Tensor flat_range(const Tensor& flat, int64_t begin, int64_t end) {
                               flat.dtype());
 }
 
+// Every rank's piece of a flat bucket-sized tensor, in rank order (chunk bounds `bounds`).
+std::vector<Tensor> pieces_of(const Tensor& flat, const std::vector<int64_t>& bounds) {
+  std::vector<Tensor> pieces;
+  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+    pieces.push_back(flat_range(flat, bounds[r], bounds[r + 1]));
+  }
+  return pieces;
+}
+
 }  // namespace
 
 const char* shard_mode_name(ShardMode mode) {
@@ -58,22 +67,24 @@ void Reducer::shard_bucket(Bucket& b) {
   b.params_flat = Tensor::empty({b.numel}, first.dtype(), first.device());
   for (size_t k = 0; k < b.params.size(); ++k) {
     Tensor& p = params_[b.params[k]].tensor;
-    // Same shape and strides (view_at keeps a dense layout): forward sees the same tensor.
-    const Shape strides = p.is_dense() ? p.strides() : contiguous_strides(p.shape());
+    // Same shape and (dense) strides: forward sees the same tensor.
     Tensor home =
-        Tensor::from_storage(b.params_flat.storage(), b.offsets[k], p.shape(), strides, p.dtype());
+        view_at(b.params_flat, static_cast<size_t>(b.offsets[k]) * dtype_size(p.dtype()), p);
     home.copy_(p);
     TensorImpl& impl = *p.impl();
     impl.storage = home.storage();
     impl.offset = home.storage_offset();
     impl.strides = home.strides();
   }
-  const int rank = group_->rank();
-  const int64_t lo = b.bounds[static_cast<size_t>(rank)];
-  const int64_t hi = b.bounds[static_cast<size_t>(rank) + 1];
+  const auto [lo, hi] = my_range(b);
   b.shard_param = flat_range(b.params_flat, lo, hi);
   b.shard_grad = Tensor::zeros({hi - lo}, first.dtype(), first.device());
   b.shard_param.set_grad(b.shard_grad);
+}
+
+std::pair<int64_t, int64_t> Reducer::my_range(const Bucket& b) const {
+  const size_t rank = static_cast<size_t>(group_->rank());
+  return {b.bounds[rank], b.bounds[rank + 1]};
 }
 
 std::vector<Tensor> Reducer::shard_parameters() const {
@@ -88,9 +99,8 @@ OptimizerLayout Reducer::shard_layout() const {
     const Tensor& t = p.tensor;
     layout.parameters.push_back({p.name, t.shape(), t.strides()});  // dense: views of params_flat
   }
-  const size_t rank = static_cast<size_t>(group_->rank());
   for (const Bucket& b : buckets_) {
-    const int64_t lo = b.bounds[rank], hi = b.bounds[rank + 1];
+    const auto [lo, hi] = my_range(b);
     std::vector<SlicePiece> pieces;
     for (size_t k = 0; k < b.params.size(); ++k) {
       const int64_t start = b.offsets[k], stop = start + params_[b.params[k]].tensor.numel();
@@ -105,12 +115,7 @@ OptimizerLayout Reducer::shard_layout() const {
 }
 
 void Reducer::launch_reduce_scatter(Bucket& b) {
-  const Tensor& source = b.wire.defined() ? b.wire : b.buffer;
-  std::vector<Tensor> pieces;
-  for (int r = 0; r < group_->size(); ++r) {
-    pieces.push_back(
-        flat_range(source, b.bounds[static_cast<size_t>(r)], b.bounds[static_cast<size_t>(r) + 1]));
-  }
+  std::vector<Tensor> pieces = pieces_of(b.wire.defined() ? b.wire : b.buffer, b.bounds);
   // In place: this rank's piece receives the sum (the backends read every input first).
   Tensor mine = pieces[static_cast<size_t>(group_->rank())];
   b.work = group_->reduce_scatter(mine, std::move(pieces), ReduceOp::Sum);
@@ -119,9 +124,7 @@ void Reducer::launch_reduce_scatter(Bucket& b) {
 void Reducer::hand_over(size_t k, bool whole_bucket_reduced) {
   NoGradGuard no_grad;
   Bucket& b = buckets_[k];
-  const int rank = group_->rank();
-  const int64_t lo = b.bounds[static_cast<size_t>(rank)];
-  const int64_t hi = b.bounds[static_cast<size_t>(rank) + 1];
+  const auto [lo, hi] = my_range(b);
   Tensor reduced = flat_range(b.buffer, lo, hi);
   // A compressed bucket's slice comes back from the wire format (a whole reduced bucket was
   // converted already).
@@ -165,12 +168,7 @@ void Reducer::gather_parameters() {
   // forward's first needs go first.
   for (size_t k = buckets_.size(); k-- > 0;) {
     const Bucket& b = buckets_[k];
-    std::vector<Tensor> slices;
-    for (int r = 0; r < group_->size(); ++r) {
-      slices.push_back(flat_range(b.params_flat, b.bounds[static_cast<size_t>(r)],
-                                  b.bounds[static_cast<size_t>(r) + 1]));
-    }
-    works.push_back(group_->allgather(std::move(slices), b.shard_param));
+    works.push_back(group_->allgather(pieces_of(b.params_flat, b.bounds), b.shard_param));
   }
   for (auto& work : works) {
     wait_explained(*work, *group_,

@@ -135,4 +135,8 @@ class Group {
   std::shared_ptr<ProcessGroup> backends_[kNumDeviceTypes];
 };
 
+// Every rank's string, in rank order (torch's all_gather_object for text): the lengths, then the
+// bytes as one uneven u8 allgather on the group's CPU backend. Synchronous; every rank calls it.
+std::vector<std::string> allgather_strings(Group& group, const std::string& mine);
+
 }  // namespace dpar::dist
