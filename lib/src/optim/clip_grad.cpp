@@ -8,19 +8,35 @@
 namespace dpar::optim {
 namespace {
 
-double clip_by_norm(const std::vector<Tensor>& params, double max_norm,
-                    const Optimizer::CrossShardSum& cross_shard_sum) {
+// Every gradient of params that is defined.
+std::vector<Tensor> gradients_of(const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  return clip_gradients_by_norm(gradients_of(params), max_norm, {});
+}
+
+double clip_grad_norm(Optimizer& optimizer, double max_norm) {
+  return clip_gradients_by_norm(gradients_of(optimizer.params()), max_norm,
+                                optimizer.cross_shard_sum());
+}
+
+double clip_gradients_by_norm(const std::vector<Tensor>& grads, double max_norm,
+                              const Optimizer::CrossShardSum& cross_shard_sum) {
   DPAR_CHECK(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ",
              max_norm);
   NoGradGuard no_grad;
-  std::vector<Tensor> grads;
   double squares = 0;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
+  for (const Tensor& g : grads) {
     DPAR_CHECK(g.dtype() == DType::f32, "clip_grad_norm: a gradient has dtype ",
                dtype_name(g.dtype()), ", expected f32");
-    grads.push_back(g);
     if (g.numel() > 0) squares += sum(mul(g, g)).item();
   }
   if (cross_shard_sum) {
@@ -32,19 +48,12 @@ double clip_by_norm(const std::vector<Tensor>& params, double max_norm,
   const double norm = std::sqrt(squares);
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1) {
-    for (Tensor& g : grads) mul_(g, coefficient);
+    for (const Tensor& g : grads) {
+      Tensor target = g;
+      mul_(target, coefficient);
+    }
   }
   return norm;
-}
-
-}  // namespace
-
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  return clip_by_norm(params, max_norm, {});
-}
-
-double clip_grad_norm(Optimizer& optimizer, double max_norm) {
-  return clip_by_norm(optimizer.params(), max_norm, optimizer.cross_shard_sum());
 }
 
 }  // namespace dpar::optim

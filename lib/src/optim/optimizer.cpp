@@ -161,6 +161,20 @@ std::vector<std::pair<Device, std::vector<size_t>>> Optimizer::params_by_device(
   return groups;
 }
 
+std::pair<std::string, size_t> split_state_key(const std::string& key, size_t num_params,
+                                               const std::string& who) {
+  const size_t dot = key.rfind('.');
+  const std::string buf = dot == std::string::npos ? key : key.substr(0, dot);
+  const std::string idx = dot == std::string::npos ? "" : key.substr(dot + 1);
+  DPAR_CHECK(!idx.empty() && idx.size() < 10 &&
+                 std::all_of(idx.begin(), idx.end(), [](char c) { return c >= '0' && c <= '9'; }),
+             who, ": entry '", key, "' does not end in a parameter index");
+  const size_t i = std::stoul(idx);
+  DPAR_CHECK(i < num_params, who, ": entry '", key, "' refers to parameter ", i,
+             " but the optimizer has ", num_params);
+  return {buf, i};
+}
+
 StateDict Optimizer::state_dict() const {
   StateDict out;
   for (size_t i = 0; i < state_.size(); ++i) {
@@ -188,21 +202,14 @@ void Optimizer::load_state_dict(const StateDict& state) {
   std::vector<std::map<std::string, Tensor>> incoming(params_.size());
   std::vector<int64_t> steps(params_.size(), -1);
   for (const auto& [key, t] : state) {
-    const size_t dot = key.rfind('.');
-    const std::string buf = dot == std::string::npos ? key : key.substr(0, dot);
-    const std::string idx = dot == std::string::npos ? "" : key.substr(dot + 1);
+    const std::string who = detail::str_cat(name(), "::load_state_dict");
+    const std::string buf = key.substr(0, key.rfind('.'));  // the whole key without a dot
     const bool known = std::find(names.begin(), names.end(), buf) != names.end() ||
                        (buf == "step" && counts_steps());
-    DPAR_CHECK(known, name(), "::load_state_dict: unexpected entry '", key, "'; this ", name(),
-               " keeps ", expected,
+    DPAR_CHECK(known, who, ": unexpected entry '", key, "'; this ", name(), " keeps ", expected,
                " (is this another optimizer's state, or one saved with "
                "other options?)");
-    DPAR_CHECK(!idx.empty() && idx.size() < 10 &&
-                   std::all_of(idx.begin(), idx.end(), [](char c) { return c >= '0' && c <= '9'; }),
-               name(), "::load_state_dict: entry '", key, "' does not end in a parameter index");
-    const size_t i = std::stoul(idx);
-    DPAR_CHECK(i < params_.size(), name(), "::load_state_dict: entry '", key,
-               "' refers to parameter ", i, " but the optimizer has ", params_.size());
+    const size_t i = split_state_key(key, params_.size(), who).second;
     DPAR_CHECK(t.defined(), name(), "::load_state_dict: entry '", key, "' is undefined");
     if (buf == "step") {
       DPAR_CHECK(t.numel() == 1 && steps[i] < 0, name(), "::load_state_dict: entry '", key,

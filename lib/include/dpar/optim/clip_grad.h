@@ -19,5 +19,10 @@ namespace dpar::optim {
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 // The optimizer's parameters' gradients, summed over shards when it holds slices.
 double clip_grad_norm(Optimizer& optimizer, double max_norm);
+// The gradients themselves (e.g. dpar views of libtorch's), clipped in place; cross_shard_sum,
+// when set, sums a one-element f32 tensor (the local sum of squares) over the ranks that
+// hold the other slices.
+double clip_gradients_by_norm(const std::vector<Tensor>& grads, double max_norm,
+                              const Optimizer::CrossShardSum& cross_shard_sum);
 
 }  // namespace dpar::optim

@@ -19,6 +19,11 @@ namespace dpar::optim {
 // "exp_avg.0") plus "step.<parameter index>" (i64 scalar) for optimizers that count steps.
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
+// A state-dict key split into its buffer name and parameter index; throws dpar::Error
+// starting with `who` when the key does not end in an index below num_params.
+std::pair<std::string, size_t> split_state_key(const std::string& key, size_t num_params,
+                                               const std::string& who);
+
 class Optimizer {
  public:
   // params: leaf tensors (f32); each must appear once. Their gradients are read in step().
