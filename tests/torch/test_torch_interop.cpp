@@ -3,6 +3,7 @@
 // checkpoints of a module and its optimizer, and DataParallel in a world of one.
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -262,9 +263,41 @@ TEST_CASE("DataParallel in a single process wraps the module and communicates no
   auto impl = std::make_shared<torch::nn::LinearImpl>(4, 3);
   dt::DataParallel ddp2(impl);
   CHECK(ddp2(torch::randn({1, 4})).size(1) == 3);
-  // Sharding is dpar's own DataParallel's for now: refused with a line saying so.
+}
+
+TEST_CASE("sharded DataParallel in a single process: the optimizer, clipping and shard sets") {
+  // In a world of one there is nothing to split: make_optimizer builds over the module's
+  // parameters, and clipping, memory and shard sets work as in a single process.
+  torch::manual_seed(2);
   dt::DataParallelOptions sharded;
-  sharded.shard = dpar::dist::ShardMode::optimizer;
-  CHECK_THROWS_WITH(dt::DataParallel(torch::nn::Linear(4, 3), sharded),
-                    Contains("shard = optimizer is not supported for libtorch modules yet"));
+  sharded.shard = dpar::dist::ShardMode::gradients;
+  auto net = torch::nn::Linear(4, 3);
+  dt::DataParallel ddp(net, sharded);
+  auto opt = ddp.make_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.1));
+  CHECK(opt->param_groups().front().params().size() == 2);
+  ddp(torch::randn({2, 4})).sum().backward();
+  const double norm = ddp.clip_grad_norm(1e-3);
+  CHECK(norm > 1e-3);
+  double squares = 0;
+  for (const auto& p : net->parameters()) squares += p.grad().pow(2).sum().item<double>();
+  CHECK(std::sqrt(squares) == Approx(1e-3).epsilon(1e-3));  // clipped in place
+  opt->step();
+  CHECK(ddp.memory_stats().optimizer_state == 2 * (12 + 3) * sizeof(float));  // two moments
+
+  // AdamW's state as a shard set (dpar's names), read back into a fresh AdamW.
+  const std::string dir = temp_dir("shards");
+  ddp.save_optimizer_state(*opt, dir + "/set");
+  auto fresh = torch::nn::Linear(4, 3);
+  dt::DataParallel fresh_ddp(fresh, sharded);
+  auto fresh_opt = fresh_ddp.make_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.1));
+  fresh_ddp.load_optimizer_state(fresh_opt, dir + "/set");
+  REQUIRE(fresh_opt->state().size() == 2);
+  const auto& moments =
+      static_cast<const torch::optim::AdamWParamState&>(*fresh_opt->state().begin()->second);
+  CHECK(moments.step() == 1);
+  CHECK(moments.exp_avg().defined());
+  // Another optimizer's state is refused, naming both.
+  auto sgd = fresh_ddp.make_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_WITH(fresh_ddp.load_optimizer_state(sgd, dir + "/set"), Contains("AdamW"));
+  std::filesystem::remove_all(dir);
 }

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # dpar::torch::DataParallel through the real launcher (real processes, Gloo over loopback).
-#   torch_cases.sh <case> <dpar-launch> <torch_ddp_worker> [train_resnet18]
+#   torch_cases.sh <case> <dpar-launch> <torch_ddp_worker> <torch_shard_worker> [train_resnet18]
 # Cases: plain2 plain3 no_sync unequal bf16 buckets unused_error unused_found mismatch detail
-#        timeout buffers mixed checkpoint kill9 (torch_ddp_worker.cpp says what each mode checks), and example
-#        (examples/libtorch on 2 ranks: an epoch, then --resume for a second).
+#        timeout buffers mixed checkpoint kill9 (torch_ddp_worker.cpp says what each mode
+#        checks); shard_bitwise2_sgd shard_bitwise3_adamw shard_memory3 shard_clip3 shard_resume
+#        shard_unattached (torch_shard_worker.cpp); and example (examples/libtorch on 2 ranks:
+#        an epoch, then --resume for a second).
 set -u
 case_name=$1
 launcher=$2
 worker=$3
-example=${4:-}
+shard_worker=$4
+example=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
 # common.sh gives $work, $marker, $port, fail/ok/expect_text/expect_no_job_processes/finish.
 source "$here/../launch/common.sh" "$launcher" "$worker"
@@ -98,6 +101,34 @@ case $case_name in
     launch 2 --mode plain --steps 100000 --die-rank 1 --die-step 3 >"$work/out.txt" 2>&1
     code=$?
     expect_kill9_teardown $code "$(now_ms)" "$work/out.txt" "$work"/logs/workerlog.* ;;
+  shard_bitwise[23]_*)
+    # shard = optimizer and gradients bitwise equal to none (uneven slices at 3 ranks)
+    n=${case_name:13:1}
+    opt=${case_name##*_}
+    worker=$shard_worker
+    run_ok "$n" --check bitwise --opt "$opt"
+    expect_text "$work/out.txt" "$n ranks, $opt, 20 steps" ;;
+  shard_memory3)
+    worker=$shard_worker
+    run_ok 3 --check memory
+    expect_text "$work/out.txt" "shard gradients per rank" ;;
+  shard_clip3)
+    worker=$shard_worker
+    run_ok 3 --check clip
+    expect_text "$work/out.txt" "clip_grad_norm on 3 ranks" ;;
+  shard_resume)
+    # Save a sharded AdamW state on 2 ranks; resume on 3 and on 1, sharded or not.
+    worker=$shard_worker
+    run_ok 2 --check save --dir "$work"
+    for n in 3 1; do
+      run_ok "$n" --check resume --dir "$work" --steps 10
+      expect_text "$work/out.txt" "resumed on $n ranks"
+    done ;;
+  shard_unattached)
+    worker=$shard_worker
+    run_fails 2 --check unattached
+    expect_text "$work/all.txt" "no optimizer was made by ddp.make_optimizer<Opt>(options)"
+    expect_no_job_processes ;;
   example)
     # A small slice of Fashion-MNIST: one epoch, then a resumed run for the second.
     out=$work/$marker

@@ -50,9 +50,14 @@ class DparAutogradBinding : public AutogradBinding {
     autograd::queue_callback(std::move(callback));
   }
   bool grad_enabled() const override { return GradMode::is_enabled(); }
+  // The Reducer's slices are the optimizer's tensors.
+  void set_slices(const std::vector<Tensor>& slices) override { slices_ = slices; }
+  Tensor slice_grad(size_t k) const override { return slices_[k].grad(); }
+  void set_slice_grad(size_t k, const Tensor& grad) override { slices_[k].set_grad(grad); }
 
  private:
   std::vector<Tensor> params_;
+  std::vector<Tensor> slices_;
   std::vector<int> hooks_;
 };
 

@@ -114,17 +114,20 @@ void DataParallel::apply_optimizer_state(optim::Optimizer& optimizer,
   } catch (const std::exception& e) {
     error = e.what();
   }
-  if (!options_.group || options_.group->size() == 1) {
+  fail_together(options_.group.get(), error,
+                "DataParallel: another rank failed to load its optimizer state (its log names "
+                "the problem)");
+}
+
+void fail_together(Group* group, const std::string& error, const std::string& other_failed) {
+  if (!group || group->size() == 1) {
     DPAR_CHECK(error.empty(), error);
     return;
   }
-  // Every rank fails alike: a rank that loaded fine must not step alone.
   Tensor ok = Tensor::full({1}, error.empty() ? 1.0 : 0.0);
-  options_.group->allreduce({ok}, ReduceOp::Min, /*async_op=*/false);
+  group->allreduce({ok}, ReduceOp::Min, /*async_op=*/false);
   DPAR_CHECK(error.empty(), error);
-  DPAR_CHECK(ok.item() == 1.0,
-             "DataParallel: another rank failed to load its optimizer state "
-             "(its log names the problem)");
+  DPAR_CHECK(ok.item() == 1.0, other_failed);
 }
 
 void DataParallel::save_optimizer_state(const optim::Optimizer& optimizer,

@@ -219,6 +219,7 @@ void Reducer::install_buckets(const std::vector<std::vector<size_t>>& partition)
     if (sharded()) shard_bucket(b);
   }
   buckets_ = std::move(fresh);
+  if (sharded()) binding_->set_slices(shard_parameters());
 }
 
 DType Reducer::wire_dtype(const Bucket& b) const {

@@ -43,6 +43,10 @@ void wait_explained(Work& work, const Group& group, const std::string& purpose);
 // way it fills like.numel() elements from the offset: a parameter's home in a bucket.
 Tensor view_at(const Tensor& buffer, size_t bytes_offset, const Tensor& like);
 
+// Ends a step that every rank of group tried: throws `error` where it is not empty, and on the
+// other ranks throws other_failed, so that no rank goes on alone (group null: only the former).
+void fail_together(Group* group, const std::string& error, const std::string& other_failed);
+
 // "all_reduce tensors: 142, after fusion: 3 buckets [1.0 MB, 8.7 MB, 25.1 MB]"
 std::string format_bucket_summary(const std::vector<BucketInfo>& buckets);
 
@@ -65,6 +69,20 @@ class AutogradBinding {
   // Runs callback when the running backward pass ends (called from a gradient hook).
   virtual void at_end_of_backward(std::function<void()> callback) = 0;
   virtual bool grad_enabled() const = 0;
+
+  // ---- sharding --------------------------------------------------------------------------
+  // Makes `home` (parameter i's region of its bucket's flat parameter buffer, which holds its
+  // values already) parameter i's memory. The Reducer re-points its own tensor for parameter i
+  // first; dpar's binding shares that TensorImpl, so it has nothing more to do.
+  virtual void relocate(size_t /*i*/, const Tensor& /*home*/) {}
+  // slices: this rank's slice of each bucket's parameters, each with its gradient slice as
+  // .grad(): what the binding's optimizers update (dpar's: these very tensors; libtorch's:
+  // leaves over the same memory). Called whenever the buckets are laid out.
+  virtual void set_slices(const std::vector<Tensor>& slices) = 0;
+  // Bucket k's slice gradient as the optimizer sees it (undefined once set to none), and
+  // making `grad` (a dpar tensor the Reducer owns) that gradient.
+  virtual Tensor slice_grad(size_t k) const = 0;
+  virtual void set_slice_grad(size_t k, const Tensor& grad) = 0;
 };
 
 class Reducer {

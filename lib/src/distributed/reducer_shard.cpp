@@ -75,6 +75,7 @@ void Reducer::shard_bucket(Bucket& b) {
     impl.storage = home.storage();
     impl.offset = home.storage_offset();
     impl.strides = home.strides();
+    binding_->relocate(b.params[k], home);
   }
   const auto [lo, hi] = my_range(b);
   b.shard_param = flat_range(b.params_flat, lo, hi);
@@ -132,15 +133,16 @@ void Reducer::hand_over(size_t k, bool whole_bucket_reduced) {
   // Synchronised backwards between two steps accumulate, as .grad does without sharding; the
   // first one after a step (or after zero_grad(set_to_none)) starts afresh, so a loop that
   // zeroes the model's gradients rather than the optimizer's still steps on this step's.
-  Tensor current = b.shard_param.grad();
+  Tensor current = binding_->slice_grad(k);
   if (b.consumed || !current.defined()) {
     b.shard_grad.copy_(reduced);
   } else {
-    if (!current.is_same(b.shard_grad)) b.shard_grad.copy_(current);  // the user assigned one
+    // The user assigned a gradient of their own: it is what accumulates.
+    if (current.raw_data() != b.shard_grad.raw_data()) b.shard_grad.copy_(current);
     add_(b.shard_grad, reduced);
   }
   b.consumed = false;
-  b.shard_param.set_grad(b.shard_grad);
+  binding_->set_slice_grad(k, b.shard_grad);
   clear_bucket(b);
 }
 

@@ -1,108 +1,15 @@
 #include "dpar/torch/data_parallel.h"
 
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
-
 #include <cstdio>
 #include <unordered_set>
 
+#include "autograd_binding.h"
 #include "distributed/model_check.h"
-#include "distributed/reducer.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/torch/tensor.h"
 
 namespace dpar::torch {
 namespace {
-
-using ::torch::autograd::Node;
-using ::torch::autograd::variable_list;
-
-// Runs on_ready(index) after libtorch's AccumulateGrad has written a parameter's gradient
-// (DDP hooks the same place: a tensor hook would run before accumulation).
-class GradReadyHook : public ::torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(std::function<void(size_t)> on_ready, size_t index)
-      : on_ready_(std::move(on_ready)), index_(index) {}
-  variable_list operator()(const variable_list& outputs, const variable_list&) override {
-    on_ready_(index_);
-    return outputs;
-  }
-
- private:
-  std::function<void(size_t)> on_ready_;
-  size_t index_;
-};
-
-// libtorch's autograd as the Reducer sees it: gradients are dpar views of .grad(), and a
-// bucket view becomes .grad() through to_torch (the same memory).
-class TorchAutogradBinding : public dist::AutogradBinding {
- public:
-  explicit TorchAutogradBinding(std::vector<at::Tensor> params) : params_(std::move(params)) {
-    // The accumulators live as long as something holds them: keep them, or a hook installed
-    // now would vanish with a node libtorch re-creates later.
-    for (const auto& p : params_) {
-      accumulators_.push_back(::torch::autograd::impl::grad_accumulator(p));
-    }
-  }
-  void install_hooks(std::function<void(size_t)> on_ready) override {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      keys_.push_back(
-          accumulators_[i]->add_post_hook(std::make_unique<GradReadyHook>(on_ready, i)));
-    }
-  }
-  void remove_hooks() override {
-    for (size_t i = 0; i < keys_.size(); ++i) accumulators_[i]->del_post_hook(keys_[i]);
-    keys_.clear();
-  }
-  Tensor grad(size_t i) const override {
-    const at::Tensor& g = params_[i].grad();
-    return g.defined() ? to_dpar(g) : Tensor();
-  }
-  bool grad_is(size_t i, const Tensor& view) const override {
-    const at::Tensor& g = params_[i].grad();
-    return g.defined() && g.data_ptr() == view.raw_data() &&
-           g.sizes() == c10::IntArrayRef(view.shape()) &&
-           g.strides() == c10::IntArrayRef(view.strides());
-  }
-  void set_grad(size_t i, const Tensor& view) override {
-    params_[i].mutable_grad() = to_torch(view);
-  }
-  void at_end_of_backward(std::function<void()> callback) override {
-    ::torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
-  }
-  bool grad_enabled() const override { return at::GradMode::is_enabled(); }
-
-  // Which parameters the outputs' autograd graphs reach (through their accumulators).
-  std::vector<bool> reachable_from(const std::vector<at::Tensor>& outputs) const {
-    std::vector<Node*> stack;
-    std::unordered_set<Node*> seen;
-    for (const auto& out : outputs) {
-      if (!out.defined() || !out.requires_grad()) continue;
-      const auto edge = ::torch::autograd::impl::gradient_edge(out);
-      if (edge.function && seen.insert(edge.function.get()).second) {
-        stack.push_back(edge.function.get());
-      }
-    }
-    if (stack.empty()) return {};
-    while (!stack.empty()) {
-      Node* node = stack.back();
-      stack.pop_back();
-      for (const auto& e : node->next_edges()) {
-        if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
-      }
-    }
-    std::vector<bool> out(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) out[i] = seen.count(accumulators_[i].get()) > 0;
-    return out;
-  }
-
- private:
-  std::vector<at::Tensor> params_;
-  std::vector<std::shared_ptr<Node>> accumulators_;
-  std::vector<uintptr_t> keys_;
-};
 
 dist::ModelSignature signature_of(const ::torch::nn::Module& m) {
   dist::ModelSignature s;
@@ -138,25 +45,12 @@ std::vector<Tensor> state_bytes(const ::torch::nn::Module& m, bool parameters) {
 
 }  // namespace
 
-class DataParallelBase::Impl {
- public:
-  std::vector<at::Tensor> params;           // trainable, each once, registration order
-  TorchAutogradBinding* binding = nullptr;  // owned by the reducer
-  std::unique_ptr<dist::Reducer> reducer;
-};
-
 DataParallelBase::DataParallelBase(std::shared_ptr<::torch::nn::Module> module,
                                    DataParallelOptions options)
     : module_(std::move(module)), options_(std::move(options)), impl_(std::make_unique<Impl>()) {
   DPAR_CHECK(module_ != nullptr, "dpar::torch::DataParallel: the module is null");
   const dist::Reducer::Options reducer_options =
       dist::Reducer::options_from(options_, "dpar::torch::DataParallel");
-  // Sharding re-points parameters into flat buffers, which libtorch's tensors cannot follow
-  // yet (docs/sharding.md).
-  DPAR_CHECK(options_.shard == dist::ShardMode::none,
-             "dpar::torch::DataParallel: shard = ", dist::shard_mode_name(options_.shard),
-             " is not supported for libtorch modules yet; use shard = none (or dpar's own "
-             "dist::DataParallel)");
   if (!options_.group) {
     dist::require_init_under_launcher("dpar::torch::DataParallel");
     options_.group = dist::default_group_ptr();
@@ -188,10 +82,25 @@ DataParallelBase::DataParallelBase(std::shared_ptr<::torch::nn::Module> module,
     trainable.emplace_back(item.key(), to_dpar(p));
     impl_->params.push_back(p);
   }
-  auto binding = std::make_unique<TorchAutogradBinding>(impl_->params);
+  auto binding = std::make_unique<internal::TorchAutogradBinding>(impl_->params);
   impl_->binding = binding.get();
-  impl_->reducer = std::make_unique<dist::Reducer>(std::move(trainable), std::move(binding),
+  impl_->reducer = std::make_shared<dist::Reducer>(std::move(trainable), std::move(binding),
                                                    options_.group, reducer_options);
+  if (impl_->reducer->sharded()) {
+    impl_->reducer->set_layout_final_callback([this](bool changed) {
+      if (changed) follow_relayout();
+      if (impl_->pending_optimizer) {
+        auto optimizer = std::move(impl_->pending_optimizer);
+        apply_optimizer_state(*optimizer, impl_->pending_dir);
+      }
+    });
+    impl_->reducer->set_layout_lock([this] {
+      for (const auto& weak : impl_->optimizers) {
+        if (auto opt = weak.lock(); opt && !opt->state().empty()) return true;
+      }
+      return false;
+    });
+  }
   if (group.rank() == 0) {
     std::printf("DataParallel: %s\n", bucket_summary().c_str());
     std::fflush(stdout);
@@ -216,6 +125,7 @@ void DataParallelBase::before_forward(int64_t local_batch) {
     }
   }
   buffers_in_sync_ = !training;
+  check_optimizer_attached();
   impl_->reducer->prepare_forward(sync_enabled_, local_batch);
 }
 

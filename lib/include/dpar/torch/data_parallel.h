@@ -21,11 +21,19 @@
 //     rest of backward; a callback at the end of backward waits for the rest;
 //   * no_sync(), find_unused_parameters, comm_dtype bf16/f16, sample-weighted averages for
 //     unequal local batches (forward_weighted), broadcast_buffers, the bucket summary and the
-//     overlap statistics.
+//     overlap statistics;
+//   * shard = optimizer | gradients (ZeRO-1/2, docs/sharding.md): each rank's libtorch
+//     optimizer updates its slice of every bucket only. Build it with
+//       auto opt = ddp.make_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-3));
+//     whose step() ends with the all-gather of every rank's updated slices; clip with
+//     ddp.clip_grad_norm(max_norm) (the global norm, not the slice's), and checkpoint the
+//     optimizer with save_optimizer_state / load_optimizer_state (any number of ranks).
 // A world of one (or a single process without init_parallel_env()) communicates nothing.
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -73,6 +81,44 @@ class DataParallelBase {
   // The group gradients are averaged over (null: a single process).
   const std::shared_ptr<dist::Group>& group() const { return options_.group; }
 
+  // ---- the optimizer ---------------------------------------------------------------------
+  // What an optimizer for this model updates: the module's parameters (shard = none, or a
+  // world of one) or, sharded, this rank's slice of each bucket: one flat float libtorch leaf
+  // per bucket over the parameters' own memory, whose .grad() is the slice's averaged gradient
+  // after a synchronised backward (it accumulates over synchronised backwards until zeroed).
+  // The first synchronised backward lays the buckets out anew; optimizers made by
+  // make_optimizer() follow.
+  std::vector<at::Tensor> optimizer_parameters() const;
+  // Opt(optimizer_parameters(), options) whose step() is followed, when sharded, by the
+  // all-gather of every rank's updated slices into the parameters (libtorch optimizers have no
+  // step hooks; this is Opt with step() overridden). Every rank must step. Opt is any
+  // torch::optim optimizer constructible from (params, options), e.g.
+  //   auto opt = ddp.make_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1));
+  template <class Opt, class Options>
+  std::shared_ptr<Opt> make_optimizer(const Options& options);
+  // Clips the gradients of optimizer_parameters() by their global 2-norm (as
+  // torch::nn::utils::clip_grad_norm_ on one process) and returns that norm: sharded, the sum
+  // of squares of every rank's slices is all-reduced once, so each rank clips alike.
+  double clip_grad_norm(double max_norm);
+  dist::ShardMode shard() const { return options_.shard; }
+  // Parameters, gradient memory (buckets and slices) and the state of the optimizers made by
+  // make_optimizer(), in bytes, on this rank.
+  dist::ShardMemory memory_stats() const;
+  // The optimizer's state as a shard set (dpar/distributed/optimizer_shards.h: one file per
+  // rank plus an index, written atomically, CRC-checked), collective. SGD, Adam, AdamW and
+  // RMSprop states are understood; the names are dpar's (exp_avg, momentum_buffer, ...), so the
+  // set also loads into dpar's own optimizers.
+  void save_optimizer_state(const ::torch::optim::Optimizer& optimizer,
+                            const std::string& dir) const;
+  // Reads the shard set dir (written by any number of ranks, sharded or not) into an optimizer
+  // made by make_optimizer(); each rank reads only its slices' pieces. Before the first
+  // synchronised backward the layout is not final: the state is then loaded at the end of
+  // that backward. A failure on any rank throws on every rank.
+  void load_optimizer_state(const std::shared_ptr<::torch::optim::Optimizer>& optimizer,
+                            const std::string& dir);
+  // Where each optimizer_parameters() tensor lies in the model.
+  dist::OptimizerLayout optimizer_layout() const;
+
  protected:
   // Around the wrapped module's forward. local_batch >= 0: sample-weighted averaging.
   void before_forward(int64_t local_batch);
@@ -92,6 +138,15 @@ class DataParallelBase {
   static void collect(const T&, std::vector<at::Tensor>&) {}
 
  private:
+  // Sharding is on and there are other ranks to share with.
+  bool sharded() const;
+  // Records an optimizer made by make_optimizer() (it follows the layout; its state locks
+  // it) and returns what its step() runs after the optimizer's own.
+  std::function<void()> attach_optimizer(const std::shared_ptr<::torch::optim::Optimizer>& opt);
+  void follow_relayout();
+  void check_optimizer_attached() const;
+  void apply_optimizer_state(::torch::optim::Optimizer& optimizer, const std::string& dir);
+
   class Impl;
   std::shared_ptr<::torch::nn::Module> module_;
   DataParallelOptions options_;
@@ -114,7 +169,29 @@ std::shared_ptr<::torch::nn::Module> module_base(const M& m) {
     return m.ptr();  // a TORCH_MODULE holder
   }
 }
+
+// Opt whose step() runs `after` once Opt's own step is done (make_optimizer).
+template <class Opt>
+class StepFollowed final : public Opt {
+ public:
+  template <class Options>
+  StepFollowed(std::vector<at::Tensor> params, const Options& options)
+      : Opt(std::move(params), options) {}
+  at::Tensor step(::torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    at::Tensor loss = Opt::step(std::move(closure));
+    if (after) after();
+    return loss;
+  }
+  std::function<void()> after;
+};
 }  // namespace detail
+
+template <class Opt, class Options>
+std::shared_ptr<Opt> DataParallelBase::make_optimizer(const Options& options) {
+  auto optimizer = std::make_shared<detail::StepFollowed<Opt>>(optimizer_parameters(), options);
+  optimizer->after = attach_optimizer(optimizer);
+  return optimizer;
+}
 
 // M: std::shared_ptr<YourModuleImpl> or a TORCH_MODULE holder (torch::nn::Linear, ResNet18).
 template <typename M>
