@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/distributed/optimizer_shards.h"
@@ -333,4 +334,103 @@ TEST_CASE(
     CHECK(worst <= 1e-6);
     CHECK(got[0] != reference[0]);  // the second backward counted
   }
+}
+
+TEST_CASE("Storage: a pending write is finished at the first access to its memory, once",
+          "[sharding]") {
+  Tensor t = Tensor::zeros({4});
+  // Another tensor on the same storage (elements 1 and 2), and the writer's own view through
+  // an alias, which is never gated (the collective writing the memory must not wait for itself).
+  Tensor view = Tensor::from_storage(t.storage(), 1, {2}, {1}, DType::f32);
+  Tensor writer = Tensor::from_storage(Storage::alias(t.storage()), 0, {4}, {1}, DType::f32);
+  int runs = 0;
+  t.storage()->set_pending_write([&] {
+    writer.data<float>()[2] = 7;
+    ++runs;
+  });
+  CHECK(t.storage()->has_pending_write());
+  CHECK_FALSE(writer.storage()->has_pending_write());
+  CHECK(view.data<float>()[1] == 7);  // written before the address was handed out
+  CHECK(runs == 1);
+  CHECK_FALSE(t.storage()->has_pending_write());
+  CHECK(t.data<float>()[2] == 7);
+  CHECK(runs == 1);
+
+  // A failed write is reported once, by the access that waited for it; the gate then opens.
+  t.storage()->set_pending_write([] { DPAR_FAIL("the all-gather failed"); });
+  CHECK_THAT(error_of([&] { (void)t.data<float>(); }), Contains("the all-gather failed"));
+  CHECK_NOTHROW(t.data<float>());
+
+  // A second write set while the first is pending finishes the first.
+  std::vector<int> order;
+  t.storage()->set_pending_write([&] { order.push_back(1); });
+  t.storage()->set_pending_write([&] { order.push_back(2); });
+  CHECK(order == std::vector<int>{1});
+  (void)t.data<float>();
+  CHECK(order == std::vector<int>{1, 2});
+
+  // Readers on several threads: the one that comes first runs it, the others wait for it.
+  std::atomic<int> finished{0};
+  t.storage()->set_pending_write([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    writer.data<float>()[0] = 5;
+    ++finished;
+  });
+  std::vector<std::thread> readers;
+  std::atomic<int> saw_written{0};
+  for (int i = 0; i < 4; ++i) {
+    readers.emplace_back([&] { saw_written += t.data<float>()[0] == 5; });
+  }
+  for (auto& r : readers) r.join();
+  CHECK(finished == 1);
+  CHECK(saw_written == 4);
+}
+
+TEST_CASE(
+    "sharded: the all-gather after a step overlaps the next forward, each bucket waited "
+    "for at the first use of one of its parameters",
+    "[sharding]") {
+  struct Seen {
+    size_t buckets = 0, gated_after_step = 0;
+    bool early_open = false, late_still_gated = false, all_open_after_forward = false;
+    std::vector<float> weights;
+  };
+  auto seen = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+    auto net = small_net();
+    DataParallel dp(net, sharded(group, ShardMode::optimizer));
+    auto opt = dp.make_optimizer<optim::SGD>(optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    Seen s;
+    for (int step = 0; step < 3; ++step) {
+      opt->zero_grad();
+      loss_on(dp, rank, static_cast<uint64_t>(step)).backward();
+      opt->step();
+    }
+    const std::vector<BucketInfo> buckets = dp.buckets();
+    s.buckets = buckets.size();
+    const std::vector<Tensor> params = net->parameters();
+    for (const Tensor& p : params) s.gated_after_step += p.storage()->has_pending_write();
+    // Reading a parameter of the last bucket (the first layers': gathered first) waits for
+    // that bucket alone; the first bucket's parameters stay gated until they are used.
+    const Tensor early = net->parameter(buckets.back().parameter_names.front());
+    const Tensor late = net->parameter(buckets.front().parameter_names.front());
+    (void)early.data<float>();
+    s.early_open = !early.storage()->has_pending_write();
+    s.late_still_gated = late.storage()->has_pending_write();
+    loss_on(dp, rank, 9);
+    s.all_open_after_forward = true;
+    for (const Tensor& p : params) s.all_open_after_forward &= !p.storage()->has_pending_write();
+    for (const Tensor& p : params) {
+      const auto v = p.to_float_vector();
+      s.weights.insert(s.weights.end(), v.begin(), v.end());
+    }
+    return s;
+  });
+  for (const Seen& s : seen) {
+    REQUIRE(s.buckets >= 2);
+    CHECK(s.gated_after_step == 4);  // step() returned with every gather still to be waited for
+    CHECK(s.early_open);
+    CHECK(s.late_still_gated);  // another bucket, not read yet
+    CHECK(s.all_open_after_forward);
+  }
+  CHECK(seen[0].weights == seen[1].weights);
 }

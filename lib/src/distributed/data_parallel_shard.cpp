@@ -39,7 +39,7 @@ void DataParallel::attach_optimizer(const std::shared_ptr<optim::Optimizer>& opt
                optimizer->name(), ">(options) does both");
     std::weak_ptr<Reducer> reducer = reducer_;
     optimizer->add_step_hook([reducer] {
-      if (auto r = reducer.lock()) r->gather_parameters();
+      if (auto r = reducer.lock()) r->gather_parameters(/*overlap=*/true);
     });
     std::shared_ptr<Group> group = options_.group;
     optimizer->set_cross_shard_sum(

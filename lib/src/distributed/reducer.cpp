@@ -155,6 +155,12 @@ Reducer::Reducer(nn::NamedTensors params, std::unique_ptr<AutogradBinding> bindi
 Reducer::~Reducer() {
   binding_->remove_hooks();
   abandon_iteration();
+  try {
+    // Parameters outlive the Reducer: their memory must not stay gated on its collectives.
+    finish_gathers();
+  } catch (const std::exception&) {
+    // Destruction must not throw; the failure was (or will be) reported by the group.
+  }
   if (batch_work_) {
     try {
       batch_work_->wait();

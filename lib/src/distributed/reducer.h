@@ -125,7 +125,12 @@ class Reducer {
   // backward has run: what the optimizer updates.
   std::vector<Tensor> shard_parameters() const;
   // All-gathers every bucket's updated slices into the parameters (after an optimizer step).
-  void gather_parameters();
+  // overlap: returns once the gathers are launched, each bucket's parameter memory gated until
+  // its gather is done (Storage::set_pending_write), so the next forward waits bucket by bucket
+  // at first use. Otherwise (libtorch parameters, which dpar's gate cannot see) it waits.
+  void gather_parameters(bool overlap);
+  // Waits for every gather still pending; the first failure is rethrown.
+  void finish_gathers();
   // Called when the layout becomes final, at the end of the first synchronised backward (after
   // the rebuild; changed: the buckets were laid out anew, so shard_parameters() are new tensors).
   void set_layout_final_callback(std::function<void(bool changed)> callback) {

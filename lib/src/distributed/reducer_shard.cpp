@@ -162,21 +162,46 @@ void Reducer::clear_bucket(Bucket& b) {
   }
 }
 
-void Reducer::gather_parameters() {
+void Reducer::gather_parameters(bool overlap) {
   if (!sharded()) return;
-  for (Bucket& b : buckets_) b.consumed = true;
-  std::vector<std::shared_ptr<Work>> works;
+  const char* purpose =
+      "DataParallel's all-gather of the updated parameter slices after optimizer.step() (every "
+      "rank must step the optimizer)";
   // The last bucket holds the first layers' parameters (buckets follow gradient order): the
   // forward's first needs go first.
   for (size_t k = buckets_.size(); k-- > 0;) {
-    const Bucket& b = buckets_[k];
-    works.push_back(group_->allgather(pieces_of(b.params_flat, b.bounds), b.shard_param));
+    Bucket& b = buckets_[k];
+    b.consumed = true;
+    const std::shared_ptr<Storage>& home = b.params_flat.storage();
+    // A gather still pending (a step that read nothing, as GradScaler's skipped step) ends
+    // before the next one writes the same memory.
+    home->finish_pending_write();
+    // The collective writes through an alias of the parameters' storage, which stays gated
+    // until the gather is done: the next forward waits for a bucket at its first use of one of
+    // the bucket's parameters, and meanwhile computes with the buckets gathered already.
+    const Tensor flat = Tensor::from_storage(Storage::alias(home), b.params_flat.storage_offset(),
+                                             {b.numel}, {1}, b.params_flat.dtype());
+    const auto [lo, hi] = my_range(b);
+    std::shared_ptr<Work> work =
+        group_->allgather(pieces_of(flat, b.bounds), flat_range(flat, lo, hi));
+    std::shared_ptr<Group> group = group_;
+    home->set_pending_write([work, group, purpose] { wait_explained(*work, *group, purpose); });
   }
-  for (auto& work : works) {
-    wait_explained(*work, *group_,
-                   "DataParallel's all-gather of the updated parameter slices after "
-                   "optimizer.step() (every rank must step the optimizer)");
+  if (!overlap) finish_gathers();
+}
+
+void Reducer::finish_gathers() {
+  // First-use order, as launched; the first failure propagates after every gate is open.
+  std::exception_ptr failure;
+  for (size_t k = buckets_.size(); k-- > 0;) {
+    const Tensor& flat = buckets_[k].params_flat;
+    try {
+      if (flat.defined()) flat.storage()->finish_pending_write();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
   }
+  if (failure) std::rethrow_exception(failure);
 }
 
 size_t Reducer::gradient_bytes() const {

@@ -196,6 +196,8 @@ const std::shared_ptr<Storage>& Tensor::storage() const {
 }
 void* Tensor::raw_data() const {
   DPAR_REQUIRE_DEFINED("raw_data");
+  // Memory an asynchronous collective is still writing is handed out only once it is written.
+  if (impl_->storage->has_pending_write()) impl_->storage->finish_pending_write();
   return static_cast<char*>(impl_->storage->data()) +
          impl_->offset * static_cast<int64_t>(dtype_size(impl_->dtype));
 }

@@ -5,7 +5,9 @@
 // Sharded, the Reducer moves every parameter's data into its bucket's flat buffer (set_data:
 // the module's, autograd's and any optimizer's handles stay valid) and the binding offers one
 // libtorch leaf per bucket over this rank's slice. The gather after each step waits for its
-// collectives.
+// collectives (overlap = false): libtorch reads parameter memory without asking dpar, so the
+// per-bucket gate that lets dpar's own forward overlap the gather cannot hold a libtorch
+// forward back.
 #include <algorithm>
 
 #include "autograd_binding.h"
@@ -49,7 +51,7 @@ std::function<void()> DataParallelBase::attach_optimizer(
              ": a sharded optimizer has one parameter group (this rank's slices)");
   std::weak_ptr<dist::Reducer> reducer = impl_->reducer;
   return [reducer] {
-    if (auto r = reducer.lock()) r->gather_parameters();
+    if (auto r = reducer.lock()) r->gather_parameters(/*overlap=*/false);
   };
 }
 
