@@ -5,7 +5,10 @@
 //   dpar-launch --ips=10.0.0.1,10.0.0.2 ./train_resnet18 ...
 // Logs in the MobileNetV3 example's format; rank 0 writes <output_dir>/resnet18.ckpt (dpar's
 // CRC-checked checkpoint: weights, optimizer, position) after every epoch and resnet18.pt
-// (torch::save) at the end; --resume continues from the checkpoint.
+// (torch::save) at the end; --resume continues from the checkpoint. --shard optimizer|gradients
+// splits the optimizer state (and gradients) across ranks (ZeRO-1/2, docs/sharding.md); its
+// optimizer state is then saved as a shard set beside the checkpoint, which loads on any
+// number of ranks.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -72,6 +75,8 @@ int main(int argc, char** argv) {
     auto& resume = flags.add_bool("resume", false, "continue from <output_dir>/resnet18.ckpt");
     auto& log_interval = flags.add_int("log_interval", 20, "steps between log lines");
     auto& seed = flags.add_int("seed", 1, "initialisation and shuffling seed");
+    auto& shard = flags.add_string("shard", "none",
+                                   "none, optimizer or gradients: what is split across ranks");
     flags.parse(argc, argv);
 
     dpar::dist::init_parallel_env();                                                // dpar
@@ -79,9 +84,14 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(static_cast<uint64_t>(seed));
     ResNet18 model(10);
-    dpar::torch::DataParallel ddp(model);  // dpar
-    torch::optim::SGD optimizer(model->parameters(),
-                                torch::optim::SGDOptions(lr).momentum(0.9).weight_decay(5e-4));
+    dpar::torch::DataParallelOptions options;                // dpar
+    options.shard = dpar::dist::parse_shard_mode(shard);     // dpar
+    dpar::torch::DataParallel ddp(model, options);           // dpar
+    auto optimizer = ddp.make_optimizer<torch::optim::SGD>(  // dpar: was SGD(params, ...)
+        torch::optim::SGDOptions(lr).momentum(0.9).weight_decay(5e-4));
+    // Sharded, each rank's optimizer holds its slices: its state goes to a shard set that the
+    // checkpoint names, not into the checkpoint (which rank 0 alone writes).
+    const bool sharded = options.shard != dpar::dist::ShardMode::none && world > 1;
 
     FashionMnist train_set(data_dir, /*train=*/true, static_cast<size_t>(limit));
     const FashionMnist test_set(data_dir, /*train=*/false);
@@ -95,7 +105,17 @@ int main(int argc, char** argv) {
     const std::string checkpoint = std::string(output_dir) + "/resnet18.ckpt";
     int64_t first_epoch = 0;
     if (resume) {
-      first_epoch = dpar::torch::load_checkpoint(checkpoint, *model, &optimizer).epoch;  // dpar
+      const auto state =
+          dpar::torch::load_checkpoint(checkpoint, *model, sharded ? nullptr : optimizer.get());
+      const auto set = state.extra.find(dpar::io::kOptimizerShardsKey);
+      if (set != state.extra.end()) {
+        ddp.load_optimizer_state(optimizer, std::string(output_dir) + "/" + set->second);
+      } else {
+        DPAR_CHECK(!sharded, checkpoint,
+                   " holds an unsharded optimizer state; resume it with "
+                   "--shard none, or start the sharded run afresh");
+      }
+      first_epoch = state.epoch;
       if (rank == 0)
         std::printf("resumed from %s at epoch %lld\n", checkpoint.c_str(),
                     static_cast<long long>(first_epoch));
@@ -112,11 +132,11 @@ int main(int argc, char** argv) {
       for (auto& batch : *loader) {
         reader += seconds_since(t);
         t = Clock::now();
-        optimizer.zero_grad();
+        optimizer->zero_grad();
         const at::Tensor out = ddp.forward(batch.data);  // dpar: was model->forward
         const at::Tensor loss = torch::nn::functional::cross_entropy(out, batch.target);
         loss.backward();
-        optimizer.step();
+        optimizer->step();
         ++iter;
         ++global_step;
         const at::Tensor top5 = std::get<1>(out.detach().topk(5, 1));
@@ -149,7 +169,17 @@ int main(int argc, char** argv) {
       state.epoch = epoch + 1;
       state.global_step = global_step;
       state.batch_size = batch_size;
-      dpar::torch::save_checkpoint(checkpoint, *model, &optimizer, state);  // dpar: rank 0 writes
+      if (sharded) {
+        const std::string set = "resnet18.optimizer_epoch" + std::to_string(epoch + 1);
+        ddp.save_optimizer_state(*optimizer, std::string(output_dir) + "/" + set);  // every rank
+        state.extra[dpar::io::kOptimizerShardsKey] = set;
+      }
+      dpar::torch::save_checkpoint(checkpoint, *model, sharded ? nullptr : optimizer.get(),
+                                   state);  // dpar: rank 0 writes
+      if (sharded && rank == 0) {  // the set the previous checkpoint named is no longer needed
+        std::filesystem::remove_all(std::string(output_dir) + "/resnet18.optimizer_epoch" +
+                                    std::to_string(epoch));
+      }
     }
     if (rank == 0) {
       torch::save(model, std::string(output_dir) + "/resnet18.pt");

@@ -4,8 +4,9 @@
 # Cases: plain2 plain3 no_sync unequal bf16 buckets unused_error unused_found mismatch detail
 #        timeout buffers mixed checkpoint kill9 (torch_ddp_worker.cpp says what each mode
 #        checks); shard_bitwise2_sgd shard_bitwise3_adamw shard_memory3 shard_clip3 shard_resume
-#        shard_unattached (torch_shard_worker.cpp); and example (examples/libtorch on 2 ranks:
-#        an epoch, then --resume for a second).
+#        shard_unattached (torch_shard_worker.cpp); example (examples/libtorch on 2 ranks: an
+#        epoch, then --resume for a second) and example_shard (the same with --shard gradients,
+#        resumed by one process).
 set -u
 case_name=$1
 launcher=$2
@@ -141,6 +142,19 @@ case $case_name in
     [ -s "$out/resnet18.ckpt" ] && [ -s "$out/resnet18.pt" ] && ok "rank 0 saved" ||
       fail "no resnet18.ckpt / resnet18.pt in $out"
     run_ok 2 --epochs 2 --resume "${flags[@]}"
+    expect_text "$work/out.txt" "resumed from $out/resnet18.ckpt at epoch 1"
+    expect_text "$work/out.txt" "[Eval][Epoch 1][Avg] loss:" ;;
+  example_shard)
+    # --shard gradients on 2 ranks for an epoch; the optimizer state goes to a shard set the
+    # checkpoint names, which one process then resumes from for the second epoch.
+    out=$work/$marker
+    flags=(--limit 256 --batch_size 32 --log_interval 4 --output_dir "$out")
+    worker=$example
+    run_ok 2 --epochs 1 --shard gradients "${flags[@]}"
+    expect_text "$work/out.txt" "[Eval][Epoch 0][Avg] loss:"
+    [ -f "$out/resnet18.optimizer_epoch1/index.json" ] && ok "the shard set was written" ||
+      fail "no $out/resnet18.optimizer_epoch1/index.json"
+    run_ok 1 --epochs 2 --resume "${flags[@]}"
     expect_text "$work/out.txt" "resumed from $out/resnet18.ckpt at epoch 1"
     expect_text "$work/out.txt" "[Eval][Epoch 1][Avg] loss:" ;;
   *) echo "unknown case $case_name"; exit 2 ;;
