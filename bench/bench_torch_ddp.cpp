@@ -11,6 +11,9 @@
 // dpar's communication hidden behind backward, and each one's scaling against the same program
 // without DataParallel in one process (the overhead of going data parallel).
 //
+// --shard optimizer|gradients runs dpar::torch::DataParallel sharded (ZeRO-1/2, the SGD built by
+// ddp.make_optimizer over this rank's slices) against DDP with ZeroRedundancyOptimizer.
+//
 // Rounds (--rounds) alternate the order of (single process, dpar job, PyTorch job); the figures
 // are medians of each round's values, since the speed of a shared machine drifts within minutes.
 // Run without arguments; --worker (one rank under dpar-launch) is internal.
@@ -38,23 +41,30 @@ struct Shape {
 
 template <typename Net>
 StepResult run_training(Shape shape, int64_t batch, int64_t img, int64_t warmup, int64_t steps,
-                        bool ddp_on, int seed) {
+                        bool ddp_on, int seed, dpar::dist::ShardMode shard) {
   torch::manual_seed(0);
   Net model(shape.classes);
   model->train();
-  torch::optim::SGD opt(model->parameters(),
-                        torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(4e-5));
+  const auto sgd = torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(4e-5);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
   const at::Tensor x = at::randn({batch, shape.channels, img, img}, gen);
   const at::Tensor y = at::randint(0, shape.classes, {batch}, gen);
   std::unique_ptr<dpar::torch::DataParallel<Net>> ddp;
-  if (ddp_on) ddp = std::make_unique<dpar::torch::DataParallel<Net>>(model);
+  std::shared_ptr<torch::optim::Optimizer> opt;
+  if (ddp_on) {
+    dpar::torch::DataParallelOptions options;
+    options.shard = shard;
+    ddp = std::make_unique<dpar::torch::DataParallel<Net>>(model, options);
+    opt = ddp->template make_optimizer<torch::optim::SGD>(sgd);  // sharded: over the slices
+  } else {
+    opt = std::make_shared<torch::optim::SGD>(model->parameters(), sgd);
+  }
   StepResult r;
   auto step = [&] {
-    opt.zero_grad();
+    opt->zero_grad();
     const at::Tensor out = ddp ? ddp->forward(x) : model->forward(x);
     torch::nn::functional::cross_entropy(out, y).backward();
-    opt.step();
+    opt->step();
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   if (ddp_on) dpar::torch::barrier();
@@ -91,6 +101,9 @@ int main(int argc, char** argv) {
     auto& steps = flags.add_int("steps", 10, "timed steps");
     auto& rounds = flags.add_int("rounds", 3, "rounds of (single, dpar job, PyTorch job)");
     auto& peer = flags.add_bool("peer", true, "also run PyTorch DDP");
+    auto& shard_flag = flags.add_string(
+        "shard", "none",
+        "none, optimizer or gradients (the peer then runs ZeroRedundancyOptimizer)");
     auto& worker = flags.add_bool("worker", false, "internal: one rank under dpar-launch");
     auto& result = flags.add_string("result", "", "internal: where rank 0 writes its figures");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCHER, "dpar-launch binary");
@@ -104,11 +117,13 @@ int main(int argc, char** argv) {
     const int64_t batch = batch_flag > 0 ? batch_flag : resnet ? 32 : 16;
     const int64_t img = img_flag > 0 ? img_flag : resnet ? 32 : 224;
     const Shape shape = resnet ? Shape{1, 10} : Shape{3, 1000};
+    const dpar::dist::ShardMode shard = dpar::dist::parse_shard_mode(shard_flag);
+    const bool sharded = shard != dpar::dist::ShardMode::none;
     auto train = [&](bool ddp_on, int seed) {
       return resnet ? run_training<libtorch_example::ResNet18>(shape, batch, img, warmup, steps,
-                                                               ddp_on, seed)
+                                                               ddp_on, seed, shard)
                     : run_training<libtorch_example::MobileNetV3Small>(shape, batch, img, warmup,
-                                                                       steps, ddp_on, seed);
+                                                                       steps, ddp_on, seed, shard);
     };
     auto count = [](const torch::nn::Module& m) {
       int64_t n = 0;
@@ -140,7 +155,8 @@ int main(int argc, char** argv) {
           std::to_string(getpid()) + " " + dpar::bench::self_path() + " --worker --result " +
           result_file + " --model " + std::string(model) + " --batch " + std::to_string(batch) +
           " --img " + std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
-          std::to_string(steps) + " --threads " + std::to_string(threads) + " > /dev/null";
+          std::to_string(steps) + " --threads " + std::to_string(threads) + " --shard " +
+          std::string(shard_flag) + " > /dev/null";
       const int status = std::system(cmd.c_str());
       DPAR_CHECK(status == 0, "bench_torch_ddp: the dpar job failed (status ", status, "): ", cmd);
       StepResult r;
@@ -154,7 +170,7 @@ int main(int argc, char** argv) {
           "--model " + std::string(model) + " --world " + std::to_string(world) + " --batch " +
               std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
               std::to_string(warmup) + " --steps " + std::to_string(steps) + " --threads " +
-              std::to_string(threads),
+              std::to_string(threads) + (sharded ? " --zero" : ""),
           static_cast<int>(threads));
     };
     const double images_per_step = static_cast<double>(world * batch);
@@ -208,8 +224,9 @@ int main(int argc, char** argv) {
         static_cast<long long>(rounds), dpar::bench::load_average().c_str());
     std::printf(
         "  dpar::torch::DataParallel %8.1f img/s  scaling %.2f vs one process without "
-        "DataParallel (%.1f img/s); %.0f%% of communication hidden behind backward\n",
-        median(dpar_ips), median(dpar_scaling), median(single_ips), 100.0 * median(hidden));
+        "DataParallel (%.1f img/s); %.0f%% of communication hidden behind backward; shard %s\n",
+        median(dpar_ips), median(dpar_scaling), median(single_ips), 100.0 * median(hidden),
+        dpar::dist::shard_mode_name(shard));
     nlohmann::json json = {{"bench", "bench_torch_ddp"},
                            {"model", std::string(model)},
                            {"img", img},
@@ -218,12 +235,13 @@ int main(int argc, char** argv) {
                            {"threads", threads},
                            {"dpar_img_per_s", median(dpar_ips)},
                            {"dpar_scaling", median(dpar_scaling)},
-                           {"hidden_share", median(hidden)}};
+                           {"hidden_share", median(hidden)},
+                           {"shard", dpar::dist::shard_mode_name(shard)}};
     if (peer) {
       std::printf(
-          "  PyTorch DDP (gloo)        %8.1f img/s  scaling %.2f vs its one process (%.1f "
-          "img/s)\n",
-          median(torch_ips), median(torch_scaling), median(torch_single));
+          "  PyTorch DDP (gloo)%s %8.1f img/s  scaling %.2f vs its one process (%.1f img/s)\n",
+          sharded ? " + ZeroRedundancyOptimizer" : "       ", median(torch_ips),
+          median(torch_scaling), median(torch_single));
       std::printf("  ratio dpar/PyTorch: %.2fx (median of the rounds' ratios; target >= 1.0)\n",
                   median(ratio));
       json["torch_img_per_s"] = median(torch_ips);
