@@ -393,44 +393,59 @@ TEST_CASE(
   struct Seen {
     size_t buckets = 0, gated_after_step = 0;
     bool early_open = false, late_still_gated = false, all_open_after_forward = false;
+    double waited = -1;  // gather_wait_seconds of the last backward
     std::vector<float> weights;
   };
-  auto seen = run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
-    auto net = small_net();
-    DataParallel dp(net, sharded(group, ShardMode::optimizer));
-    auto opt = dp.make_optimizer<optim::SGD>(optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
-    Seen s;
-    for (int step = 0; step < 3; ++step) {
-      opt->zero_grad();
-      loss_on(dp, rank, static_cast<uint64_t>(step)).backward();
-      opt->step();
-    }
-    const std::vector<BucketInfo> buckets = dp.buckets();
-    s.buckets = buckets.size();
-    const std::vector<Tensor> params = net->parameters();
-    for (const Tensor& p : params) s.gated_after_step += p.storage()->has_pending_write();
-    // Reading a parameter of the last bucket (the first layers': gathered first) waits for
-    // that bucket alone; the first bucket's parameters stay gated until they are used.
-    const Tensor early = net->parameter(buckets.back().parameter_names.front());
-    const Tensor late = net->parameter(buckets.front().parameter_names.front());
-    (void)early.data<float>();
-    s.early_open = !early.storage()->has_pending_write();
-    s.late_still_gated = late.storage()->has_pending_write();
-    loss_on(dp, rank, 9);
-    s.all_open_after_forward = true;
-    for (const Tensor& p : params) s.all_open_after_forward &= !p.storage()->has_pending_write();
-    for (const Tensor& p : params) {
-      const auto v = p.to_float_vector();
-      s.weights.insert(s.weights.end(), v.begin(), v.end());
-    }
-    return s;
-  });
-  for (const Seen& s : seen) {
+  auto run = [](bool overlap) {
+    return run_two_ranks([&](int rank, std::shared_ptr<Group> group) {
+      auto net = small_net();
+      DataParallelOptions options = sharded(group, ShardMode::optimizer);
+      options.overlap_gather = overlap;
+      DataParallel dp(net, options);
+      auto opt = dp.make_optimizer<optim::SGD>(optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+      Seen s;
+      for (int step = 0; step < 3; ++step) {
+        opt->zero_grad();
+        loss_on(dp, rank, static_cast<uint64_t>(step)).backward();
+        opt->step();
+      }
+      const std::vector<BucketInfo> buckets = dp.buckets();
+      s.buckets = buckets.size();
+      const std::vector<Tensor> params = net->parameters();
+      for (const Tensor& p : params) s.gated_after_step += p.storage()->has_pending_write();
+      // Reading a parameter of the last bucket (the first layers': gathered first) waits for
+      // that bucket alone; the first bucket's parameters stay gated until they are used.
+      const Tensor early = net->parameter(buckets.back().parameter_names.front());
+      const Tensor late = net->parameter(buckets.front().parameter_names.front());
+      (void)early.data<float>();
+      s.early_open = !early.storage()->has_pending_write();
+      s.late_still_gated = late.storage()->has_pending_write();
+      loss_on(dp, rank, 9).backward();
+      s.waited = dp.last_comm_stats().gather_wait_seconds;
+      s.all_open_after_forward = true;
+      for (const Tensor& p : params) s.all_open_after_forward &= !p.storage()->has_pending_write();
+      for (const Tensor& p : params) {
+        const auto v = p.to_float_vector();
+        s.weights.insert(s.weights.end(), v.begin(), v.end());
+      }
+      return s;
+    });
+  };
+  const auto overlapped = run(true);
+  for (const Seen& s : overlapped) {
     REQUIRE(s.buckets >= 2);
     CHECK(s.gated_after_step == 4);  // step() returned with every gather still to be waited for
     CHECK(s.early_open);
     CHECK(s.late_still_gated);  // another bucket, not read yet
     CHECK(s.all_open_after_forward);
+    CHECK(s.waited >= 0);
   }
-  CHECK(seen[0].weights == seen[1].weights);
+  CHECK(overlapped[0].weights == overlapped[1].weights);
+  // overlap_gather = false: step() returns with every bucket gathered; the same weights.
+  const auto in_step = run(false);
+  for (const Seen& s : in_step) {
+    CHECK(s.gated_after_step == 0);
+    CHECK(s.waited >= 0);
+    CHECK(s.weights == overlapped[0].weights);
+  }
 }

@@ -38,8 +38,9 @@ void DataParallel::attach_optimizer(const std::shared_ptr<optim::Optimizer>& opt
                slices.size(), " slices), not from the model's parameters; dp.make_optimizer<",
                optimizer->name(), ">(options) does both");
     std::weak_ptr<Reducer> reducer = reducer_;
-    optimizer->add_step_hook([reducer] {
-      if (auto r = reducer.lock()) r->gather_parameters(/*overlap=*/true);
+    const bool overlap = options_.overlap_gather;
+    optimizer->add_step_hook([reducer, overlap] {
+      if (auto r = reducer.lock()) r->gather_parameters(overlap);
     });
     std::shared_ptr<Group> group = options_.group;
     optimizer->set_cross_shard_sum(

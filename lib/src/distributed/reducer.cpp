@@ -133,6 +133,7 @@ Reducer::Options Reducer::options_from(const DataParallelOptions& options, const
   out.find_unused_parameters = options.find_unused_parameters;
   out.comm_dtype = options.comm_dtype;
   out.shard = options.shard;
+  out.overlap_gather = options.overlap_gather;
   return out;
 }
 
@@ -475,6 +476,7 @@ void Reducer::finalize() {
   }
   stats_.comm_seconds = comm;
   stats_.exposed_seconds = std::max(0.0, seconds(last - backward_end));
+  stats_.gather_wait_seconds = static_cast<double>(gather_wait_ns_->exchange(0)) * 1e-9;
 
   active_ = false;
   reachable_.clear();

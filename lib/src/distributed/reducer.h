@@ -11,6 +11,7 @@
 // callback queued at the first hook of a backward (autograd::queue_callback) finishes the iteration
 // when backward ends: unused parameters, waiting for the last buckets, statistics, and - once,
 // after the first iteration - rebuilding the buckets in the order gradients actually became ready.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -93,6 +94,7 @@ class Reducer {
     bool find_unused_parameters = false;
     DType comm_dtype = DType::f32;  // what f32 buckets travel as (DataParallelOptions)
     ShardMode shard = ShardMode::none;
+    bool overlap_gather = true;
   };
 
   // params: (name, tensor) of every parameter that requires grad, in registration order, each
@@ -246,6 +248,9 @@ class Reducer {
   std::vector<size_t> ready_order_;
 
   DataParallel::CommStats stats_;
+  // Nanoseconds waited for all-gathers since the last synchronised backward (the gates' waits
+  // may run on any thread, and after the Reducer is gone).
+  std::shared_ptr<std::atomic<int64_t>> gather_wait_ns_ = std::make_shared<std::atomic<int64_t>>(0);
 
   std::function<bool()> layout_locked_;
   std::function<void(bool)> on_layout_final_;

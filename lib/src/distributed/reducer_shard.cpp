@@ -185,7 +185,12 @@ void Reducer::gather_parameters(bool overlap) {
     std::shared_ptr<Work> work =
         group_->allgather(pieces_of(flat, b.bounds), flat_range(flat, lo, hi));
     std::shared_ptr<Group> group = group_;
-    home->set_pending_write([work, group, purpose] { wait_explained(*work, *group, purpose); });
+    home->set_pending_write([work, group, purpose, waited = gather_wait_ns_] {
+      const auto start = Clock::now();
+      wait_explained(*work, *group, purpose);
+      waited->fetch_add(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+    });
   }
   if (!overlap) finish_gathers();
 }

@@ -61,6 +61,10 @@ struct DataParallelOptions {
   // make_optimizer() (or from optimizer_parameters() and attach_optimizer()): it updates this
   // rank's slices, and each step ends with the all-gather of every rank's updated slices.
   ShardMode shard = ShardMode::none;
+  // Sharded: step() returns once the all-gather is launched, and the next forward waits for
+  // each bucket at the first use of one of its parameters (docs/sharding.md). false: the
+  // gather completes inside step() (to measure what the overlap hides, or to rule it out).
+  bool overlap_gather = true;
   // default: default_group_ptr(). With a group of one (a single process, or
   // init_parallel_env() in a world of one) DataParallel is a plain wrapper that communicates
   // nothing. Without init_parallel_env() it is the same in a single process, but in a process
@@ -174,6 +178,10 @@ class DataParallel : public nn::Module {
     double comm_seconds = 0;     // sum over buckets of all-reduce durations
     double exposed_seconds = 0;  // communication still running after backward's last node:
                                  // the part the overlap did not hide
+    // Sharded: time this rank waited for the all-gather of updated slices since the previous
+    // synchronised backward (in the step, or at the first use of a bucket in the forward):
+    // the part of the gather the overlap with the forward did not hide.
+    double gather_wait_seconds = 0;
   };
   CommStats last_comm_stats() const;
 

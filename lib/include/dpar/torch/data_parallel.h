@@ -46,7 +46,8 @@
 namespace dpar::torch {
 
 // The same options as dpar::dist::DataParallel (comm_buffer_size, last_comm_buffer_size,
-// find_unused_parameters, broadcast_buffers, comm_dtype, group).
+// find_unused_parameters, broadcast_buffers, comm_dtype, shard, group). overlap_gather does
+// not apply: a libtorch module's all-gather completes inside the optimizer's step().
 using DataParallelOptions = dist::DataParallelOptions;
 using dist::BucketInfo;
 
