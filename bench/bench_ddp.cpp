@@ -61,6 +61,7 @@ struct TrainSetup {
   std::string model = "mobilenet_v3_small";
   std::string opt = "sgd";
   dist::ShardMode shard = dist::ShardMode::none;
+  bool overlap_gather = true;
 };
 
 StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, int seed,
@@ -74,6 +75,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
   if (bucket_mb > 0) dp_options.comm_buffer_size = bucket_mb;
   dp_options.comm_dtype = comm_dtype;
   dp_options.shard = setup.shard;
+  dp_options.overlap_gather = setup.overlap_gather;
   dist::DataParallel dp(model, dp_options);
   std::shared_ptr<optim::Optimizer> opt;
   if (setup.opt == "adamw") {
@@ -104,6 +106,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
     const auto stats = dp.last_comm_stats();
     r.comm_seconds += stats.comm_seconds;
     r.exposed_seconds += stats.exposed_seconds;
+    r.gather_wait_seconds += stats.gather_wait_seconds;
   }
   if (device.is_cuda()) synchronize(device);  // the GPU has finished every step
   r.cpu_seconds = (process_cpu_seconds() - cpu0) / static_cast<double>(steps);
@@ -115,6 +118,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
   r.seconds_per_step = elapsed.item() / static_cast<double>(steps);
   r.comm_seconds /= static_cast<double>(steps);
   r.exposed_seconds /= static_cast<double>(steps);
+  r.gather_wait_seconds /= static_cast<double>(steps);
   const dist::ShardMemory memory = dp.memory_stats();
   r.parameter_bytes = memory.parameters;
   r.gradient_bytes = memory.gradients;
@@ -203,6 +207,8 @@ int main(int argc, char** argv) {
     auto& model_name =
         flags.add_string("model", "mobilenet_v3_small", "mobilenet_v3_small or mobilenet_v3_large");
     auto& opt_name = flags.add_string("opt", "sgd", "sgd (momentum) or adamw");
+    auto& overlap_gather = flags.add_bool(
+        "overlap-gather", true, "internal (--shard): the all-gather overlaps the next forward");
     auto& memory_worlds = flags.add_string("memory-worlds", "1,2,4",
                                            "--shard: the world sizes of the memory-per-rank table");
     flags.parse(argc, argv);
@@ -210,6 +216,7 @@ int main(int argc, char** argv) {
     setup.model = model_name;
     setup.opt = opt_name;
     if (!shard_name.empty()) setup.shard = dist::parse_shard_mode(shard_name);
+    setup.overlap_gather = overlap_gather;
     DPAR_CHECK(ps_pairs >= 1 && ps_servers >= 1 && rounds >= 1,
                "bench_ddp: --ps-pairs, --ps-servers and --rounds must be >= 1");
     DPAR_CHECK(threads >= 1, "bench_ddp: --threads must be >= 1");
@@ -297,20 +304,21 @@ int main(int argc, char** argv) {
     const std::string timing_args =
         " --warmup " + std::to_string(warmup) + " --steps " + std::to_string(steps);
     // A collective job of `ranks` ranks; shard: DataParallel's sharding there.
-    auto run_job_with = [&](int64_t ranks, dist::ShardMode shard, int64_t job_warmup,
+    auto run_job_with = [&](int64_t ranks, dist::ShardMode shard, bool overlap, int64_t job_warmup,
                             int64_t job_steps) {
       const std::string cmd =
           launcher + " --nproc_per_node=" + std::to_string(ranks) +
           " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_log_" +
           std::to_string(getpid()) + " " + std::string(argv[0]) + worker_args + " --shard " +
-          dist::shard_mode_name(shard) + " --warmup " + std::to_string(job_warmup) + " --steps " +
-          std::to_string(job_steps) + " > /dev/null";
+          dist::shard_mode_name(shard) + " --overlap-gather=" + (overlap ? "true" : "false") +
+          " --warmup " + std::to_string(job_warmup) + " --steps " + std::to_string(job_steps) +
+          " > /dev/null";
       run_job(cmd, std::to_string(ranks) + "-rank");
       const StepResult r = read_step_result(result_file);
       std::remove(result_file.c_str());
       return r;
     };
-    auto run_collective = [&] { return run_job_with(world, setup.shard, warmup, steps); };
+    auto run_collective = [&] { return run_job_with(world, setup.shard, true, warmup, steps); };
     if (!shard_name.empty()) {
       ShardBench bench;
       bench.model = model_name;

@@ -30,16 +30,17 @@ std::vector<int64_t> parse_worlds(const std::string& text) {
 
 void write_step_result(const std::string& path, const StepResult& r) {
   std::ofstream(path) << r.seconds_per_step << " " << r.comm_seconds << " " << r.exposed_seconds
-                      << " " << r.cpu_seconds << " " << r.parameter_bytes << " " << r.gradient_bytes
-                      << " " << r.optimizer_state_bytes << " " << r.peak_bytes << "\n";
+                      << " " << r.gather_wait_seconds << " " << r.cpu_seconds << " "
+                      << r.parameter_bytes << " " << r.gradient_bytes << " "
+                      << r.optimizer_state_bytes << " " << r.peak_bytes << "\n";
 }
 
 StepResult read_step_result(const std::string& path) {
   StepResult r;
   std::ifstream in(path);
   DPAR_CHECK(static_cast<bool>(in >> r.seconds_per_step >> r.comm_seconds >> r.exposed_seconds >>
-                               r.cpu_seconds >> r.parameter_bytes >> r.gradient_bytes >>
-                               r.optimizer_state_bytes >> r.peak_bytes) &&
+                               r.gather_wait_seconds >> r.cpu_seconds >> r.parameter_bytes >>
+                               r.gradient_bytes >> r.optimizer_state_bytes >> r.peak_bytes) &&
                  r.seconds_per_step > 0,
              "bench_ddp: the job left no result in ", path);
   return r;
@@ -50,20 +51,26 @@ int run_shard_bench(const ShardBench& b) {
   auto images_per_s = [&](const StepResult& r) {
     return static_cast<double>(b.world * b.batch) / r.seconds_per_step;
   };
-  // Throughput: unsharded and sharded jobs alternate (ABBA), so drift lands on both.
-  std::vector<double> none_ips, shard_ips, ratio;
+  // Throughput: unsharded, sharded, and sharded with the gather inside step() alternate
+  // (ABC CBA), so drift lands on all three.
+  std::vector<double> none_ips, shard_ips, sync_ips, ratio, sync_ratio, wait_ms, sync_wait_ms;
   for (int64_t round = 0; round < b.rounds; ++round) {
-    StepResult none, sharded;
+    StepResult none, sharded, sync;
+    auto run_none = [&] { none = b.run(b.world, dist::ShardMode::none, true, b.warmup, b.steps); };
+    auto run_sharded = [&] { sharded = b.run(b.world, b.shard, true, b.warmup, b.steps); };
+    auto run_sync = [&] { sync = b.run(b.world, b.shard, false, b.warmup, b.steps); };
     if (round % 2 == 0) {
-      none = b.run(b.world, dist::ShardMode::none, b.warmup, b.steps);
-      sharded = b.run(b.world, b.shard, b.warmup, b.steps);
+      run_none(), run_sharded(), run_sync();
     } else {
-      sharded = b.run(b.world, b.shard, b.warmup, b.steps);
-      none = b.run(b.world, dist::ShardMode::none, b.warmup, b.steps);
+      run_sync(), run_sharded(), run_none();
     }
     none_ips.push_back(images_per_s(none));
     shard_ips.push_back(images_per_s(sharded));
+    sync_ips.push_back(images_per_s(sync));
     ratio.push_back(shard_ips.back() / none_ips.back());
+    sync_ratio.push_back(sync_ips.back() / none_ips.back());
+    wait_ms.push_back(sharded.gather_wait_seconds * 1e3);
+    sync_wait_ms.push_back(sync.gather_wait_seconds * 1e3);
   }
   std::printf(
       "bench_ddp --shard %s: %s %lldpx, %s, %lld ranks x %lld thread(s) on cpu, batch %lld per "
@@ -76,7 +83,11 @@ int run_shard_bench(const ShardBench& b) {
   std::printf("  shard %-9s %8.2f img/s  ratio %s/none %.3f [", mode, median(shard_ips), mode,
               median(ratio));
   for (size_t i = 0; i < ratio.size(); ++i) std::printf("%s%.3f", i ? " " : "", ratio[i]);
-  std::printf("] (target >= 0.95)\n");
+  std::printf("] (target >= 0.95); all-gather waited for %.1f ms/step\n", median(wait_ms));
+  std::printf(
+      "  the same, gather inside step() (overlap_gather = false) %8.2f img/s  ratio %.3f; "
+      "all-gather waited for %.1f ms/step\n",
+      median(sync_ips), median(sync_ratio), median(sync_wait_ms));
 
   // Memory per rank (rank 0's) at each world size: a short job each.
   std::printf(
@@ -88,7 +99,7 @@ int run_shard_bench(const ShardBench& b) {
   if (b.shard != dist::ShardMode::none) modes.push_back(b.shard);
   for (int64_t n : parse_worlds(b.memory_worlds)) {
     for (dist::ShardMode m : modes) {
-      const StepResult r = b.run(n, m, 1, 2);
+      const StepResult r = b.run(n, m, true, 1, 2);
       std::printf("    %5lld  %-9s  %10.2f  %9.2f  %15.2f  %6.2f\n", static_cast<long long>(n),
                   dist::shard_mode_name(m), mib(r.parameter_bytes), mib(r.gradient_bytes),
                   mib(r.optimizer_state_bytes), mib(r.peak_bytes));
@@ -108,6 +119,9 @@ int run_shard_bench(const ShardBench& b) {
                          {"none_img_per_s", median(none_ips)},
                          {"shard_img_per_s", median(shard_ips)},
                          {"ratio_shard_none", median(ratio)},
+                         {"sync_gather_img_per_s", median(sync_ips)},
+                         {"gather_wait_ms", median(wait_ms)},
+                         {"sync_gather_wait_ms", median(sync_wait_ms)},
                          {"memory", memory}};
   if (b.peer) {
     // PyTorch's sharded optimizer state: DDP + ZeroRedundancyOptimizer (ZeRO-1; torch has no
