@@ -136,6 +136,20 @@ class TorchAutogradBinding : public dist::AutogradBinding {
   std::vector<uintptr_t> keys_;
 };
 
+// The module's trainable parameters, each once (tied weights: one gradient, the first name).
+inline std::vector<std::pair<std::string, at::Tensor>> trainable_parameters(
+    const ::torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module.named_parameters()) {
+    const at::Tensor& p = item.value();
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) {
+      out.emplace_back(item.key(), p);
+    }
+  }
+  return out;
+}
+
 }  // namespace dpar::torch::internal
 
 namespace dpar::torch {

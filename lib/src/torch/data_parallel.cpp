@@ -75,11 +75,8 @@ DataParallelBase::DataParallelBase(std::shared_ptr<::torch::nn::Module> module,
   }
 
   nn::NamedTensors trainable;
-  std::unordered_set<const void*> seen;  // tied weights: one gradient, the first name
-  for (const auto& item : module_->named_parameters()) {
-    const at::Tensor& p = item.value();
-    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    trainable.emplace_back(item.key(), to_dpar(p));
+  for (const auto& [name, p] : internal::trainable_parameters(*module_)) {
+    trainable.emplace_back(name, to_dpar(p));
     impl_->params.push_back(p);
   }
   auto binding = std::make_unique<internal::TorchAutogradBinding>(impl_->params);

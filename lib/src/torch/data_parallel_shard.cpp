@@ -20,25 +20,12 @@ namespace {
 
 const char* kWho = "dpar::torch::DataParallel";
 
-// The module's trainable parameters, each once (tied weights keep their first name).
-std::vector<std::pair<std::string, at::Tensor>> trainable(const ::torch::nn::Module& module) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : module.named_parameters()) {
-    const at::Tensor& p = item.value();
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) {
-      out.emplace_back(item.key(), p);
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 std::vector<at::Tensor> DataParallelBase::optimizer_parameters() const {
   if (sharded()) return impl_->binding->slices();
   std::vector<at::Tensor> out;
-  for (auto& [name, p] : trainable(*module_)) out.push_back(p);
+  for (auto& [name, p] : internal::trainable_parameters(*module_)) out.push_back(p);
   return out;
 }
 
@@ -89,11 +76,11 @@ double DataParallelBase::clip_grad_norm(double max_norm) {
 
 dist::ShardMemory DataParallelBase::memory_stats() const {
   dist::ShardMemory m;
-  for (const auto& [name, p] : trainable(*module_)) m.parameters += p.nbytes();
+  for (const auto& [name, p] : internal::trainable_parameters(*module_)) m.parameters += p.nbytes();
   if (impl_->reducer) {
     m.gradients = impl_->reducer->gradient_bytes();
   } else {
-    for (const auto& [name, p] : trainable(*module_)) {
+    for (const auto& [name, p] : internal::trainable_parameters(*module_)) {
       if (p.grad().defined()) m.gradients += p.grad().nbytes();
     }
   }
@@ -108,7 +95,8 @@ bool DataParallelBase::sharded() const { return impl_->reducer && impl_->reducer
 dist::OptimizerLayout DataParallelBase::optimizer_layout() const {
   if (sharded()) return impl_->reducer->shard_layout();
   nn::NamedTensors params;
-  for (auto& [name, p] : trainable(*module_)) params.emplace_back(name, to_dpar(p));
+  for (auto& [name, p] : internal::trainable_parameters(*module_))
+    params.emplace_back(name, to_dpar(p));
   return dist::whole_parameter_layout(params);
 }
 

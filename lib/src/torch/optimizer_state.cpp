@@ -6,7 +6,6 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
-#include <map>
 #include <optional>
 #include <sstream>
 
