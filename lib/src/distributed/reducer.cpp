@@ -133,7 +133,6 @@ Reducer::Options Reducer::options_from(const DataParallelOptions& options, const
   out.find_unused_parameters = options.find_unused_parameters;
   out.comm_dtype = options.comm_dtype;
   out.shard = options.shard;
-  out.overlap_gather = options.overlap_gather;
   return out;
 }
 

@@ -94,7 +94,6 @@ class Reducer {
     bool find_unused_parameters = false;
     DType comm_dtype = DType::f32;  // what f32 buckets travel as (DataParallelOptions)
     ShardMode shard = ShardMode::none;
-    bool overlap_gather = true;
   };
 
   // params: (name, tensor) of every parameter that requires grad, in registration order, each
