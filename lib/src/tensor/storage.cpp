@@ -48,10 +48,9 @@ void Storage::finish_pending_write() {
 }
 
 std::shared_ptr<Storage> Storage::alias(const std::shared_ptr<Storage>& storage) {
-  auto alias = std::make_shared<Storage>(
+  return std::make_shared<Storage>(
       storage->data(), storage->nbytes(), storage->device(),
       [keep = storage](void*) mutable { keep.reset(); }, storage->pinned());
-  return alias;
 }
 
 }  // namespace dpar
