@@ -4,9 +4,9 @@
 # Cases: plain2 plain3 no_sync unequal bf16 buckets unused_error unused_found mismatch detail
 #        timeout buffers mixed checkpoint kill9 (torch_ddp_worker.cpp says what each mode
 #        checks); shard_bitwise2_sgd shard_bitwise3_adamw shard_memory3 shard_clip3 shard_resume
-#        shard_unattached (torch_shard_worker.cpp); example (examples/libtorch on 2 ranks: an
-#        epoch, then --resume for a second) and example_shard (the same with --shard gradients,
-#        resumed by one process).
+#        shard_kill_save shard_unattached (torch_shard_worker.cpp); example (examples/libtorch
+#        on 2 ranks: an epoch, then --resume for a second) and example_shard (the same with
+#        --shard gradients, resumed by one process).
 set -u
 case_name=$1
 launcher=$2
@@ -125,6 +125,19 @@ case $case_name in
       run_ok "$n" --check resume --dir "$work" --steps 10
       expect_text "$work/out.txt" "resumed on $n ranks"
     done ;;
+  shard_kill_save)
+    # kill -9 of a rank while a shard set is written: the set never appears, the previous one
+    # still loads (on another number of ranks).
+    worker=$shard_worker
+    launch 2 --check kill-save --dir "$work" >"$work/out.txt" 2>&1
+    code=$?
+    [ $code -ne 0 ] && ok "the job failed ($code)" || fail "the job survived a dead rank"
+    expect_text "$work/logs/workerlog.1" "killing myself with SIGKILL"
+    [ -d "$work/set_b" ] && fail "set_b appeared although rank 1 died" || ok "no set_b"
+    [ -d "$work/set_b.tmp" ] && ok "set_b.tmp left behind" || fail "no set_b.tmp"
+    [ -f "$work/set_a/index.json" ] && ok "set_a intact" || fail "set_a lost its index"
+    run_ok 3 --check load --dir "$work"
+    expect_text "$work/out.txt" "AdamW state of step 3" ;;
   shard_unattached)
     worker=$shard_worker
     run_fails 2 --check unattached

@@ -10,14 +10,21 @@
 //   --check save --dir D: 5 AdamW steps sharded, then D/model.ckpt and the shard set D/shards;
 //   --check resume --dir D: on any number of ranks, 10 more steps after loading D into a
 //       sharded (optimizer, gradients) or unsharded job are bitwise equal to each other;
+//   --check kill-save --dir D: saves D/set_a, then rank 1 dies (SIGKILL) while D/set_b is
+//       being written;
+//   --check load --dir D: loads D/set_a (3 AdamW steps) into a sharded job of any size;
 //   --check unattached: a sharded job whose optimizer was not made by make_optimizer fails at
 //       its second forward with a line saying so.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <thread>
 
 #include "dpar/core/flags.h"
 #include "dpar/dpar.h"
@@ -257,6 +264,48 @@ void check_resume(const std::string& dir, int steps) {
   }
 }
 
+void check_kill_save(const std::string& dir) {
+  Net net = make_model();
+  dt::DataParallel<Net> ddp(net, options_for(ShardMode::gradients));
+  auto opt = make_optimizer(ddp, "adamw");
+  train_steps(ddp, *opt, 0, 3);
+  ddp.save_optimizer_state(*opt, dir + "/set_a");
+  train_steps(ddp, *opt, 3, 5);
+  if (dpar::dist::get_rank() == 1) {
+    // Dies the moment its own file of set_b exists: rank 0 has not written the index yet.
+    const std::string mine = dir + "/set_b.tmp/rank-1-of-" +
+                             std::to_string(dpar::dist::get_world_size()) + ".safetensors";
+    std::thread([mine] {
+      while (!std::filesystem::exists(mine)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      std::printf("rank 1: killing myself with SIGKILL while set_b is saved\n");
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }).detach();
+  }
+  ddp.save_optimizer_state(*opt, dir + "/set_b");
+  std::printf("rank %d: set_b was saved although rank 1 died\n", dpar::dist::get_rank());
+}
+
+// The set kill-save left intact loads, into a job of another size.
+void check_load(const std::string& dir) {
+  Net net = make_model();
+  dt::DataParallel<Net> ddp(net, options_for(ShardMode::optimizer));
+  auto opt = make_optimizer(ddp, "adamw");
+  ddp.load_optimizer_state(opt, dir + "/set_a");
+  train_steps(ddp, *opt, 3, 4);  // the first backward applies the state; the step counts on
+  for (const auto& [key, state] : opt->state()) {
+    const auto& s = static_cast<const ::torch::optim::AdamWParamState&>(*state);
+    DPAR_CHECK(s.step() == 4, "a slice's AdamW step count is ", s.step(), " after loading ",
+               "set_a (3 steps) and one more step, expected 4");
+  }
+  if (dpar::dist::get_rank() == 0) {
+    std::printf("torch_shard_worker: %d ranks loaded set_a: AdamW state of step 3\n",
+                dpar::dist::get_world_size());
+  }
+}
+
 // A plain libtorch optimizer over the slices never gathers them: the next forward says so.
 void check_unattached() {
   Net net = make_model();
@@ -286,10 +335,15 @@ int body(int argc, char** argv) {
     check_save(dir);
   } else if (what == "resume") {
     check_resume(dir, static_cast<int>(steps));
+  } else if (what == "kill-save") {
+    check_kill_save(dir);
+  } else if (what == "load") {
+    check_load(dir);
   } else if (what == "unattached") {
     check_unattached();
   } else {
-    DPAR_FAIL("--check must be bitwise, memory, clip, save, resume or unattached, got ", what);
+    DPAR_FAIL("--check must be bitwise, memory, clip, save, resume, kill-save, load or ",
+              "unattached, got ", what);
   }
   dpar::dist::destroy();
   return 0;
