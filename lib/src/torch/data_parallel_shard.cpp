@@ -76,14 +76,11 @@ double DataParallelBase::clip_grad_norm(double max_norm) {
 
 dist::ShardMemory DataParallelBase::memory_stats() const {
   dist::ShardMemory m;
-  for (const auto& [name, p] : internal::trainable_parameters(*module_)) m.parameters += p.nbytes();
-  if (impl_->reducer) {
-    m.gradients = impl_->reducer->gradient_bytes();
-  } else {
-    for (const auto& [name, p] : internal::trainable_parameters(*module_)) {
-      if (p.grad().defined()) m.gradients += p.grad().nbytes();
-    }
+  for (const auto& [name, p] : internal::trainable_parameters(*module_)) {
+    m.parameters += p.nbytes();
+    if (!impl_->reducer && p.grad().defined()) m.gradients += p.grad().nbytes();
   }
+  if (impl_->reducer) m.gradients = impl_->reducer->gradient_bytes();
   for (const auto& weak : impl_->optimizers) {
     if (auto opt = weak.lock()) m.optimizer_state += internal::state_bytes_of(*opt);
   }
