@@ -12,16 +12,34 @@ namespace dpar::infer::detail {
 const std::map<std::string, size_t>& interpreter_ops() {
   // Each op with the number of leading inputs it reads unconditionally (eval indexes them
   // without a check); inputs after these are optional (a bias, a pad value).
-  static const std::map<std::string, size_t> ops = {
-      {"Conv", 2},      {"Gemm", 2},        {"MatMul", 2},
-      {"Add", 2},       {"Sub", 2},         {"Mul", 2},
-      {"Div", 2},       {"Erf", 1},         {"Relu", 1},
-      {"LeakyRelu", 1}, {"Sigmoid", 1},     {"Tanh", 1},
-      {"Softmax", 1},   {"Flatten", 1},     {"Identity", 1},
-      {"Dropout", 1},   {"Reshape", 2},     {"Transpose", 1},
-      {"Pad", 2},       {"Gather", 2},      {"Sqrt", 1},
-      {"MaxPool", 1},   {"AveragePool", 1}, {"GlobalAveragePool", 1},
-      {"HardSwish", 1}, {"HardSigmoid", 1}, {"LayerNormalization", 2}};
+  static const std::map<std::string, size_t> ops = {{"Conv", 2},
+                                                    {"Gemm", 2},
+                                                    {"MatMul", 2},
+                                                    {"Add", 2},
+                                                    {"Sub", 2},
+                                                    {"Mul", 2},
+                                                    {"Div", 2},
+                                                    {"Erf", 1},
+                                                    {"Relu", 1},
+                                                    {"LeakyRelu", 1},
+                                                    {"Sigmoid", 1},
+                                                    {"Tanh", 1},
+                                                    {"Softmax", 1},
+                                                    {"Flatten", 1},
+                                                    {"Identity", 1},
+                                                    {"Dropout", 1},
+                                                    {"Reshape", 2},
+                                                    {"Transpose", 1},
+                                                    {"Pad", 2},
+                                                    {"Gather", 2},
+                                                    {"Sqrt", 1},
+                                                    {"MaxPool", 1},
+                                                    {"AveragePool", 1},
+                                                    {"GlobalAveragePool", 1},
+                                                    {"HardSwish", 1},
+                                                    {"HardSigmoid", 1},
+                                                    {"LayerNormalization", 2},
+                                                    {"BatchNormalization", 5}};
   return ops;
 }
 
@@ -203,6 +221,15 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
     const Shape normalized(in[0].shape().begin() + first, in[0].shape().end());
     return layer_norm(in[0], normalized, in[1], in.size() > 2 ? in[2] : Tensor(),
                       n.get_float("epsilon", 1e-5f));
+  }
+  if (op == "BatchNormalization") {
+    // Inference form (running statistics), channels at dim 1 of a rank-2+ input: a BatchNorm
+    // no Conv absorbed (BatchNorm1d, or one after a Linear).
+    DPAR_CHECK(in[0].dim() >= 2 && n.get_int("training_mode", 0) == 0,
+               "BatchNormalization runs in inference mode on a rank-2+ input here, got ",
+               in[0].shape());
+    Tensor mean = in[3], var = in[4];
+    return batch_norm(in[0], in[1], in[2], mean, var, false, 0.0, n.get_float("epsilon", 1e-5f));
   }
   if (op == "Reshape") {
     Shape shape = ints_of(in[1]);

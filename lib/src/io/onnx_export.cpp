@@ -199,7 +199,14 @@ OnnxLowerings::OnnxLowerings() {
     return b.add_node("HardSigmoid", {x},
                       {{"alpha", static_cast<float>(1.0 / 6.0)}, {"beta", 0.5f}});
   });
-  add<nn::AdaptiveAvgPool2d>([](const nn::Module&, const std::string& x, OnnxGraphBuilder& b) {
+  add<nn::AdaptiveAvgPool2d>([](const nn::Module& m, const std::string& x, OnnxGraphBuilder& b) {
+    // ONNX has no adaptive pooling; only the global form has an op whose windows do not
+    // depend on the input size.
+    const auto& pool = static_cast<const nn::AdaptiveAvgPool2d&>(m);
+    DPAR_CHECK(pool.output_height == 1 && pool.output_width == 1, "export_onnx: ", b.path(),
+               ": AdaptiveAvgPool2d(", pool.output_height, ", ", pool.output_width,
+               ") has no ONNX op (only output size 1, GlobalAveragePool); use AvgPool2d with "
+               "the window your input size gives, or register a lowering");
     return b.add_node("GlobalAveragePool", {x});
   });
   add<nn::Flatten>(lower_flatten);

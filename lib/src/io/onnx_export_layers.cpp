@@ -1,7 +1,8 @@
 // ONNX lowerings for the layers beyond the CNN set: LayerNorm (opset 17 LayerNormalization),
 // GELU (its erf or tanh formula in ONNX ops: Gelu itself is opset 20), Tanh, Sigmoid, SiLU,
-// LeakyReLU, MaxPool2d, AvgPool2d and batch-first self-attention (MultiheadAttention), plus the
-// Linear-as-MatMul form for inputs of any rank.
+// LeakyReLU, MaxPool2d, AvgPool2d, self-attention (MultiheadAttention, batch- or
+// sequence-first) and TransformerEncoderLayer, plus the Linear-as-MatMul form for inputs of
+// any rank.
 #include <cmath>
 
 #include "dpar/io/onnx_export.h"
@@ -37,10 +38,10 @@ std::string lower_layer_norm(const nn::Module& m, const std::string& x, OnnxGrap
                      {"epsilon", static_cast<float>(ln.eps)}});
 }
 
-std::string lower_gelu(const nn::Module& m, const std::string& x, OnnxGraphBuilder& b) {
-  const auto& gelu = static_cast<const nn::GELU&>(m);
+// GELU as its formula (ONNX's Gelu op is opset 20).
+std::string gelu_nodes(GeluApproximation approximate, const std::string& x, OnnxGraphBuilder& b) {
   std::string inner;
-  if (gelu.approximate == GeluApproximation::tanh) {
+  if (approximate == GeluApproximation::tanh) {
     // tanh(sqrt(2/pi) (x + 0.044715 x^3))
     const std::string cube = b.add_node("Mul", {b.add_node("Mul", {x, x}), x});
     const std::string sum =
@@ -53,6 +54,10 @@ std::string lower_gelu(const nn::Module& m, const std::string& x, OnnxGraphBuild
   // x * 0.5 * (1 + inner)
   const std::string one_plus = b.add_node("Add", {inner, scalar(b, "one", 1.0)});
   return b.add_node("Mul", {b.add_node("Mul", {x, scalar(b, "half", 0.5)}), one_plus});
+}
+
+std::string lower_gelu(const nn::Module& m, const std::string& x, OnnxGraphBuilder& b) {
+  return gelu_nodes(static_cast<const nn::GELU&>(m).approximate, x, b);
 }
 
 std::string lower_pool(const std::string& op, int64_t k, int64_t s, int64_t p, bool ceil,
@@ -70,13 +75,17 @@ std::string int64s(OnnxGraphBuilder& b, const std::string& name, std::vector<int
   return b.add_int64_initializer(name, std::move(values), {n});
 }
 
-// Self-attention on [N, S, E] (batch_first; the module's forward(x), no masks): the packed
-// projection, heads split by Reshape/Transpose, softmax(q k^T * scale) v, heads joined, the
-// output projection.
-std::string lower_attention(const nn::Module& m, const std::string& x, OnnxGraphBuilder& b) {
+// [S, N, E] <-> [N, S, E]
+std::string swap_batch_and_sequence(const std::string& x, OnnxGraphBuilder& b) {
+  return b.add_node("Transpose", {x}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+}
+
+// Self-attention (the module's forward(x), no masks) on [N, S, E], or on [S, N, E] between two
+// Transposes when the module is sequence-first: the packed projection, heads split by
+// Reshape/Transpose, softmax(q k^T * scale) v, heads joined, the output projection.
+std::string lower_attention(const nn::Module& m, const std::string& input, OnnxGraphBuilder& b) {
   const auto& mha = static_cast<const nn::MultiheadAttention&>(m);
-  DPAR_CHECK(mha.batch_first, "export_onnx: ", b.path(),
-             ": MultiheadAttention is exported batch-first only ([N, S, E] input)");
+  const std::string x = mha.batch_first ? input : swap_batch_and_sequence(input, b);
   const int64_t e = mha.embed_dim, h = mha.num_heads, d = e / h;
   std::string qkv = b.add_node(
       "MatMul", {x, b.add_initializer("in_proj_weight_t", mha.in_proj_weight.transpose(0, 1))});
@@ -102,7 +111,31 @@ std::string lower_attention(const nn::Module& m, const std::string& x, OnnxGraph
   const std::string joined = b.add_node(
       "Reshape", {b.add_node("Transpose", {heads}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}}),
                   int64s(b, "out_shape", {0, 0, e})});
-  return lower_linear_matmul(*mha.out_proj, "out_proj", joined, b);
+  const std::string out = lower_linear_matmul(*mha.out_proj, "out_proj", joined, b);
+  return mha.batch_first ? out : swap_batch_and_sequence(out, b);
+}
+
+// torch.nn.TransformerEncoderLayer's forward(src) in eval mode (dropout left out), post-norm
+// (x = norm1(x + sa(x)); x = norm2(x + ff(x))) or pre-norm (x = x + sa(norm1(x));
+// x = x + ff(norm2(x))), on the layout its attention takes.
+std::string lower_encoder_layer(const nn::Module& m, const std::string& x, OnnxGraphBuilder& b) {
+  const auto& layer = static_cast<const nn::TransformerEncoderLayer&>(m);
+  auto attention = [&](const std::string& in) {
+    return b.lower(*layer.self_attn, "self_attn", in);
+  };
+  auto feed_forward = [&](const std::string& in) {
+    std::string h = lower_linear_matmul(*layer.linear1, "linear1", in, b);
+    h = layer.options.activation == nn::TransformerActivation::gelu
+            ? gelu_nodes(GeluApproximation::none, h, b)
+            : b.add_node("Relu", {h});
+    return lower_linear_matmul(*layer.linear2, "linear2", h, b);
+  };
+  if (layer.options.norm_first) {
+    const std::string y = b.add_node("Add", {x, attention(b.lower(*layer.norm1, "norm1", x))});
+    return b.add_node("Add", {y, feed_forward(b.lower(*layer.norm2, "norm2", y))});
+  }
+  const std::string y = b.lower(*layer.norm1, "norm1", b.add_node("Add", {x, attention(x)}));
+  return b.lower(*layer.norm2, "norm2", b.add_node("Add", {y, feed_forward(y)}));
 }
 
 }  // namespace
@@ -133,6 +166,7 @@ void add_sequence_model_lowerings(OnnxLowerings& l) {
                       {{"count_include_pad", int64_t{p.count_include_pad ? 1 : 0}}});
   });
   l.add<nn::MultiheadAttention>(lower_attention);
+  l.add<nn::TransformerEncoderLayer>(lower_encoder_layer);
 }
 
 }  // namespace dpar::io

@@ -75,7 +75,7 @@ void set_attribute(onnx::NodeProto& node, const std::string& name, const OnnxAtt
   }
 }
 
-void set_dim(onnx::TensorShapeProto::Dimension* d, int64_t value, const char* symbol) {
+void set_dim(onnx::TensorShapeProto::Dimension* d, int64_t value, const std::string& symbol) {
   if (value > 0) {
     d->set_dim_value(value);
   } else {
@@ -83,8 +83,29 @@ void set_dim(onnx::TensorShapeProto::Dimension* d, int64_t value, const char* sy
   }
 }
 
+bool image_input(const OnnxExportOptions& o) { return o.input_shape.empty(); }
+
+// The input's dims with -1 for the dynamic ones.
+std::vector<int64_t> declared_input_dims(const OnnxExportOptions& o) {
+  std::vector<int64_t> dims;
+  if (image_input(o)) {
+    for (int64_t d : {o.fixed_batch, o.channels, o.height, o.width}) dims.push_back(d > 0 ? d : -1);
+  } else {
+    for (int64_t d : o.input_shape) dims.push_back(d > 0 ? d : -1);
+  }
+  return dims;
+}
+
 void check_options(const OnnxExportOptions& o) {
   DPAR_CHECK(!o.model_name.empty(), "export_onnx: the model name must not be empty");
+  if (!image_input(o)) {
+    for (int64_t d : o.input_shape) {
+      DPAR_CHECK(d >= 0, "export_onnx: input_shape holds ", d,
+                 " (the input's dims: sizes, or 0 for a dynamic one)");
+    }
+    DPAR_CHECK(o.resize_size >= 0, "export_onnx: resize_size must be >= 0, got ", o.resize_size);
+    return;
+  }
   DPAR_CHECK(o.channels > 0 && o.height >= 0 && o.width >= 0 && o.fixed_batch >= 0,
              "export_onnx: bad input shape: channels ", o.channels, ", height ", o.height,
              ", width ", o.width, ", fixed batch ", o.fixed_batch);
@@ -139,13 +160,20 @@ Facts collect_facts(const OnnxExportOptions& o, int64_t num_classes) {
   m["dpar_version"] = version();
   m["dpar_commit"] = git_commit();
   m["input_name"] = o.input_name;
-  m["input_layout"] = "NCHW";
-  m["input_size"] = f.input_size;
-  m["color_format"] = "RGB";
-  m["pixel_scale"] = float_str(1.0f / 255.0f);
-  m["mean"] = join_floats(o.mean);
-  m["std"] = join_floats(o.std);
-  m["resize_size"] = std::to_string(f.resize_size);
+  if (image_input(o)) {
+    m["input_layout"] = "NCHW";
+    m["input_size"] = f.input_size;
+    m["color_format"] = "RGB";
+    m["pixel_scale"] = float_str(1.0f / 255.0f);
+    m["mean"] = join_floats(o.mean);
+    m["std"] = join_floats(o.std);
+    m["resize_size"] = std::to_string(f.resize_size);
+  } else {
+    m["input_layout"] = "tensor";
+    std::string dims;
+    for (int64_t d : declared_input_dims(o)) dims += (dims.empty() ? "" : ",") + std::to_string(d);
+    m["input_shape"] = dims;
+  }
   m["output_name"] = f.output_name;
   m["softmax"] = o.softmax ? "true" : "false";
   m["num_classes"] = std::to_string(num_classes);
@@ -168,19 +196,22 @@ std::string make_json(const OnnxExportOptions& o, const Facts& f, int64_t num_cl
   j["model_file"] = "inference.onnx";
   j["model_name"] = o.model_name;
   j["input_name"] = o.input_name;
-  j["input_shape"] = {o.fixed_batch > 0 ? o.fixed_batch : -1, o.channels,
-                      o.height > 0 ? o.height : -1, o.width > 0 ? o.width : -1};
+  j["input_shape"] = declared_input_dims(o);
   j["output_name"] = f.output_name;
   j["softmax"] = o.softmax;
   j["num_classes"] = num_classes;
   j["class_names"] = o.class_names;
-  j["preprocess"] = {{"color_format", "RGB"},
-                     {"layout", "NCHW"},
-                     {"pixel_scale", 1.0 / 255.0},
-                     {"resize_size", f.resize_size},
-                     {"crop_size", {o.height, o.width}},
-                     {"mean", json_floats(o.mean)},
-                     {"std", json_floats(o.std)}};
+  if (image_input(o)) {
+    j["preprocess"] = {{"color_format", "RGB"},
+                       {"layout", "NCHW"},
+                       {"pixel_scale", 1.0 / 255.0},
+                       {"resize_size", f.resize_size},
+                       {"crop_size", {o.height, o.width}},
+                       {"mean", json_floats(o.mean)},
+                       {"std", json_floats(o.std)}};
+  } else {
+    j["preprocess"] = nullptr;  // not an image: the caller prepares the tensor
+  }
   j["dpar_version"] = version();
   j["dpar_commit"] = git_commit();
   return j.dump(2) + "\n";
@@ -249,10 +280,16 @@ std::string serialize_onnx(const OnnxGraph& graph, const OnnxExportOptions& opti
   auto* in_type = in->mutable_type()->mutable_tensor_type();
   in_type->set_elem_type(onnx::TensorProto::FLOAT);
   auto* in_shape = in_type->mutable_shape();
-  set_dim(in_shape->add_dim(), options.fixed_batch, "batch");
-  set_dim(in_shape->add_dim(), options.channels, "channels");
-  set_dim(in_shape->add_dim(), options.height, "height");
-  set_dim(in_shape->add_dim(), options.width, "width");
+  if (image_input(options)) {
+    set_dim(in_shape->add_dim(), options.fixed_batch, "batch");
+    set_dim(in_shape->add_dim(), options.channels, "channels");
+    set_dim(in_shape->add_dim(), options.height, "height");
+    set_dim(in_shape->add_dim(), options.width, "width");
+  } else {
+    for (size_t i = 0; i < options.input_shape.size(); ++i) {
+      set_dim(in_shape->add_dim(), options.input_shape[i], "dim" + std::to_string(i));
+    }
+  }
 
   int64_t num_parameters = 0;
   for (const auto& [name, t] : graph.initializers) {

@@ -108,8 +108,9 @@ class OnnxGraphBuilder {
 // GlobalAveragePool, Flatten(1, -1) -> Flatten, Dropout and Identity -> nothing; LayerNorm ->
 // LayerNormalization (the file is then opset 17), GELU -> its formula (Div, Erf, Add, Mul; or
 // the tanh form), Tanh, Sigmoid, SiLU -> Sigmoid and Mul, LeakyReLU, MaxPool2d -> MaxPool,
-// AvgPool2d -> AveragePool, MultiheadAttention (batch-first self-attention) -> MatMul,
-// Reshape, Transpose, Gather, Softmax.
+// AvgPool2d -> AveragePool, MultiheadAttention (self-attention, batch- or sequence-first) ->
+// MatMul, Reshape, Transpose, Gather, Softmax; TransformerEncoderLayer (post- or pre-norm,
+// ReLU or GELU) -> those, its Linears as MatMul and Add, LayerNormalization.
 class OnnxLowerings {
  public:
   // Returns the output value of the module's computation on input.
@@ -145,7 +146,8 @@ void add_sequence_model_lowerings(OnnxLowerings& lowerings);
 // The model's metadata_props (all strings), for runtimes and tools:
 //   model_name, framework ("dpar"), dpar_version, dpar_commit,
 //   input_name, input_layout ("NCHW"), input_size ("224" square, "3,H,W", or "dynamic"),
-//   color_format ("RGB"), pixel_scale (1/255), mean, std ("0.485,0.456,0.406"), resize_size,
+//   color_format ("RGB"), pixel_scale (1/255), mean, std ("0.485,0.456,0.406"), resize_size
+//   (for a non-image input_shape: input_layout "tensor" and input_shape instead),
 //   output_name, softmax ("true"/"false"), num_classes, class_names ("a,b,c" or JSON array).
 // inference.json holds the same facts as JSON (input_shape with -1 for dynamic dimensions).
 struct OnnxExportOptions {
@@ -156,6 +158,13 @@ struct OnnxExportOptions {
   int64_t height = 224;
   int64_t width = 224;
   int64_t fixed_batch = 0;
+  // A model whose input is not an image (a sequence model on [N, S, E] or [S, N, E]
+  // features): the input's whole shape, 0 for a dynamic dimension ("dim0", "dim1", ...).
+  // Non-empty, it replaces channels/height/width/fixed_batch, and the metadata records no image
+  // preprocessing: input_layout "tensor" and input_shape ("-1,16,32"; -1 dynamic) instead of
+  // input_size, color_format, pixel_scale, mean, std and resize_size; inference.json's
+  // "preprocess" is null.
+  std::vector<int64_t> input_shape;
   std::string input_name = "x";
   std::string output_name;  // empty: "probs" with softmax, "logits" without
   bool softmax = true;      // append Softmax over the classes (PaddlePaddle's export default)
