@@ -177,14 +177,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                      [xd = x.detach(), wd = weight.detach(), compute](
                          const autograd::GradList& g, const autograd::NeedsGrad& need) {
                        Tensor gx, gw, gb;
-                       if (need[0]) gx = gemm(g[0], false, wd, false, {}, compute);  // G W
-                       if (need[1]) gw = gemm(g[0], true, xd, false, {}, compute);   // G^T X
+                       // The parameters' gradients first: G is still in cache from the node
+                       // before, and dX, which the next node reads, is then written last.
                        if (need[2]) {
                          // Column sums of G, accumulated in a fixed order (deterministic).
                          gb = Tensor::empty({1, g[0].size(1)}, DType::f32, g[0].device());
                          kernels::sum_to.get(g[0].device())(g[0], gb);
                          gb = gb.view({g[0].size(1)});
                        }
+                       if (need[1]) gw = gemm(g[0], true, xd, false, {}, compute);   // G^T X
+                       if (need[0]) gx = gemm(g[0], false, wd, false, {}, compute);  // G W
                        return autograd::GradList{gx, gw, gb};
                      });
   }
