@@ -60,6 +60,45 @@ TEST_CASE("AdamW first step moves by lr in the gradient's sign", "[optim]") {
   check_values(w, {0.95f * 1.0f - 0.1f, 0.95f * -2.0f + 0.1f, 0.95f * 3.0f - 0.1f});
 }
 
+TEST_CASE("AdamW's vectorised update gives the bits of its scalar formula", "[optim]") {
+  // The CPU kernel runs 16 lanes on AVX-512 (plus a scalar tail, and threads on large
+  // tensors); every intermediate must still round as the op sequence below does in scalar
+  // code - PyTorch's order, no fused multiply-adds.
+  const int64_t n = 100003;
+  Generator gen(11);
+  Tensor w = testing::random_tensor({n}, gen, -1, 1).set_requires_grad(true);
+  const std::vector<float> p0 = w.to_float_vector();
+  AdamW opt({w}, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+  std::vector<float> m(n, 0.f), v(n, 0.f), p = p0;
+  for (int t = 1; t <= 2; ++t) {
+    const Tensor g = testing::random_tensor({n}, gen, -3, 3);
+    w.set_grad(g);
+    opt.step();
+    const std::vector<float> gv = g.to_float_vector();
+    const float decay = static_cast<float>(1.0 - 0.01 * 0.1);
+    const float step_size = static_cast<float>(0.01 / (1.0 - std::pow(0.9, t)));
+    const float bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(0.999, t)));
+    const float b1 = 0.9f, omb1 = static_cast<float>(1.0 - 0.9), b2 = 0.999f,
+                omb2 = static_cast<float>(1.0 - 0.999), eps = 1e-8f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = gv[i];
+      // Each product rounded on its own (volatile keeps the compiler from fusing).
+      volatile float m1 = m[i] * b1, m2 = omb1 * gi;
+      m[i] = m1 + m2;
+      volatile float v1 = v[i] * b2, v2 = omb2 * gi, v3 = v2 * gi;
+      v[i] = v1 + v3;
+      const float denom = std::sqrt(v[i]) / bc2 + eps;
+      volatile float pd = p[i] * decay, upd = -step_size * m[i];
+      p[i] = pd + upd / denom;
+    }
+  }
+  const std::vector<float> got = w.to_float_vector();
+  int64_t differing = 0;
+  for (int64_t i = 0; i < n; ++i) differing += got[i] != p[i];
+  CHECK(differing == 0);
+  CHECK(got != p0);
+}
+
 TEST_CASE("RMSprop first step", "[optim]") {
   // v = (1 - alpha) g^2, so p -= lr * g / (sqrt(1 - alpha) |g| + eps).
   Tensor w = param({1.0f, 1.0f});
