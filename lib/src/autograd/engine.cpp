@@ -18,10 +18,29 @@ struct ReadyOrder {
   }
 };
 
-// Adds g into slot, out of place: the incoming tensor may be shared with another consumer.
+// Whether slot's memory belongs to slot alone: dpar allocated it, and no other tensor or view
+// shares its impl or its storage (a backward that hands one gradient to two inputs, a hook, a
+// retained grad, a slice of a larger gradient, a caller's own gradient tensor all hold a
+// second reference), so adding into it changes nothing anyone else can see.
+bool owned_alone(const Tensor& slot, const Tensor& g) {
+  return slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
+         slot.storage()->from_allocator() && !slot.storage()->has_pending_write() &&
+         slot.dtype() == DType::f32 && g.dtype() == DType::f32 && slot.shape() == g.shape() &&
+         slot.device() == g.device() && slot.is_contiguous();
+}
+
+// Adds g into slot: in place when slot's memory is its own (a residual connection's two
+// gradients then cost one pass and no new buffer), else out of place. Either way the sum is
+// slot + g, so the bits do not depend on which.
 void accumulate(Tensor& slot, Tensor g) {
   if (!g.defined()) return;
-  slot = slot.defined() ? add(slot, g) : std::move(g);
+  if (!slot.defined()) {
+    slot = std::move(g);
+  } else if (owned_alone(slot, g)) {
+    add_(slot, g);
+  } else {
+    slot = add(slot, g);
+  }
 }
 
 // Callbacks queued by queue_callback() during the running backward pass on this thread.

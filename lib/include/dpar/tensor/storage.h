@@ -27,6 +27,9 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
+  // Whether dpar's allocator gave this memory (not wrapped from elsewhere: a libtorch tensor,
+  // a user's buffer, an alias).
+  bool from_allocator() const { return from_allocator_; }
 
   // ---- a pending asynchronous write --------------------------------------------------------
   // Memory that a collective is still filling on another thread (DataParallel's all-gather of
