@@ -56,6 +56,34 @@ TEST_CASE("gradients accumulate across backward calls", "[autograd]") {
   CHECK(w.grad().to_float_vector() == std::vector<float>{5, 7});
 }
 
+TEST_CASE("a gradient reaching one input twice is summed without touching shared memory",
+          "[autograd]") {
+  // Residual form: h = f(x) feeds both branches, whose gradients meet at h (in place into the
+  // first when its memory is its own).
+  Generator gen(10);
+  Tensor x = random_tensor({3, 4}, gen).set_requires_grad();
+  gradcheck(
+      [](const std::vector<Tensor>& in) {
+        Tensor h = mul(in[0], 1.5);
+        return add(h, mul(relu(h), h));
+      },
+      {x});
+  // add's backward hands one tensor to both inputs: the second arrival must not be added
+  // into the first (which is the same memory) - the gradient is 2, not 4.
+  Tensor u = Tensor::from_vector(std::vector<float>{1, -2, 3}, {3}).set_requires_grad();
+  sum(add(u, u)).backward();
+  CHECK(u.grad().to_float_vector() == std::vector<float>{2, 2, 2});
+  // The caller's gradient tensors for two roots on the same node stay as they were.
+  Tensor v = Tensor::from_vector(std::vector<float>{1, 2}, {2}).set_requires_grad();
+  Tensor y = mul(v, 3.0);
+  const Tensor g1 = Tensor::from_vector(std::vector<float>{1, 1}, {2});
+  const Tensor g2 = Tensor::from_vector(std::vector<float>{10, 20}, {2});
+  autograd::backward({y, y}, {g1, g2}, false);
+  CHECK(g1.to_float_vector() == std::vector<float>{1, 1});
+  CHECK(g2.to_float_vector() == std::vector<float>{10, 20});
+  CHECK(v.grad().to_float_vector() == std::vector<float>{33, 63});
+}
+
 TEST_CASE("no_grad records nothing", "[autograd]") {
   Tensor w = Tensor::ones({2}).set_requires_grad();
   Tensor y;
