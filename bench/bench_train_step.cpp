@@ -39,6 +39,11 @@ int main(int argc, char** argv) {
                       ": expected mobilenet_v3_small or vit_tiny");
     }
     if (rounds < 1) throw FlagError("bench_train_step: --rounds must be at least 1");
+    if (rounds > 1 && !peer) {
+      throw FlagError(
+          "bench_train_step: --rounds alternates with the PyTorch peer; drop "
+          "--peer=false");
+    }
     if (batch == 0) batch = vit ? 64 : 16;
     if (img == 0) img = vit ? 32 : 224;
     const int64_t classes = vit ? 10 : 1000;

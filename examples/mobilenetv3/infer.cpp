@@ -165,6 +165,9 @@ int main(int argc, char** argv) {
     const std::vector<std::string> images = list_images(img_path);
     infer::Model model = infer::Model::load(model_path);
     const infer::ModelInfo& info = model.info();
+    DPAR_CHECK(info.image_input, model_path, ": the model's input is a tensor ", info.input_shape,
+               ", not an image (input_layout \"tensor\"); infer classifies images - run such a "
+               "model with dpar::infer::Model::run on a tensor you prepare");
     model.set_num_threads(static_cast<int>(cpu_threads));
     // fp16 is how the GPU computes an fp32 model (convolutions and Gemm in f16), not a file kind.
     model.set_device(device, precision == "fp16" ? DType::f16 : DType::f32);

@@ -155,6 +155,7 @@ ModelInfo make_info(const detail::Graph& g, const Program& p) {
   } else {
     info.name = generic ? std::filesystem::path(g.path).stem().string() : g.name;
   }
+  if (const std::string* layout = meta({"input_layout"})) info.image_input = *layout != "tensor";
   if (p.input_dims.size() == 4 && p.input_dims[2] > 0 && p.input_dims[3] > 0) {
     info.input_height = p.input_dims[2];
     info.input_width = p.input_dims[3];

@@ -48,8 +48,8 @@ std::string lower_batch_norm(const nn::Module& m, const std::string& input, Onnx
   // Without affine parameters the scale is 1 and the shift 0, which ONNX needs spelled out.
   const Tensor gamma = bn.weight.defined() ? bn.weight : Tensor::ones(c);
   const Tensor beta = bn.bias.defined() ? bn.bias : Tensor::zeros(c);
-  DPAR_CHECK(bn.running_mean.defined() && bn.running_var.defined(), "export_onnx: BatchNorm2d at '",
-             b.path(), "' has no running statistics to export");
+  DPAR_CHECK(bn.running_mean.defined() && bn.running_var.defined(), "export_onnx: ", m.type_name(),
+             " at '", b.path(), "' has no running statistics to export");
   return b.add_node("BatchNormalization",
                     {input, b.add_initializer("weight", gamma), b.add_initializer("bias", beta),
                      b.add_initializer("running_mean", bn.running_mean),
@@ -203,7 +203,8 @@ OnnxLowerings::OnnxLowerings() {
     // ONNX has no adaptive pooling; only the global form has an op whose windows do not
     // depend on the input size.
     const auto& pool = static_cast<const nn::AdaptiveAvgPool2d&>(m);
-    DPAR_CHECK(pool.output_height == 1 && pool.output_width == 1, "export_onnx: ", b.path(),
+    DPAR_CHECK(pool.output_height == 1 && pool.output_width == 1,
+               "export_onnx: ", b.path().empty() ? std::string("<root>") : b.path(),
                ": AdaptiveAvgPool2d(", pool.output_height, ", ", pool.output_width,
                ") has no ONNX op (only output size 1, GlobalAveragePool); use AvgPool2d with "
                "the window your input size gives, or register a lowering");

@@ -99,8 +99,8 @@ std::vector<int64_t> declared_input_dims(const OnnxExportOptions& o) {
 void check_options(const OnnxExportOptions& o) {
   DPAR_CHECK(!o.model_name.empty(), "export_onnx: the model name must not be empty");
   if (!image_input(o)) {
-    for (int64_t d : o.input_shape) {
-      DPAR_CHECK(d >= 0, "export_onnx: input_shape holds ", d,
+    for (size_t i = 0; i < o.input_shape.size(); ++i) {
+      DPAR_CHECK(o.input_shape[i] >= 0, "export_onnx: input_shape[", i, "] is ", o.input_shape[i],
                  " (the input's dims: sizes, or 0 for a dynamic one)");
     }
     DPAR_CHECK(o.resize_size >= 0, "export_onnx: resize_size must be >= 0, got ", o.resize_size);
@@ -270,7 +270,9 @@ std::string serialize_onnx(const OnnxGraph& graph, const OnnxExportOptions& opti
   model.set_producer_version(version());
   model.set_model_version(1);
   model.set_doc_string(options.model_name + " exported by dpar " + version() + " (commit " +
-                       git_commit() + ") for inference: BatchNorm folded, dropout removed");
+                       git_commit() +
+                       ") for inference: BatchNorm folded into the Conv before it, dropout "
+                       "removed");
 
   onnx::GraphProto* g = model.mutable_graph();
   g->set_name(options.model_name);

@@ -41,6 +41,8 @@ namespace dpar::infer {
 // What the file says about the model. Exporters (dpar's export_onnx among them) store the
 // preprocessing in metadata_props:
 //   model_name   "mobilenet_v3_small"
+//   input_layout "NCHW" (an image), or "tensor" (any other input: input_shape "-1,65,192"
+//                gives its dims, and there is no image preprocessing)
 //   input_size   "224" (square side), "3,224,192" (C,H,W) or "dynamic"
 //   resize_size  "256" (shorter side before the centre crop)
 //   mean, std    "0.485,0.456,0.406" (per channel, on [0,1] pixels)
@@ -55,6 +57,7 @@ struct ModelInfo {
   std::string input_name;
   std::string output_name;
   Shape input_shape;         // as declared; -1 marks a dynamic dimension
+  bool image_input = true;   // false for input_layout "tensor" (a sequence model's features)
   int64_t input_height = 0;  // from metadata or a static input shape; 0 if unknown
   int64_t input_width = 0;
   int64_t resize_size = 0;  // from metadata; 0 if unknown
