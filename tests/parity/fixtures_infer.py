@@ -168,6 +168,23 @@ def bad_models(out):
     onnx.checker.check_model(model)
     onnx.save(model, os.path.join(out, "dropout.onnx"))
 
+    # Concat (a torch.cat in an exported model): along the last axis, then a constant row
+    # appended along the batch axis - the node-by-node path runs it.
+    x3 = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Concat", ["x", "r"], ["c"], name="cat_features", axis=-1),
+             helper.make_node("Concat", ["c", "row"], ["y"], name="cat_rows", axis=0)]
+    inits = [helper.make_tensor("row", TensorProto.FLOAT, [1, 8], [9.0] * 8)]
+    y3 = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])
+    graph = helper.make_graph(nodes, "concat", [x3], [y3], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    onnx.checker.check_model(model)
+    onnx.save(model, os.path.join(out, "concat.onnx"))
+    graph = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["y"], name="cat", axis=2)],
+                              "concat_bad_axis", [x3], [y3])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    onnx.save(model, os.path.join(out, "concat_bad_axis.onnx"))
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -269,6 +269,20 @@ TEST_CASE("inference-mode Dropout and Identity are no-ops") {
   CHECK(model.plan_summary({2, 4}).size() == 1);  // the Relu alone
 }
 
+TEST_CASE("Concat runs node by node, along any axis") {
+  infer::Model model = infer::Model::load(model_path("concat.onnx"));
+  const Tensor x = Tensor::from_vector(std::vector<float>{-1.f, 2.f, -3.f, 4.f}, {1, 4});
+  const Tensor y = model.run(x);
+  CHECK(y.shape() == Shape{2, 8});
+  CHECK(y.to_float_vector() == std::vector<float>{-1.f, 2.f, -3.f, 4.f, 0.f, 2.f, 0.f, 4.f,  //
+                                                  9.f, 9.f, 9.f, 9.f, 9.f, 9.f, 9.f, 9.f});
+  // An axis outside the rank (a file can say anything) is an error naming the node.
+  infer::Model bad = infer::Model::load(model_path("concat_bad_axis.onnx"));
+  const std::string err = error_of([&] { bad.run(x); });
+  INFO(err);
+  CHECK(err.find("Concat 'cat': axis 2 is outside a rank-2 input") != std::string::npos);
+}
+
 TEST_CASE("truncated and corrupt ONNX files give a clear error naming the file") {
   const std::string good = read_bytes(model_path("mobilenet_v3_small.onnx"));
   REQUIRE(good.size() > 1000000);

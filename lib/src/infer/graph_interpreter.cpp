@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/tensor/ops.h"
@@ -39,7 +40,8 @@ const std::map<std::string, size_t>& interpreter_ops() {
                                                     {"HardSwish", 1},
                                                     {"HardSigmoid", 1},
                                                     {"LayerNormalization", 2},
-                                                    {"BatchNormalization", 5}};
+                                                    {"BatchNormalization", 5},
+                                                    {"Concat", 1}};
   return ops;
 }
 
@@ -230,6 +232,16 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
                in[0].shape());
     Tensor mean = in[3], var = in[4];
     return batch_norm(in[0], in[1], in[2], mean, var, false, 0.0, n.get_float("epsilon", 1e-5f));
+  }
+  if (op == "Concat") {
+    // Every input, along `axis` (required; negative counts from the end). cat checks that the
+    // other dims agree and names the shapes when they do not.
+    for (const Tensor& t : in) DPAR_CHECK(t.defined(), "Concat: an input is empty");
+    const int64_t rank = in[0].dim();
+    const int64_t axis = n.get_int("axis", std::numeric_limits<int64_t>::min());
+    DPAR_CHECK(axis >= -rank && axis < rank, "axis ", axis, " is outside a rank-", rank,
+               " input (Concat needs one)");
+    return cat(in, axis < 0 ? axis + rank : axis);
   }
   if (op == "Reshape") {
     Shape shape = ints_of(in[1]);
