@@ -80,6 +80,24 @@ expect_kill9_teardown() {
   expect_no_job_processes
 }
 
+# expect_no_partial_set <dir> <ranks>: after a rank was killed while an optimizer shard set
+# <dir> was saved, the set is never partial. The dying rank kills itself as its own file is
+# written, before its part of the index exchange, so normally no <dir> exists and <dir>.tmp is
+# left behind; on a loaded machine the kill can land after rank 0 finished the set, and then
+# <dir> must be whole (its index and every rank's file).
+expect_no_partial_set() {
+  local dir=$1 ranks=$2 r whole=1
+  if [ ! -d "$dir" ]; then
+    ok "no $(basename "$dir")"
+    [ -d "$dir.tmp" ] && ok "$(basename "$dir").tmp left behind" || fail "no $(basename "$dir").tmp"
+    return
+  fi
+  [ -f "$dir/index.json" ] || whole=0
+  for ((r = 0; r < ranks; r++)); do [ -f "$dir/rank-$r-of-$ranks.safetensors" ] || whole=0; done
+  [ $whole -eq 1 ] && ok "$(basename "$dir") was finished before the kill landed, and is whole" ||
+    fail "$(basename "$dir") exists but is partial: $(ls "$dir" | tr '\n' ' ')"
+}
+
 finish() {
   if [ "$failures" -ne 0 ]; then
     echo "$failures check(s) failed"

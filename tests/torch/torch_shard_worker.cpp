@@ -272,12 +272,14 @@ void check_kill_save(const std::string& dir) {
   ddp.save_optimizer_state(*opt, dir + "/set_a");
   train_steps(ddp, *opt, 3, 5);
   if (dpar::dist::get_rank() == 1) {
-    // Dies the moment its own file of set_b exists: rank 0 has not written the index yet.
+    // Dies the moment its own file of set_b is being written (safetensors writes <file>.tmp
+    // first) or exists, before it joins the exchange rank 0 writes the index after. Polls
+    // without sleeping so the kill lands within microseconds, not after the save.
     const std::string mine = dir + "/set_b.tmp/rank-1-of-" +
                              std::to_string(dpar::dist::get_world_size()) + ".safetensors";
     std::thread([mine] {
-      while (!std::filesystem::exists(mine)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      while (!std::filesystem::exists(mine + ".tmp") && !std::filesystem::exists(mine)) {
+        std::this_thread::yield();
       }
       std::printf("rank 1: killing myself with SIGKILL while set_b is saved\n");
       std::fflush(stdout);
