@@ -80,22 +80,26 @@ expect_kill9_teardown() {
   expect_no_job_processes
 }
 
-# expect_no_partial_set <dir> <ranks>: after a rank was killed while an optimizer shard set
-# <dir> was saved, the set is never partial. The dying rank kills itself as its own file is
-# written, before its part of the index exchange, so normally no <dir> exists and <dir>.tmp is
-# left behind; on a loaded machine the kill can land after rank 0 finished the set, and then
-# <dir> must be whole (its index and every rank's file).
-expect_no_partial_set() {
-  local dir=$1 ranks=$2 r whole=1
-  if [ ! -d "$dir" ]; then
-    ok "no $(basename "$dir")"
-    [ -d "$dir.tmp" ] && ok "$(basename "$dir").tmp left behind" || fail "no $(basename "$dir").tmp"
-    return
-  fi
-  [ -f "$dir/index.json" ] || whole=0
-  for ((r = 0; r < ranks; r++)); do [ -f "$dir/rank-$r-of-$ranks.safetensors" ] || whole=0; done
-  [ $whole -eq 1 ] && ok "$(basename "$dir") was finished before the kill landed, and is whole" ||
-    fail "$(basename "$dir") exists but is partial: $(ls "$dir" | tr '\n' ' ')"
+# expect_no_partial_sets <dir> <ranks>: after rank 1 was killed while optimizer shard sets
+# <dir>/set_b_0, set_b_1, ... were saved one after another (launch/kill_during_saves.h), every
+# set under its final name is whole (its index and every rank's file); the one being saved
+# stays set_b_<k>.tmp.
+expect_no_partial_sets() {
+  local dir=$1 ranks=$2 set r whole finished=0
+  for set in "$dir"/set_b_*; do
+    [ -d "$set" ] || continue
+    case $set in *.tmp) continue ;; esac
+    whole=1
+    [ -f "$set/index.json" ] || whole=0
+    for ((r = 0; r < ranks; r++)); do [ -f "$set/rank-$r-of-$ranks.safetensors" ] || whole=0; done
+    [ $whole -eq 1 ] || fail "$(basename "$set") exists but is partial: $(ls "$set" | tr '\n' ' ')"
+    finished=$((finished + 1))
+  done
+  ok "$finished set(s) finished before the kill, each whole"
+  # Usually the set in progress is left as .tmp; the teardown may also have stopped rank 0
+  # between one set's rename and the next set's folder, which is just as whole.
+  ls -d "$dir"/set_b_*.tmp >/dev/null 2>&1 && ok "the set being saved was left as .tmp" ||
+    ok "no set was in progress when the job ended"
 }
 
 finish() {

@@ -11,8 +11,8 @@
 //   --check resume --dir D: on any number of ranks, the next --steps steps after loading D's
 //       optimizer state are bitwise equal whether the state comes from the shard set or the
 //       unsharded file, into a sharded (gradients, optimizer) or unsharded job;
-//   --check kill-save --dir D: saves D/set_a, then rank 1 dies (SIGKILL) while D/set_b is
-//       being written.
+//   --check kill-save --dir D: saves D/set_a, then rank 1 dies (SIGKILL) while one of
+//       D/set_b_0, set_b_1, ... is being written (launch/kill_during_saves.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,6 +30,7 @@
 #include "dpar/nn/weights.h"
 #include "dpar/optim/clip_grad.h"
 #include "dpar/tensor/allocator.h"
+#include "launch/kill_during_saves.h"        // tests/
 #include "mobilenetv3/model/mobilenet_v3.h"  // examples/
 
 using namespace dpar;
@@ -378,23 +379,9 @@ void check_kill_save(const std::string& dir, double bucket_mb) {
   adamw_steps(dp, *opt, 0, 3);
   dp.save_optimizer_state(*opt, dir + "/set_a");
   adamw_steps(dp, *opt, 3, 2);
-  if (get_rank() == 1) {
-    // Dies the moment its own file of set_b is being written (safetensors writes <file>.tmp
-    // first) or exists, before it joins the exchange rank 0 writes the index after. Polls
-    // without sleeping so the kill lands within microseconds, not after the save.
-    const std::string mine =
-        dir + "/set_b.tmp/rank-1-of-" + std::to_string(get_world_size()) + ".safetensors";
-    std::thread([mine] {
-      while (!std::filesystem::exists(mine + ".tmp") && !std::filesystem::exists(mine)) {
-        std::this_thread::yield();
-      }
-      std::printf("rank 1: killing myself with SIGKILL while set_b is saved\n");
-      std::fflush(stdout);
-      std::raise(SIGKILL);
-    }).detach();
-  }
-  dp.save_optimizer_state(*opt, dir + "/set_b");
-  std::printf("rank %d: set_b was saved although rank 1 died\n", get_rank());
+  dpar::testing::save_sets_until_rank1_dies(
+      dir, get_rank(), get_world_size(), 200,
+      [&](const std::string& path) { dp.save_optimizer_state(*opt, path); });
 }
 
 }  // namespace

@@ -126,14 +126,14 @@ case $case_name in
       expect_text "$work/out.txt" "resumed on $n ranks"
     done ;;
   shard_kill_save)
-    # kill -9 of a rank while a shard set is written: the set is never partial (normally it
-    # never appears), the previous one still loads (on another number of ranks).
+    # kill -9 of a rank while shard sets are written: a set is never partial (the one being
+    # written stays .tmp), the earlier one still loads (on another number of ranks).
     worker=$shard_worker
     launch 2 --check kill-save --dir "$work" >"$work/out.txt" 2>&1
     code=$?
     [ $code -ne 0 ] && ok "the job failed ($code)" || fail "the job survived a dead rank"
     expect_text "$work/logs/workerlog.1" "killing myself with SIGKILL"
-    expect_no_partial_set "$work/set_b" 2
+    expect_no_partial_sets "$work" 2
     [ -f "$work/set_a/index.json" ] && ok "set_a intact" || fail "set_a lost its index"
     run_ok 3 --check load --dir "$work"
     expect_text "$work/out.txt" "AdamW state of step 3" ;;

@@ -10,8 +10,8 @@
 //   --check save --dir D: 5 AdamW steps sharded, then D/model.ckpt and the shard set D/shards;
 //   --check resume --dir D: on any number of ranks, 10 more steps after loading D into a
 //       sharded (optimizer, gradients) or unsharded job are bitwise equal to each other;
-//   --check kill-save --dir D: saves D/set_a, then rank 1 dies (SIGKILL) while D/set_b is
-//       being written;
+//   --check kill-save --dir D: saves D/set_a, then rank 1 dies (SIGKILL) while one of
+//       D/set_b_0, set_b_1, ... is being written (launch/kill_during_saves.h);
 //   --check load --dir D: loads D/set_a (3 AdamW steps) into a sharded job of any size;
 //   --check unattached: a sharded job whose optimizer was not made by make_optimizer fails at
 //       its second forward with a line saying so.
@@ -29,6 +29,7 @@
 #include "dpar/core/flags.h"
 #include "dpar/dpar.h"
 #include "dpar/torch.h"
+#include "launch/kill_during_saves.h"  // tests/
 
 namespace dt = dpar::torch;
 namespace nn = ::torch::nn;
@@ -271,23 +272,9 @@ void check_kill_save(const std::string& dir) {
   train_steps(ddp, *opt, 0, 3);
   ddp.save_optimizer_state(*opt, dir + "/set_a");
   train_steps(ddp, *opt, 3, 5);
-  if (dpar::dist::get_rank() == 1) {
-    // Dies the moment its own file of set_b is being written (safetensors writes <file>.tmp
-    // first) or exists, before it joins the exchange rank 0 writes the index after. Polls
-    // without sleeping so the kill lands within microseconds, not after the save.
-    const std::string mine = dir + "/set_b.tmp/rank-1-of-" +
-                             std::to_string(dpar::dist::get_world_size()) + ".safetensors";
-    std::thread([mine] {
-      while (!std::filesystem::exists(mine + ".tmp") && !std::filesystem::exists(mine)) {
-        std::this_thread::yield();
-      }
-      std::printf("rank 1: killing myself with SIGKILL while set_b is saved\n");
-      std::fflush(stdout);
-      std::raise(SIGKILL);
-    }).detach();
-  }
-  ddp.save_optimizer_state(*opt, dir + "/set_b");
-  std::printf("rank %d: set_b was saved although rank 1 died\n", dpar::dist::get_rank());
+  dpar::testing::save_sets_until_rank1_dies(
+      dir, dpar::dist::get_rank(), dpar::dist::get_world_size(), 200,
+      [&](const std::string& path) { ddp.save_optimizer_state(*opt, path); });
 }
 
 // The set kill-save left intact loads, into a job of another size.
