@@ -13,35 +13,19 @@ namespace dpar::infer::detail {
 const std::map<std::string, size_t>& interpreter_ops() {
   // Each op with the number of leading inputs it reads unconditionally (eval indexes them
   // without a check); inputs after these are optional (a bias, a pad value).
-  static const std::map<std::string, size_t> ops = {{"Conv", 2},
-                                                    {"Gemm", 2},
-                                                    {"MatMul", 2},
-                                                    {"Add", 2},
-                                                    {"Sub", 2},
-                                                    {"Mul", 2},
-                                                    {"Div", 2},
-                                                    {"Erf", 1},
-                                                    {"Relu", 1},
-                                                    {"LeakyRelu", 1},
-                                                    {"Sigmoid", 1},
-                                                    {"Tanh", 1},
-                                                    {"Softmax", 1},
-                                                    {"Flatten", 1},
-                                                    {"Identity", 1},
-                                                    {"Dropout", 1},
-                                                    {"Reshape", 2},
-                                                    {"Transpose", 1},
-                                                    {"Pad", 2},
-                                                    {"Gather", 2},
-                                                    {"Sqrt", 1},
-                                                    {"MaxPool", 1},
-                                                    {"AveragePool", 1},
-                                                    {"GlobalAveragePool", 1},
-                                                    {"HardSwish", 1},
-                                                    {"HardSigmoid", 1},
-                                                    {"LayerNormalization", 2},
-                                                    {"BatchNormalization", 5},
-                                                    {"Concat", 1}};
+  // clang-format off
+  static const std::map<std::string, size_t> ops = {
+      {"Conv", 2},      {"Gemm", 2},        {"MatMul", 2},
+      {"Add", 2},       {"Sub", 2},         {"Mul", 2},
+      {"Div", 2},       {"Erf", 1},         {"Relu", 1},
+      {"LeakyRelu", 1}, {"Sigmoid", 1},     {"Tanh", 1},
+      {"Softmax", 1},   {"Flatten", 1},     {"Identity", 1},
+      {"Dropout", 1},   {"Reshape", 2},     {"Transpose", 1},
+      {"Pad", 2},       {"Gather", 2},      {"Sqrt", 1},
+      {"MaxPool", 1},   {"AveragePool", 1}, {"GlobalAveragePool", 1},
+      {"HardSwish", 1}, {"HardSigmoid", 1}, {"LayerNormalization", 2},
+      {"Concat", 1},    {"BatchNormalization", 5}};
+  // clang-format on
   return ops;
 }
 
@@ -230,8 +214,8 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
     DPAR_CHECK(in[0].dim() >= 2 && n.get_int("training_mode", 0) == 0,
                "BatchNormalization runs in inference mode on a rank-2+ input here, got ",
                in[0].shape());
-    Tensor mean = in[3], var = in[4];
-    return batch_norm(in[0], in[1], in[2], mean, var, false, 0.0, n.get_float("epsilon", 1e-5f));
+    return batch_norm(in[0], in[1], in[2], in[3], in[4], /*training=*/false, 0.0,
+                      n.get_float("epsilon", 1e-5f));
   }
   if (op == "Concat") {
     // Every input, along `axis` (required; negative counts from the end). cat checks that the
