@@ -24,13 +24,24 @@ void WorkImpl::wait(Millis timeout) {
               ") has not completed after ", timeout.count(),
               " ms (Work::wait timeout); it is still running");
   }
-  if (error_) std::rethrow_exception(error_);
+  if (failed_) throw Error(error_message_);
 }
 
 void WorkImpl::finish(std::exception_ptr error) {
+  std::string message;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "an unknown exception";
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    error_ = std::move(error);
+    failed_ = error != nullptr;
+    error_message_ = std::move(message);
     done_ = true;
   }
   cv_.notify_all();

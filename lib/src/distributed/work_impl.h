@@ -5,6 +5,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "distributed/collective_check.h"
 #include "dpar/distributed/process_group.h"
@@ -40,14 +41,20 @@ class WorkImpl final : public Work {
   // two thread wake-ups that each cost a scheduler time slice on a busy machine.
   void wait(Millis timeout = Millis(0)) override;
 
-  // Called once by the communication thread; error is null on success.
+  // Called once by the thread that ran the collective; error is null on success.
   void finish(std::exception_ptr error);
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
-  std::exception_ptr error_;
+  // The failure as text, and each wait() throws its own dpar::Error built from it. Rethrowing
+  // one shared exception object would hand it between threads through the reference count
+  // libstdc++ keeps inside the exception, which ThreadSanitizer cannot see (libstdc++ is not
+  // instrumented): the thread that ran the collective may free the object after the waiter
+  // read it, and TSan reports a race that the count in fact orders.
+  bool failed_ = false;
+  std::string error_message_;
   const CollectiveInfo info_;
   const int rank_;
   const int size_;
