@@ -101,6 +101,20 @@ void softmax_backward_rows(float* ds, const float* p, const float* d_o, int64_t 
   softmax_backward_rows_baseline(ds, p, d_o, ld_do, o, ld_o, lq, lk, ev);
 }
 
+// Asks for the `rows` x `cols` block at p (rows `ld` apart) to be brought into cache. The
+// slices of a packed projection are strided (a head's 64 floats out of every 3E-float token
+// row) and no two slices share a cache line, so each slice's operands come from beyond the core's
+// caches; read while the slice before is being computed, they arrive in cache instead of stalling
+// the small products (the hardware prefetcher does not follow such short strided runs far enough).
+// Only reads: prefetching the output slices for writing as well measured slower.
+void prefetch_block(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+  constexpr int64_t kLineFloats = 64 / sizeof(float);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = p + i * ld;
+    for (int64_t j = 0; j < cols; j += kLineFloats) __builtin_prefetch(row + j);
+  }
+}
+
 // Slice b = n * H + h of a [N, H, L, D] operand with unit stride along D: its first element
 // and the distance between its rows.
 template <typename T>
@@ -121,6 +135,7 @@ struct Slices {
   T* operator[](int64_t b) const { return base + (b / heads) * stride_n + (b % heads) * stride_h; }
 };
 Slices<const float> slices(const Tensor& t) { return {t, t.data<float>()}; }
+
 Slices<float> slices(Tensor& t) { return {t, t.data<float>()}; }
 
 void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
@@ -133,6 +148,11 @@ void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const T
   float* pp = probs.data<float>();
 #pragma omp parallel for schedule(static) if (batch > 1)
   for (int64_t b = 0; b < batch; ++b) {
+    if (b + 1 < batch) {
+      prefetch_block(sq[b + 1], lq, e, sq.ld);
+      prefetch_block(sk[b + 1], lk, e, sk.ld);
+      prefetch_block(sv[b + 1], lk, ev, sv.ld);
+    }
     float* s = pp + b * lq * lk;
     sgemm('N', 'T', lq, lk, e, scale, sq[b], sq.ld, sk[b], sk.ld, 0.f, s, lk);
     for (int64_t i = 0; i < lq; ++i) {
@@ -158,6 +178,12 @@ void sdpa_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const 
     std::vector<float> ds(static_cast<size_t>(lq * lk));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
+      if (b + 1 < batch) {
+        prefetch_block(sq[b + 1], lq, e, sq.ld);
+        prefetch_block(sk[b + 1], lk, e, sk.ld);
+        prefetch_block(sv[b + 1], lk, ev, sv.ld);
+        prefetch_block(sdo[b + 1], lq, ev, sdo.ld);
+      }
       const float* p = pp + b * lq * lk;
       // dV = P^T dO
       sgemm('T', 'N', lk, ev, lq, 1.f, p, lk, sdo[b], sdo.ld, 0.f, sdv[b], sdv.ld);
