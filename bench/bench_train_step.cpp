@@ -131,10 +131,9 @@ int main(int argc, char** argv) {
           std::printf("  round %lld: dpar %.2f, pytorch %.2f img/s, ratio %.2fx\n",
                       static_cast<long long>(r), mine, peer_rate, mine / peer_rate);
         }
-        std::sort(ratios.begin(), ratios.end());
+        const auto [low, high] = std::minmax_element(ratios.begin(), ratios.end());
         std::printf("  median ratio over %lld rounds: %.2fx img/s (range %.2f-%.2f)\n",
-                    static_cast<long long>(rounds), ratios[ratios.size() / 2], ratios.front(),
-                    ratios.back());
+                    static_cast<long long>(rounds), bench::median(ratios), *low, *high);
       }
     }
     if (profile) {

@@ -82,8 +82,8 @@ expect_kill9_teardown() {
 
 # expect_no_partial_sets <dir> <ranks>: after rank 1 was killed while optimizer shard sets
 # <dir>/set_b_0, set_b_1, ... were saved one after another (launch/kill_during_saves.h), every
-# set under its final name is whole (its index and every rank's file); the one being saved
-# stays set_b_<k>.tmp.
+# set under its final name is whole (its index and every rank's file); one being saved when
+# the job ended stays set_b_<k>.tmp.
 expect_no_partial_sets() {
   local dir=$1 ranks=$2 set r whole finished=0
   for set in "$dir"/set_b_*; do

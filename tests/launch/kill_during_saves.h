@@ -4,9 +4,9 @@
 // A watcher thread polls (without sleeping) for rank 1's own file of the set being saved -
 // its <file>.tmp while safetensors writes it, or the file - and raises SIGKILL on sight. One
 // save takes milliseconds and a watcher thread may not be scheduled within them on a loaded
-// machine, so the caller saves set_b_0, set_b_1, ... until the kill lands: every set that was
-// finished must be whole, and the one being saved must never appear (the shell side,
-// expect_no_partial_sets in checks.sh, checks both).
+// machine, so the caller saves set_b_0, set_b_1, ... until the kill lands: every set under its
+// final name must be whole, and one being saved is left as .tmp if any was in progress when
+// the job ended (the shell side, expect_no_partial_sets in checks.sh, checks this).
 #include <atomic>
 #include <csignal>
 #include <cstdio>

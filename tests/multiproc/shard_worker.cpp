@@ -14,13 +14,10 @@
 //   --check kill-save --dir D: saves D/set_a, then rank 1 dies (SIGKILL) while one of
 //       D/set_b_0, set_b_1, ... is being written (launch/kill_during_saves.h).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/distributed/optimizer_shards.h"

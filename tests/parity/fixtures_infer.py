@@ -184,6 +184,10 @@ def bad_models(out):
                               "concat_bad_axis", [x3], [y3])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     onnx.save(model, os.path.join(out, "concat_bad_axis.onnx"))
+    graph = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["y"], name="cat")],
+                              "concat_no_axis", [x3], [y3])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    onnx.save(model, os.path.join(out, "concat_no_axis.onnx"))
 
 
 def main():

@@ -281,6 +281,11 @@ TEST_CASE("Concat runs node by node, along any axis") {
   const std::string err = error_of([&] { bad.run(x); });
   INFO(err);
   CHECK(err.find("Concat 'cat': axis 2 is outside a rank-2 input") != std::string::npos);
+  // axis is required (ONNX gives it no default).
+  infer::Model no_axis = infer::Model::load(model_path("concat_no_axis.onnx"));
+  const std::string missing = error_of([&] { no_axis.run(x); });
+  INFO(missing);
+  CHECK(missing.find("Concat 'cat': the required attribute axis is missing") != std::string::npos);
 }
 
 TEST_CASE("truncated and corrupt ONNX files give a clear error naming the file") {

@@ -18,13 +18,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <thread>
 
 #include "dpar/core/flags.h"
 #include "dpar/dpar.h"

@@ -496,9 +496,10 @@ TEST_CASE("sync: a failing synchronous collective throws from the call", "[proce
 TEST_CASE("async: a failed Work throws its error from every wait, on any thread",
           "[process_group]") {
   // Each wait throws its own dpar::Error built from the failure's text, so waiters on several
-  // threads share no exception object. (The TSan report that led to this needed the
-  // communication thread to drop its reference just after a waiter finished, a timing this
-  // test cannot force; it holds the behaviour: the same error from every wait.)
+  // threads share no exception object. The waits are bounded so that none runs the collective
+  // itself: the communication thread completes the Work and drops its reference while the
+  // waiters hold theirs (the timing of the TSan report that led to this cannot be forced; the
+  // test holds the behaviour, the same error from every wait).
   std::promise<void> rank0_done;
   std::shared_future<void> done = rank0_done.get_future().share();
   std::vector<std::string> errors(3);
@@ -507,7 +508,7 @@ TEST_CASE("async: a failed Work throws its error from every wait, on any thread"
     if (rank == 0) {
       auto wait_into = [](const std::shared_ptr<Work>& work, std::string& error) {
         try {
-          work->wait();
+          work->wait(std::chrono::seconds(60));
         } catch (const Error& e) {
           error = e.what();
         }

@@ -438,14 +438,14 @@ TEST_CASE(
     CHECK(s.early_open);
     CHECK(s.late_still_gated);  // another bucket, not read yet
     CHECK(s.all_open_after_forward);
-    CHECK(s.waited >= 0);
+    CHECK(s.waited > 0);  // the gates' waits in the forward, each timed (never exactly 0 ns)
   }
   CHECK(overlapped[0].weights == overlapped[1].weights);
   // overlap_gather = false: step() returns with every bucket gathered; the same weights.
   const auto in_step = run(false);
   for (const Seen& s : in_step) {
     CHECK(s.gated_after_step == 0);
-    CHECK(s.waited >= 0);
+    CHECK(s.waited > 0);  // timed inside step() instead, and counted the same way
     CHECK(s.weights == overlapped[0].weights);
   }
 }

@@ -24,24 +24,13 @@ void WorkImpl::wait(Millis timeout) {
               ") has not completed after ", timeout.count(),
               " ms (Work::wait timeout); it is still running");
   }
-  if (failed_) throw Error(error_message_);
+  if (error_) throw Error(*error_);
 }
 
-void WorkImpl::finish(std::exception_ptr error) {
-  std::string message;
-  if (error) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      message = e.what();
-    } catch (...) {
-      message = "an unknown exception";
-    }
-  }
+void WorkImpl::finish(std::optional<std::string> error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    failed_ = error != nullptr;
-    error_message_ = std::move(message);
+    error_ = std::move(error);
     done_ = true;
   }
   cv_.notify_all();

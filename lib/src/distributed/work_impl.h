@@ -2,9 +2,9 @@
 // The Work returned by the process groups: completed by the group's communication thread,
 // waited on by the caller.
 #include <condition_variable>
-#include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "distributed/collective_check.h"
@@ -41,8 +41,8 @@ class WorkImpl final : public Work {
   // two thread wake-ups that each cost a scheduler time slice on a busy machine.
   void wait(Millis timeout = Millis(0)) override;
 
-  // Called once by the thread that ran the collective; error is null on success.
-  void finish(std::exception_ptr error);
+  // Called once by the thread that ran the collective: the failure's message, or nullopt.
+  void finish(std::optional<std::string> error);
 
  private:
   std::mutex mutex_;
@@ -53,8 +53,7 @@ class WorkImpl final : public Work {
   // libstdc++ keeps inside the exception, which ThreadSanitizer cannot see (libstdc++ is not
   // instrumented): the thread that ran the collective may free the object after the waiter
   // read it, and TSan reports a race that the count in fact orders.
-  bool failed_ = false;
-  std::string error_message_;
+  std::optional<std::string> error_;
   const CollectiveInfo info_;
   const int rank_;
   const int size_;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/tensor/ops.h"
@@ -211,9 +210,9 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
   if (op == "BatchNormalization") {
     // Inference form (running statistics), channels at dim 1 of a rank-2+ input: a BatchNorm
     // no Conv absorbed (BatchNorm1d, or one after a Linear).
-    DPAR_CHECK(in[0].dim() >= 2 && n.get_int("training_mode", 0) == 0,
-               "BatchNormalization runs in inference mode on a rank-2+ input here, got ",
-               in[0].shape());
+    DPAR_CHECK(n.get_int("training_mode", 0) == 0,
+               "training_mode=1 is not run here (inference only)");
+    DPAR_CHECK(in[0].dim() >= 2, "needs a rank-2+ input here, got ", in[0].shape());
     return batch_norm(in[0], in[1], in[2], in[3], in[4], /*training=*/false, 0.0,
                       n.get_float("epsilon", 1e-5f));
   }
@@ -222,9 +221,9 @@ Tensor GraphInterpreter::eval(const Node& n, const std::vector<Tensor>& in) cons
     // other dims agree and names the shapes when they do not.
     for (const Tensor& t : in) DPAR_CHECK(t.defined(), "Concat: an input is empty");
     const int64_t rank = in[0].dim();
-    const int64_t axis = n.get_int("axis", std::numeric_limits<int64_t>::min());
-    DPAR_CHECK(axis >= -rank && axis < rank, "axis ", axis, " is outside a rank-", rank,
-               " input (Concat needs one)");
+    DPAR_CHECK(n.has("axis"), "the required attribute axis is missing");
+    const int64_t axis = n.get_int("axis", 0);
+    DPAR_CHECK(axis >= -rank && axis < rank, "axis ", axis, " is outside a rank-", rank, " input");
     return cat(in, axis < 0 ? axis + rank : axis);
   }
   if (op == "Reshape") {

@@ -49,7 +49,7 @@ std::string lower_batch_norm(const nn::Module& m, const std::string& input, Onnx
   const Tensor gamma = bn.weight.defined() ? bn.weight : Tensor::ones(c);
   const Tensor beta = bn.bias.defined() ? bn.bias : Tensor::zeros(c);
   DPAR_CHECK(bn.running_mean.defined() && bn.running_var.defined(), "export_onnx: ", m.type_name(),
-             " at '", b.path(), "' has no running statistics to export");
+             " at '", b.display_path(), "' has no running statistics to export");
   return b.add_node("BatchNormalization",
                     {input, b.add_initializer("weight", gamma), b.add_initializer("bias", beta),
                      b.add_initializer("running_mean", bn.running_mean),
@@ -70,7 +70,7 @@ std::string lower_flatten(const nn::Module& m, const std::string& input, OnnxGra
   const auto& f = static_cast<const nn::Flatten&>(m);
   // ONNX Flatten always makes a 2-D result [d0*..*d(axis-1), rest]; torch's flatten(s, -1) is
   // the same only for start_dim 1 (batch kept).
-  DPAR_CHECK(f.start_dim == 1 && f.end_dim == -1, "export_onnx: Flatten at '", b.path(),
+  DPAR_CHECK(f.start_dim == 1 && f.end_dim == -1, "export_onnx: Flatten at '", b.display_path(),
              "' with start_dim ", f.start_dim, ", end_dim ", f.end_dim,
              " is not supported (only start_dim 1, end_dim -1)");
   return b.add_node("Flatten", {input}, {{"axis", int64_t{1}}});
@@ -141,16 +141,15 @@ std::string OnnxGraphBuilder::lower(const nn::Module& child, const std::string& 
 
 std::string OnnxGraphBuilder::lower_here(const nn::Module& module, const std::string& input) {
   const OnnxLowerings::Lowering* fn = lowerings_.find(module);
-  DPAR_CHECK(fn != nullptr, "export_onnx: no ONNX lowering for module '",
-             path_.empty() ? std::string("<root>") : path_, "' of type ", module.type_name(),
-             " (register one with OnnxLowerings::add)");
+  DPAR_CHECK(fn != nullptr, "export_onnx: no ONNX lowering for module '", display_path(),
+             "' of type ", module.type_name(), " (register one with OnnxLowerings::add)");
   return (*fn)(module, input, *this);
 }
 
 std::string OnnxGraphBuilder::add_node(const std::string& op_type, std::vector<std::string> inputs,
                                        OnnxAttributes attributes) {
   for (const std::string& in : inputs) {
-    DPAR_CHECK(used_names_.count(in) != 0, "export_onnx: node ", op_type, " at '", path_,
+    DPAR_CHECK(used_names_.count(in) != 0, "export_onnx: node ", op_type, " at '", display_path(),
                "' reads unknown value '", in, "'");
   }
   OnnxNode node;
@@ -203,8 +202,7 @@ OnnxLowerings::OnnxLowerings() {
     // ONNX has no adaptive pooling; only the global form has an op whose windows do not
     // depend on the input size.
     const auto& pool = static_cast<const nn::AdaptiveAvgPool2d&>(m);
-    DPAR_CHECK(pool.output_height == 1 && pool.output_width == 1,
-               "export_onnx: ", b.path().empty() ? std::string("<root>") : b.path(),
+    DPAR_CHECK(pool.output_height == 1 && pool.output_width == 1, "export_onnx: ", b.display_path(),
                ": AdaptiveAvgPool2d(", pool.output_height, ", ", pool.output_width,
                ") has no ONNX op (only output size 1, GlobalAveragePool); use AvgPool2d with "
                "the window your input size gives, or register a lowering");

@@ -29,7 +29,7 @@ std::string scalar(OnnxGraphBuilder& b, const std::string& name, double value) {
 
 std::string lower_layer_norm(const nn::Module& m, const std::string& x, OnnxGraphBuilder& b) {
   const auto& ln = static_cast<const nn::LayerNorm&>(m);
-  DPAR_CHECK(ln.weight.defined(), "export_onnx: ", b.path(),
+  DPAR_CHECK(ln.weight.defined(), "export_onnx: ", b.display_path(),
              ": LayerNorm without elementwise_affine is not exported (ONNX's "
              "LayerNormalization needs a scale)");
   return b.add_node("LayerNormalization",

@@ -98,12 +98,12 @@ std::vector<int64_t> declared_input_dims(const OnnxExportOptions& o) {
 
 void check_options(const OnnxExportOptions& o) {
   DPAR_CHECK(!o.model_name.empty(), "export_onnx: the model name must not be empty");
+  DPAR_CHECK(o.resize_size >= 0, "export_onnx: resize_size must be >= 0, got ", o.resize_size);
   if (!image_input(o)) {
     for (size_t i = 0; i < o.input_shape.size(); ++i) {
       DPAR_CHECK(o.input_shape[i] >= 0, "export_onnx: input_shape[", i, "] is ", o.input_shape[i],
                  " (the input's dims: sizes, or 0 for a dynamic one)");
     }
-    DPAR_CHECK(o.resize_size >= 0, "export_onnx: resize_size must be >= 0, got ", o.resize_size);
     return;
   }
   DPAR_CHECK(o.channels > 0 && o.height >= 0 && o.width >= 0 && o.fixed_batch >= 0,
@@ -116,7 +116,6 @@ void check_options(const OnnxExportOptions& o) {
   for (float s : o.std) {
     DPAR_CHECK(s > 0.0f, "export_onnx: std values must be positive, got ", join_floats(o.std));
   }
-  DPAR_CHECK(o.resize_size >= 0, "export_onnx: resize_size must be >= 0, got ", o.resize_size);
 }
 
 // "a,b,c"; a JSON array when a name would not survive that (a ',' or newline in it, an empty

@@ -1,7 +1,6 @@
 #include "dpar/torch/data_parallel.h"
 
 #include <cstdio>
-#include <unordered_set>
 
 #include "autograd_binding.h"
 #include "distributed/model_check.h"

@@ -90,6 +90,8 @@ class OnnxGraphBuilder {
                                     const Shape& shape);
 
   const std::string& path() const { return path_; }
+  // The path as error messages show it: "<root>" for the module being exported itself.
+  std::string display_path() const { return path_.empty() ? "<root>" : path_; }
   OnnxGraph& graph() { return graph_; }
 
  private:

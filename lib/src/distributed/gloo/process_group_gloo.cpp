@@ -20,14 +20,6 @@ namespace {
 // meet in the exchange, so the check reports "a rank skipped a collective" instead of hanging.
 constexpr uint32_t kFingerprintTag = 0xffffffffu;
 
-std::exception_ptr make_error(const std::string& message) {
-  try {
-    DPAR_FAIL(message);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
 void check_cpu(const Tensor& t, const char* what) {
   DPAR_CHECK(t.defined(), what, ": got an undefined tensor");
   DPAR_CHECK(t.device().is_cpu(), what, ": the gloo group takes CPU tensors, got a tensor on ",
@@ -240,11 +232,9 @@ void ProcessGroupGloo::execute(PendingOp& op) {
   const CollectiveInfo& info = op.work->info();
   heartbeat_->entered(info.seq);
   if (!failed_.empty()) {
-    op.work->finish(make_error(info.describe() + " #" + std::to_string(info.seq) + " on rank " +
-                               std::to_string(rank_) +
-                               " cannot run: the gloo group failed "
-                               "earlier: " +
-                               failed_));
+    op.work->finish(info.describe() + " #" + std::to_string(info.seq) + " on rank " +
+                    std::to_string(rank_) +
+                    " cannot run: the gloo group failed earlier: " + failed_);
     return;
   }
   bool in_check = false;
@@ -276,12 +266,12 @@ void ProcessGroupGloo::execute(PendingOp& op) {
         run_barrier(op);
         break;
     }
-    op.work->finish(nullptr);
+    op.work->finish(std::nullopt);
   } catch (const gloo::Exception& e) {
     const std::string what = e.what();
     const bool timed_out = what.find("Timed out") != std::string::npos;
     failed_ = failure_message(info, clean_gloo_message(what), timed_out, in_check);
-    op.work->finish(make_error(failed_));
+    op.work->finish(failed_);
   } catch (const CorruptedTransfer& e) {
     // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
     // the other ranks are says nothing about bytes that changed on the wire, so it is left out.
@@ -289,10 +279,12 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     // Closing the connections now makes the peers' pending transfers fail at once, instead of
     // at the timeout, even while this process lives on.
     context_.reset();
-    op.work->finish(make_error(failed_));
-  } catch (...) {
+    op.work->finish(failed_);
+  } catch (const std::exception& e) {
     // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.
-    op.work->finish(std::current_exception());
+    op.work->finish(e.what());
+  } catch (...) {
+    op.work->finish("an exception that is not a std::exception");
   }
   // Drop the tensor handles now rather than when the next collective arrives.
   op.tensors.clear();
