@@ -28,7 +28,8 @@ fail() {
 ok() { echo "ok: $*"; }
 start=$SECONDS
 
-port=$((22000 + (RANDOM % 1000) * 10))  # a random block: concurrent tests do not collide
+source "$(dirname "${BASH_SOURCE[0]}")/../port_block.sh"
+take_port_block || exit 1  # a block no concurrent test holds
 steps_per_epoch=8                       # 512 images / (2 ranks x 32)
 common=(--limit-train 512 --limit-val 64 --img-size 32 --batch-size 32 --epochs 2
         --print-freq 1 --workers 1 --seed 5)

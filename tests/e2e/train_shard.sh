@@ -21,7 +21,8 @@ fail() {
   failures=$((failures + 1))
 }
 ok() { echo "ok: $*"; }
-port=$((24000 + (RANDOM % 1000) * 10))
+source "$(dirname "${BASH_SOURCE[0]}")/../port_block.sh"
+take_port_block || exit 1
 common=(--limit-train 512 --limit-val 64 --img-size 32 --batch-size 32 --print-freq 4
         --workers 1 --seed 5)
 export OMP_NUM_THREADS=1

@@ -45,7 +45,8 @@ fi
 grep -q "^epoch 1:" "$work/resume.txt" && ! grep -q "^epoch 0:" "$work/resume.txt" && ok "--resume continues at epoch 1" ||
   fail "resume output: $(cat "$work/resume.txt")"
 
-port=$((20000 + RANDOM % 20000))
+source "$(dirname "${BASH_SOURCE[0]}")/../port_block.sh"
+take_port_block || exit 1
 "$launcher" --nproc_per_node=2 --start_port=$port --log_dir="$work/logs" "$train" "${small[@]}" \
   --epochs 1 --out "$work/run2" --export=false >"$work/two.txt" 2>&1 || { cat "$work/two.txt"; fail "2 ranks"; }
 grep -q "train_vit: ViT-Tiny (.* parameters), 2 rank(s)" "$work/two.txt" && grep -q "^epoch 0:" "$work/two.txt" &&

@@ -42,7 +42,8 @@ grep -q "already holds 2 checkpoint(s) of an earlier run" again.txt || { cat aga
 grep -q "^epoch 1: mean loss" resume.txt && ! grep -q "^epoch 0" resume.txt ||
   { cat resume.txt; fail "--resume did not continue at epoch 1"; }
 
-port=$((20000 + RANDOM % 20000))
+source "$source_dir/tests/port_block.sh"
+take_port_block
 "$work/prefix/bin/dpar-launch" --nproc_per_node=2 --start_port=$port --log_dir=logs \
   "$own" --epochs 1 --limit 512 --out ck2 >launch.txt 2>&1 || { cat launch.txt logs/*; fail "2 ranks"; }
 grep -q "^epoch 0: mean loss" launch.txt && grep -q "DataParallel: all_reduce tensors" launch.txt ||

@@ -8,7 +8,8 @@ launcher=$2
 marker="dpar_ps_test_$$_${RANDOM}"
 # Every path given to the programs lies under $work, so its name finds the job's processes.
 work=$(mktemp -d "/tmp/$marker.XXXXXX")
-port=$((30000 + (RANDOM % 1500) * 10))
+source "$(dirname "${BASH_SOURCE[0]}")/../port_block.sh"
+take_port_block || exit 1
 export OMP_NUM_THREADS=1
 # 1024 images at 32 px, batch 32 per trainer: 16 steps per epoch with 2 trainers.
 recipe=(--limit-train 1024 --limit-val 64 --img-size 32 --batch-size 32 --print-freq 4
