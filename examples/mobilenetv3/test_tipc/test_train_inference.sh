@@ -24,6 +24,7 @@ set -uo pipefail
 TIPC_PROG=test_train_inference.sh
 tipc_dir=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$tipc_dir/../../.." && pwd)
+source "$repo/tests/port_block.sh"
 # shellcheck source=common_func.sh
 source "$tipc_dir/common_func.sh"
 
@@ -290,8 +291,10 @@ train() {
   mkdir -p "$dir"
   local -a args=("$@" --output-dir="$dir" --checkpoint-dir="$dir/checkpoints"
     --loss-log="$dir/loss.log")
-  # A random port block per job, so concurrent chains (ctest -j) do not collide.
-  local port=$((10000 + (RANDOM % 1000) * 10))
+  # A port block no concurrent chain or test holds (tests/port_block.sh: claimed with an flock,
+  # kept until this script ends).
+  local port
+  take_port_block || return 1
   if [ ${#node_ips[@]} -le 1 ]; then
     local -a hostflags=()
     [ ${#node_ips[@]} -eq 1 ] && hostflags=(--ips="${node_ips[0]}" --host="${node_ips[0]}")

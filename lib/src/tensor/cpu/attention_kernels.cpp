@@ -120,10 +120,12 @@ void prefetch_block(const float* p, int64_t rows, int64_t cols, int64_t ld) {
   }
 }
 
-// Whether the next slice's operands (bytes in all) are worth prefetching: only while they fit
-// in a fraction of a core's L2 beside the current slice's; larger ones would evict the data
-// being computed on (ViT's slices are 50 KB; the gain was measured there).
-bool worth_prefetching(int64_t bytes) { return bytes <= 256 * 1024; }
+// Whether the next slice's operands (`floats` in all) are worth prefetching: only while they
+// fit in a fraction of a core's L2 beside the current slice's; larger ones would evict the
+// data being computed on (ViT's slices are 50 KB; the gain was measured there).
+bool worth_prefetching(int64_t floats) {
+  return floats * static_cast<int64_t>(sizeof(float)) <= 256 * 1024;
+}
 
 // Slice b = n * H + h of a [N, H, L, D] operand with unit stride along D: its first element
 // and the distance between its rows.
@@ -145,7 +147,6 @@ struct Slices {
   T* operator[](int64_t b) const { return base + (b / heads) * stride_n + (b % heads) * stride_h; }
 };
 Slices<const float> slices(const Tensor& t) { return {t, t.data<float>()}; }
-
 Slices<float> slices(Tensor& t) { return {t, t.data<float>()}; }
 
 void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
@@ -156,8 +157,7 @@ void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const auto so = slices(out);
   const float* pm = mask.defined() ? mask.data<float>() : nullptr;
   float* pp = probs.data<float>();
-  const bool prefetch =
-      worth_prefetching((lq * e + lk * e + lk * ev) * static_cast<int64_t>(sizeof(float)));
+  const bool prefetch = worth_prefetching(lq * e + lk * e + lk * ev);
 #pragma omp parallel for schedule(static) if (batch > 1)
   for (int64_t b = 0; b < batch; ++b) {
     if (prefetch && b + 1 < batch) {
@@ -184,8 +184,7 @@ void sdpa_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const auto sdo = slices(dout);
   const auto sdq = slices(dq), sdk = slices(dk), sdv = slices(dv);
   const float* pp = probs.data<float>();
-  const bool prefetch = worth_prefetching((lq * e + lk * e + lk * ev + lq * ev) *
-                                          static_cast<int64_t>(sizeof(float)));
+  const bool prefetch = worth_prefetching(lq * e + lk * e + lk * ev + lq * ev);
 #pragma omp parallel
   {
     // dS for one slice at a time, per thread.
