@@ -4,6 +4,7 @@
 // launcher inputs and RPC scripts. Seeds give the fuzzers the formats' structure to mutate.
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -119,6 +120,31 @@ void model_seeds(const fs::path& scratch) {
   put("fuzz_optimizer_shards", "sgd_step.set", packed);
 }
 
+// A BMP file (BITMAPINFOHEADER, uncompressed) of width x height pixels at 24 or 8 bits, with a
+// grey palette at 8 bits; rows padded to 4 bytes as the format wants.
+std::string bmp_seed(int32_t width, int32_t height, uint16_t bits) {
+  std::string out;
+  auto le = [&out](uint32_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(v >> (8 * i) & 0xff));
+  };
+  const uint32_t palette = bits == 8 ? 256 * 4 : 0;
+  const uint32_t row = (static_cast<uint32_t>(width) * bits / 8 + 3) & ~3u;
+  const uint32_t pixels = row * static_cast<uint32_t>(height < 0 ? -height : height);
+  out += "BM";
+  le(14 + 40 + palette + pixels, 4);  // file size
+  le(0, 4);                           // reserved
+  le(14 + 40 + palette, 4);           // offset of the pixels
+  le(40, 4);
+  le(static_cast<uint32_t>(width), 4);
+  le(static_cast<uint32_t>(height), 4);
+  le(1, 2);  // planes
+  le(bits, 2);
+  for (int i = 0; i < 6; ++i) le(0, 4);  // compression, sizes, resolution, palette counts
+  for (uint32_t i = 0; i < palette / 4; ++i) le(i * 0x010101u, 4);
+  for (uint32_t i = 0; i < pixels; ++i) out.push_back(static_cast<char>(i * 29));
+  return out;
+}
+
 void file_seeds(const fs::path& scratch) {
   {
     io::SummaryWriter w((scratch / "tb").string(), ".seed");
@@ -134,6 +160,10 @@ void file_seeds(const fs::path& scratch) {
   data::write_png((scratch / "a.png").string(), rgb);
   data::write_png((scratch / "g.png").string(), grey);
   for (const char* n : {"a.jpg", "a.png", "g.png"}) put("fuzz_image", n, slurp(scratch / n));
+  // dpar writes no BMP, but ImageFolder reads them: a 3x2 24-bit bottom-up one and a top-down
+  // (negative height) 8-bit paletted one, built here.
+  put("fuzz_image", "a.bmp", bmp_seed(3, 2, 24));
+  put("fuzz_image", "g.bmp", bmp_seed(3, -2, 8));
 
   // Two 28x28 images and their labels, as the idx target splits its input.
   std::string images = std::string("\0\0\x08\x03", 4) +

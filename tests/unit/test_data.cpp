@@ -299,6 +299,32 @@ TEST_CASE("Resize and CenterCrop shapes and contents", "[data][transforms]") {
   CHECK(int{padded.row(5)[6]} == 9);
   CHECK(int{padded.row(6)[7]} == 0);
   CHECK_THROWS_WITH(Resize(0), Contains("size must be positive"));
+
+  // A 70-byte BMP header claims 1 x 16M pixels (stb fills what the file lacks); resized to a
+  // short side of 18 it asked for a 16 GB image (fuzz_image: std::bad_alloc escaped).
+  const std::string tall_bmp =
+      std::string(DPAR_SOURCE_DIR) +
+      "/tests/fuzz/regressions/fuzz_image/bmp-1x16M-resized-by-short-side.bmp";
+  // A BMP's negative height (rows top-down) slipped past the pixel limit: stb decodes its
+  // magnitude, 16384 x 32768 here (fuzz_image: out of memory).
+  CHECK_THROWS_WITH(
+      read_image(std::string(DPAR_SOURCE_DIR) + "/tests/fuzz/regressions/fuzz_image/"
+                                                "bmp-top-down-claims-512M-pixels.bmp"),
+      Contains("16384x32768 pixels is more than dpar decodes (67108864)"));
+  CHECK_THROWS_WITH(read_image(tall_bmp, int64_t{1} << 20),
+                    Contains("1x16777216 pixels is more than dpar decodes (1048576)"));
+  CHECK_THROWS_WITH(read_image(tall_bmp, 0), Contains("max_pixels must be in 1..67108864, got 0"));
+  const Image tall = read_image(tall_bmp);
+  REQUIRE((tall.height == int64_t{1} << 24 && tall.width == 1));
+  CHECK_THROWS_WITH(Resize(18)(tall, rng),
+                    Contains("Resize: a 16777216x1 image resized to a short side of 18 would be "
+                             "301989888x18 pixels, more than dpar handles (67108864)"));
+  CHECK_THROWS_WITH(Resize(int64_t{1} << 40)(constant_image(4, 6, 1, 9), rng),
+                    Contains("more than dpar handles"));
+  CHECK_THROWS_WITH(Image(int64_t{1} << 14, int64_t{1} << 13, 3),
+                    Contains("Image: 16384x8192 pixels is more than dpar handles (67108864)"));
+  CHECK_THROWS_WITH(Image(int64_t{1} << 62, 4, 1), Contains("pixels is more than dpar handles"));
+  CHECK(Image(int64_t{1} << 13, int64_t{1} << 13, 1).pixels.size() == size_t{1} << 26);
 }
 
 TEST_CASE("random transforms are driven by the generator only", "[data][transforms]") {

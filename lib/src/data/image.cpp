@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 
@@ -32,17 +33,23 @@
 
 namespace dpar::data {
 
-Image::Image(int64_t h, int64_t w, int64_t c)
-    : height(h), width(w), channels(c), pixels(static_cast<size_t>(h * w * c), 0) {
-  DPAR_CHECK(h >= 0 && w >= 0 && (c == 1 || c == 3), "Image: invalid size ", h, "x", w, "x", c,
-             " (channels must be 1 or 3)");
-}
-
 namespace {
 
-// Decoded images larger than this many pixels are refused before decoding (8192 x 8192): no
-// training image is that large, and a 30-byte PNG header can otherwise claim gigabytes.
-constexpr int64_t kMaxPixels = int64_t{1} << 26;
+// Checked before the pixel buffer is sized: h * w must neither overflow nor exceed the limit.
+int64_t checked_image_bytes(int64_t h, int64_t w, int64_t c) {
+  DPAR_CHECK(h >= 0 && w >= 0 && (c == 1 || c == 3), "Image: invalid size ", h, "x", w, "x", c,
+             " (channels must be 1 or 3)");
+  DPAR_CHECK(w == 0 || h <= kMaxImagePixels / w, "Image: ", h, "x", w,
+             " pixels is more than dpar handles (", kMaxImagePixels, ")");
+  return h * w * c;
+}
+
+}  // namespace
+
+Image::Image(int64_t h, int64_t w, int64_t c)
+    : height(h), width(w), channels(c), pixels(static_cast<size_t>(checked_image_bytes(h, w, c))) {}
+
+namespace {
 
 // Debian's stb_image (2022-09-08) trusts the code counts of a JPEG Huffman table (DHT): more
 // than 256 codes overrun its fixed tables (found by fuzz_image; UBSan: index 257 out of bounds
@@ -113,7 +120,9 @@ std::string bad_png_chunk(const uint8_t* d, size_t n) {
 
 }  // namespace
 
-Image decode_image(const uint8_t* data, size_t size, const std::string& name) {
+Image decode_image(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
+  DPAR_CHECK(max_pixels > 0 && max_pixels <= kMaxImagePixels, "cannot decode image '", name,
+             "': max_pixels must be in 1..", kMaxImagePixels, ", got ", max_pixels);
   DPAR_CHECK(size > 0, "cannot decode image '", name, "': the file is empty");
   DPAR_CHECK(size <= static_cast<size_t>(INT32_MAX), "cannot decode image '", name,
              "': file too large (", size, " bytes)");
@@ -129,8 +138,11 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& name) {
   if (!stbi_info_from_memory(data, len, &w, &h, &comp)) {
     DPAR_FAIL("cannot decode image '", name, "': ", stbi_failure_reason());
   }
-  DPAR_CHECK(int64_t{w} * h <= kMaxPixels, "cannot decode image '", name, "': ", w, "x", h,
-             " pixels is more than dpar decodes (", kMaxPixels, ")");
+  // Refused before decoding: a 30-byte PNG header can claim gigabytes. A BMP's height is
+  // negative for top-down rows (stb decodes its magnitude), so the magnitudes are checked.
+  const int64_t claimed = std::abs(int64_t{w}) * std::abs(int64_t{h});
+  DPAR_CHECK(claimed <= max_pixels, "cannot decode image '", name, "': ", std::abs(int64_t{w}), "x",
+             std::abs(int64_t{h}), " pixels is more than dpar decodes (", max_pixels, ")");
   // Grey stays grey (a third of the memory); ToTensorNormalize replicates it to 3 channels.
   const int want = comp <= 2 ? 1 : 3;
   stbi_uc* pixels = stbi_load_from_memory(data, len, &w, &h, &comp, want);
@@ -144,13 +156,13 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& name) {
   return img;
 }
 
-Image read_image(const std::string& path) {
+Image read_image(const std::string& path, int64_t max_pixels) {
   std::ifstream in(path, std::ios::binary);
   DPAR_CHECK(in.good(), "cannot read image '", path, "': cannot open the file");
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
                              std::istreambuf_iterator<char>());
   DPAR_CHECK(!in.bad(), "cannot read image '", path, "': read error");
-  return decode_image(bytes.data(), bytes.size(), path);
+  return decode_image(bytes.data(), bytes.size(), path, max_pixels);
 }
 
 namespace {

@@ -151,6 +151,14 @@ Image Resize::operator()(Image image, Generator&) const {
   int64_t oh = height_, ow = width_;
   if (size_ > 0) {
     const int64_t h = image.height, w = image.width;
+    // Checked before the exact sizes are computed (size_ * side must not overflow either): a
+    // thin image resized by its short side grows without bound along its long side.
+    const double long_out = static_cast<double>(size_) * static_cast<double>(std::max(h, w)) /
+                            static_cast<double>(std::min(h, w));
+    DPAR_CHECK(long_out * static_cast<double>(size_) <= static_cast<double>(kMaxImagePixels),
+               "Resize: a ", h, "x", w, " image resized to a short side of ", size_, " would be ",
+               static_cast<int64_t>(long_out), "x", size_, " pixels, more than dpar handles (",
+               kMaxImagePixels, ")");
     if (w <= h) {
       ow = size_;
       oh = size_ * h / w;
