@@ -118,6 +118,36 @@ std::string bad_png_chunk(const uint8_t* d, size_t n) {
   return "";
 }
 
+// stb_image allocates its buffer for a PNG's image data at the first non-empty IDAT chunk and
+// copies every IDAT into it, so an empty IDAT before that one has it memcpy 0 bytes to a null
+// pointer (fuzz_image, UBSan: undefined behaviour, though nothing is written). An empty IDAT
+// carries nothing, and the format allows it: stb gets a copy without the empty ones (only when
+// there are some; the chunk lengths were checked by bad_png_chunk). Returns the copy, or an
+// empty vector when the file has none.
+std::vector<uint8_t> png_without_empty_idat(const uint8_t* d, size_t n) {
+  static constexpr uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (n < 8 || !std::equal(kSignature, kSignature + 8, d)) return {};
+  auto empty_idat = [&](size_t at) {
+    return at + 8 <= n && d[at] == 0 && d[at + 1] == 0 && d[at + 2] == 0 && d[at + 3] == 0 &&
+           std::equal(d + at + 4, d + at + 8, "IDAT");
+  };
+  auto chunk_end = [&](size_t at) {
+    const size_t length =
+        size_t{d[at]} << 24 | size_t{d[at + 1]} << 16 | size_t{d[at + 2]} << 8 | d[at + 3];
+    return std::min(n, at + 12 + length);  // length, type, data, CRC
+  };
+  bool any = false;
+  for (size_t at = 8; at + 8 <= n && !any; at = chunk_end(at)) any = empty_idat(at);
+  if (!any) return {};
+  std::vector<uint8_t> out(d, d + 8);
+  size_t at = 8;
+  for (; at + 8 <= n; at = chunk_end(at)) {
+    if (!empty_idat(at)) out.insert(out.end(), d + at, d + chunk_end(at));
+  }
+  out.insert(out.end(), d + at, d + n);  // a trailing fragment stays, for stb to judge
+  return out;
+}
+
 }  // namespace
 
 Image decode_image(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
@@ -126,13 +156,18 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& name, in
   DPAR_CHECK(size > 0, "cannot decode image '", name, "': the file is empty");
   DPAR_CHECK(size <= static_cast<size_t>(INT32_MAX), "cannot decode image '", name,
              "': file too large (", size, " bytes)");
-  const int len = static_cast<int>(size);
+  int len = static_cast<int>(size);
   // Before stb sees the bytes at all: stbi_info already builds the tables.
   if (const std::string bad = bad_jpeg_huffman_table(data, size); !bad.empty()) {
     DPAR_FAIL("cannot decode image '", name, "': corrupt JPEG: ", bad);
   }
   if (const std::string bad = bad_png_chunk(data, size); !bad.empty()) {
     DPAR_FAIL("cannot decode image '", name, "': corrupt PNG: ", bad);
+  }
+  const std::vector<uint8_t> png_copy = png_without_empty_idat(data, size);
+  if (!png_copy.empty()) {
+    data = png_copy.data();
+    len = static_cast<int>(png_copy.size());
   }
   int w = 0, h = 0, comp = 0;
   if (!stbi_info_from_memory(data, len, &w, &h, &comp)) {
