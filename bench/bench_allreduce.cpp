@@ -14,7 +14,7 @@
 // (bench_allreduce_nccl.cpp; CUDA builds).
 // On a busy machine every wake-up may wait for a time slice, which swamps the comparison;
 // `chrt -f 10 bench_allreduce` (as root; the ranks inherit it) keeps other work from delaying
-// both sides.
+// both sides. --recorder only measures the flight recorder (one process).
 #include <arpa/inet.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -39,6 +39,7 @@
 
 #include "bench_allreduce_gpu.h"
 #include "bench_util.h"
+#include "distributed/flight_recorder.h"
 #include "distributed/gloo/bind_address.h"
 #include "distributed/gloo/gloo_mesh.h"
 #include "dpar/distributed/parallel_env.h"
@@ -343,6 +344,50 @@ int run_worker(const Options& opt) {
   return 0;
 }
 
+// --recorder: what the flight recorder adds to a collective (a record's enqueue, start and end,
+// as a group makes them), beside the whole of a 1-element all-reduce on a world of one, which
+// includes it. One process, no launcher.
+int run_recorder_bench() {
+  using Clock = std::chrono::steady_clock;
+  constexpr int64_t kCalls = 1000000;
+  dist::detail::FlightRecorder recorder("bench/recorder", "gloo", 0, 2);
+  const Tensor t = Tensor::ones({1000});
+  dist::detail::CollectiveInfo info = dist::detail::describe_call(
+      dist::detail::CollectiveKind::Allreduce, {t}, dist::ReduceOp::Sum, 0);
+  const dist::detail::CollectiveLabel label("DataParallel bucket 0");
+  std::vector<double> record_ns;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = Clock::now();
+    for (int64_t i = 1; i <= kCalls; ++i) {
+      info.seq = rep * kCalls + i;
+      recorder.enqueued(info);
+      recorder.started(info.seq);
+      recorder.ended(info.seq, true);
+    }
+    record_ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - start).count() /
+                        kCalls);
+  }
+  auto group = dist::make_gloo_group(nullptr, 0, 1);
+  Tensor x = Tensor::ones({1});
+  constexpr int64_t kAllreduces = 200000;
+  std::vector<double> allreduce_ns;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < kAllreduces; ++i) group->allreduce({x}, dist::ReduceOp::Sum, false);
+    allreduce_ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - start).count() /
+                           kAllreduces);
+  }
+  const double ours = bench::median(record_ns), whole = bench::median(allreduce_ns);
+  std::printf(
+      "flight recorder: %.0f ns per collective (enqueue + start + end, median of 5 x %lld)\n", ours,
+      static_cast<long long>(kCalls));
+  std::printf(
+      "1-element allreduce, world of one, synchronous: %.0f ns per call, recorder "
+      "included (%.0f%% of it)\n",
+      whole, 100.0 * ours / whole);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -371,7 +416,10 @@ int main(int argc, char** argv) {
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCH_PATH, "dpar-launch to start ranks");
     auto& start_port = flags.add_int("start-port", 0, "dpar-launch --start_port (0: a free one)");
     auto& worker = flags.add_bool("worker", false, "run as a rank (set by the driver)");
+    auto& recorder = flags.add_bool(
+        "recorder", false, "only measure the flight recorder's cost per collective (one process)");
     flags.parse(argc, argv);
+    if (recorder) return run_recorder_bench();
     DPAR_CHECK(max_mb >= 0 && min_seconds > 0 && reps >= 1 && nproc >= 2,
                "bench_allreduce: --max-mb, --min-seconds, --reps must be positive, --nproc >= 2");
     const bool gpu = device == "gpu";

@@ -80,6 +80,12 @@ Supervisor::Supervisor(const LaunchPlan& plan, std::vector<Env> envs) : plan_(pl
     w.env = std::move(envs[i]);
     workers_.push_back(std::move(w));
   }
+  if (!plan.ps_mode && !workers_.empty()) {
+    const auto chosen = workers_[0].env.find("DPAR_FLIGHT_RECORDER_DIR");
+    flight_ = std::make_unique<FlightCollector>(
+        plan.log_dir, chosen == workers_[0].env.end() ? std::string() : chosen->second,
+        static_cast<int>(plan.endpoints.size()));
+  }
   // Orphans of the workers (a worker's own children) become the launcher's, so they are
   // reaped here instead of lingering as zombies under a container's init.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -129,7 +135,9 @@ void Supervisor::start_all(int restart) {
   servers_waiting_ = false;
   overdue_servers_.clear();
   const bool to_files = !plan_.log_dir.empty();
+  if (flight_) flight_->clear();
   for (Worker& w : workers_) {
+    if (flight_ && !flight_->dir().empty()) w.env["DPAR_FLIGHT_RECORDER_DIR"] = flight_->dir();
     const std::string path =
         to_files ? plan_.log_dir + "/" + log_file_name(*w.proc) : std::string();
     // With log files only the node's first process (ps mode: its first trainer) is echoed, as
@@ -190,6 +198,8 @@ void Supervisor::begin_stop(int sig) {
   deadline_ =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(plan_.grace_period * 1000));
   signal_groups(sig);
+  // A stopped worker (SIGSTOP, a debugger) acts on nothing but SIGKILL until it continues.
+  if (sig != SIGKILL) signal_groups(SIGCONT);
 }
 
 void Supervisor::report_failure(const Worker& w) const {
@@ -233,6 +243,14 @@ void Supervisor::reap() {
         failed_ = static_cast<int>(i);
         w.sweep = true;
         report_failure(w);
+        if (flight_) {
+          // Before the stop: a rank asked for its record must still be alive to write it.
+          std::vector<std::pair<int, pid_t>> running;
+          for (const Worker& other : workers_) {
+            if (other.running) running.emplace_back(other.proc->rank, other.pid);
+          }
+          flight_->request(w.proc->rank, describe_wait_status(status), running);
+        }
         begin_stop(SIGTERM);
       }
     }
@@ -389,6 +407,11 @@ int Supervisor::run() {
           " did not stop within " + seconds(plan_.server_stop_timeout) +
           " after all trainers finished");
       return 1;
+    }
+    if (flight_) {
+      const std::vector<std::string> verdict = flight_->verdict();
+      for (const std::string& line : verdict) say("flight recorder: " + line);
+      if (!verdict.empty() && flight_->kept()) say("flight records: " + flight_->dir());
     }
     const Worker& w = workers_[static_cast<size_t>(failed_)];
     const std::string what = process_name(*w.proc) + " " + describe_wait_status(w.status);

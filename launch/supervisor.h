@@ -3,7 +3,9 @@
 //  - all workers exit 0                        -> exit status 0
 //  - a worker exits non-zero or by a signal    -> the others are stopped (SIGTERM to each
 //    process group, SIGKILL after the grace period), the failure is reported with the last
-//    lines of its log, and all local workers restart if --max_restarts allows; else status 1
+//    lines of its log, and all local workers restart if --max_restarts allows; else status 1.
+//    In collective mode the others first get SIGUSR1 and up to 2 s to write their flight
+//    records, and after the teardown one verdict says which rank was behind (flight_verdict.h)
 //  - the launcher gets SIGINT/SIGTERM/SIGHUP   -> the same signal goes to every worker's group,
 //    SIGKILL after the grace period (at once on a second signal); status 128 + signal
 //  - collective mode, a rank exits 0 while others of this node still run 5 s later -> one
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "environment.h"
+#include "flight_collect.h"
 #include "log_sink.h"
 #include "plan.h"
 
@@ -69,6 +72,8 @@ class Supervisor {
 
   const LaunchPlan& plan_;
   std::vector<Worker> workers_;
+  // Collective mode: the ranks' flight records, asked for when one fails (flight_collect.h).
+  std::unique_ptr<FlightCollector> flight_;
   sigset_t child_mask_{};
   int signal_fd_ = -1;
   bool stopping_ = false;

@@ -4,8 +4,9 @@
 // Modes: --no-sync (gradient accumulation over 2 micro-batches), --unequal (rank r has 3+2r
 // samples; sample-weighted average), --bf16 (compressed gradients: equal across ranks, and
 // within bf16's precision of the reference). Failure drills: --die-rank/--die-step (SIGKILL
-// itself),
-// --skip-rank (skips one all-reduce), --mismatch-rank (all-reduces a different shape).
+// itself), --stop-rank (SIGSTOPs itself at --die-step, as a rank wedged in the kernel or a
+// debugger would), --skip-rank (skips one all-reduce), --mismatch-rank (all-reduces a
+// different shape).
 // --device gpu:N (or $DPAR_TEST_DEVICE) runs model, data, buckets and the reference there.
 #include <chrono>
 #include <csignal>
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
     auto& unequal = flags.add_bool("unequal", false, "rank r gets 3+2r samples");
     auto& die_rank = flags.add_int("die-rank", -1, "this rank SIGKILLs itself at --die-step");
     auto& die_step = flags.add_int("die-step", 1, "step at which --die-rank dies");
+    auto& stop_rank = flags.add_int("stop-rank", -1, "this rank SIGSTOPs itself at --die-step");
     auto& skip_rank = flags.add_int("skip-rank", -1, "this rank skips one all-reduce");
     auto& mismatch_rank =
         flags.add_int("mismatch-rank", -1, "this rank all-reduces a different shape");
@@ -118,6 +120,11 @@ int main(int argc, char** argv) {
     optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
     const int micro_batches = no_sync ? 2 : 1;
     for (int s = 0; s < steps; ++s) {
+      if (rank == stop_rank && s == die_step) {
+        std::printf("rank %d: stopping myself with SIGSTOP at step %d\n", rank, s);
+        std::fflush(stdout);
+        std::raise(SIGSTOP);
+      }
       if (rank == die_rank && s == die_step) {
         // The epoch time lets the drill time the teardown from the kill itself, not from the
         // launch (on a GPU, CUDA start-up and NCCL set-up come first and take seconds).

@@ -2,7 +2,8 @@
 # Multi-process tests through the real launcher (real processes, real Gloo over loopback).
 #   mp_cases.sh <case> <dpar-launch> <collectives_worker> <ddp_worker> <shard_worker>
 # Cases: collectives2 collectives4 ddp ddp_no_sync ddp_unequal ddp_buckets ddp_bf16 two_nodes
-#        kill9 timeout detail_mismatch shard_bitwise{2,3}_{sgd,adamw} shard_memory{2,3}
+#        kill9 timeout detail_mismatch recorder_skip recorder_shape recorder_stop
+#        shard_bitwise{2,3}_{sgd,adamw} shard_memory{2,3}
 #        shard_clip3 shard_resume shard_kill_save
 set -u
 case_name=$1
@@ -87,6 +88,36 @@ case $case_name in
     cat "$work"/logs/workerlog.* >"$work/all.txt"
     expect_text "$work/all.txt" "allreduce"
     expect_text "$work/all.txt" "timed out"
+    expect_no_job_processes ;;
+  recorder_skip | recorder_shape)
+    # A drill's flight records (rank 1 skips the all-reduce, or all-reduces 999 elements for
+    # 1000): dpar-launch names the position and both calls.
+    drill=--skip-rank; other="barrier()"
+    [ "$case_name" = recorder_shape ] && { drill=--mismatch-rank; other="allreduce(f32[999])"; }
+    DPAR_TIMEOUT=${DPAR_DRILL_TIMEOUT:-3} launch logs 2 "$ddp" $drill 1 "$marker" >"$work/out.txt" 2>&1
+    code=$?
+    [ $code -ne 0 ] && ok "launcher exited $code" || fail "the drill went unnoticed"
+    expect_text "$work/out.txt" \
+      "flight recorder: ranks disagree at #2 of gloo/1: rank 0 called allreduce(f32[1000]); rank 1 called $other"
+    expect_text "$work/out.txt" "flight records: $work/logs/flight_recorder"
+    [ -f "$work/logs/flight_recorder/rank0.json" ] && ok "rank 0 left its record" ||
+      fail "no $work/logs/flight_recorder/rank0.json"
+    expect_no_job_processes ;;
+  recorder_stop)
+    # rank 1 stops (SIGSTOP) in its third step: rank 0 warns of the stall after 2 s, times out
+    # after 6, and the verdict names the collective it waits in and the stopped rank, which
+    # the teardown still ends.
+    start=$(now_ms)
+    DPAR_TIMEOUT=6 DPAR_STALL_WARNING=2 launch logs 2 "$ddp" --stop-rank 1 --die-step 2 \
+      "$marker" >"$work/out.txt" 2>&1
+    code=$?
+    elapsed=$(( $(now_ms) - start ))
+    [ $code -ne 0 ] && ok "launcher exited $code" || fail "a stopped rank went unnoticed"
+    [ $elapsed -lt 30000 ] && ok "ended after $elapsed ms" || fail "took $elapsed ms (limit 30 s)"
+    expect_text "$work/logs/workerlog.0" "stall: rank 0 (group gloo/1) has waited 2 s in allreduce("
+    expect_text "$work/logs/workerlog.0" "(DataParallel bucket 0); ranks that have not arrived: 1"
+    expect_text "$work/out.txt" "flight recorder: rank 0 waits in allreduce("
+    expect_text "$work/out.txt" "flight recorder: rank 1 left no flight record (stopped (SIGSTOP"
     expect_no_job_processes ;;
   detail_mismatch)
     DPAR_DEBUG=DETAIL DPAR_TIMEOUT=20 launch logs 2 "$ddp" --mismatch-rank 1 "$marker" >"$work/out.txt" 2>&1

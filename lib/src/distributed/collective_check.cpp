@@ -1,6 +1,7 @@
 #include "distributed/collective_check.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <sstream>
 
@@ -153,5 +154,12 @@ std::string format_duration(Millis t) {
   if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
   return std::to_string(t.count()) + " ms";
 }
+
+namespace {
+std::atomic<bool> group_failed{false};
+}  // namespace
+
+void note_group_failed() { group_failed.store(true); }
+bool any_group_failed() { return group_failed.load(); }
 
 }  // namespace dpar::dist::detail

@@ -39,6 +39,12 @@ CollectiveInfo describe_call(CollectiveKind kind, const std::vector<Tensor>& ten
 // "3 s", "1500 ms": a timeout as the failure lines print it.
 std::string format_duration(Millis t);
 
+// Noted by a group that failed (a timeout, a lost peer): the other ranks cannot finish their
+// collectives either, so destroy() on rank 0 then keeps the store up for them only briefly
+// instead of its full grace period (a stopped peer would hold the failing job 30 s longer).
+void note_group_failed();
+bool any_group_failed();
+
 // Fixed-size, trivially copyable summary exchanged between ranks.
 struct Fingerprint {
   static constexpr int kMaxDims = 8;

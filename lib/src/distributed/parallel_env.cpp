@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "distributed/collective_check.h"
 #include "distributed/store_common.h"
 
 namespace dpar::dist {
@@ -36,8 +37,11 @@ std::string resolve_host(const std::string& host, const ParallelEnv& env) {
   return text;
 }
 
-// How long rank 0 keeps the store up at destroy() for ranks that have not finished yet.
+// How long rank 0 keeps the store up at destroy() for ranks that have not finished yet; after
+// a failed collective, only briefly: the others cannot finish either (a stopped one never
+// arrives), and the launcher stops the job when this rank exits.
 constexpr Millis kDestroyGrace{std::chrono::seconds(30)};
+constexpr Millis kDestroyGraceAfterFailure{std::chrono::seconds(2)};
 
 struct Global {
   std::mutex mutex;
@@ -131,7 +135,7 @@ void ParallelContext::destroy() {
       if (server_) {
         std::vector<std::string> keys;
         for (int r = 0; r < env_.world_size; ++r) keys.push_back(done + std::to_string(r));
-        store_->wait(keys, kDestroyGrace);
+        store_->wait(keys, detail::any_group_failed() ? kDestroyGraceAfterFailure : kDestroyGrace);
       }
     } catch (const Error&) {
       // A rank that died or never calls destroy() must not keep rank 0 alive: after the

@@ -42,6 +42,14 @@ ProcessGroupOptions ProcessGroupOptions::from_env() {
                "DPAR_TIMEOUT: expected a positive number of seconds, got '", text, "'");
     options.timeout = Millis(std::max<int64_t>(1, std::llround(seconds * 1000.0)));
   }
+  if (const char* text = std::getenv("DPAR_STALL_WARNING"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    DPAR_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds >= 0,
+               "DPAR_STALL_WARNING: expected a number of seconds (0: no warning), got '", text,
+               "'");
+    options.stall_warning = Millis(std::llround(seconds * 1000.0));
+  }
   if (const char* text = std::getenv("DPAR_DEBUG"); text != nullptr && *text != '\0') {
     std::string level = text;
     for (char& c : level) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));

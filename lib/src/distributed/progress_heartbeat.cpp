@@ -1,13 +1,20 @@
 #include "distributed/progress_heartbeat.h"
 
+#include <cstdio>
 #include <sstream>
 #include <vector>
 
+#include "distributed/collective_check.h"
+
 namespace dpar::dist::detail {
 
-ProgressHeartbeat::ProgressHeartbeat(std::shared_ptr<Store> store, int rank, int size,
+ProgressHeartbeat::ProgressHeartbeat(std::shared_ptr<Store> store, int rank, int size, Stall stall,
                                      Millis period)
-    : store_(std::move(store)), rank_(rank), size_(size), period_(period) {
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      stall_(std::move(stall)),
+      period_(period) {
   if (size_ > 1 && store_) thread_ = std::thread([this] { loop(); });
 }
 
@@ -41,7 +48,39 @@ void ProgressHeartbeat::loop() {
     const int64_t seq = entered_.load(std::memory_order_relaxed);
     lock.unlock();
     publish(seq);
+    check_stall();
     lock.lock();
+  }
+}
+
+void ProgressHeartbeat::check_stall() {
+  if (stall_.after.count() <= 0) return;
+  const int64_t seq = entered_.load(std::memory_order_relaxed);
+  const auto now = std::chrono::steady_clock::now();
+  if (seq <= completed_.load(std::memory_order_relaxed)) return;  // nothing running
+  if (seq != stall_seq_) {
+    stall_seq_ = seq;
+    stall_since_ = now;
+    stall_warned_ = false;
+    return;
+  }
+  if (stall_warned_ || now - stall_since_ < stall_.after) return;
+  stall_warned_ = true;
+  const auto waited = std::chrono::duration_cast<Millis>(now - stall_since_);
+  std::string line = "stall: rank " + std::to_string(rank_) + " (group " + stall_.group +
+                     ") has waited " + format_duration(waited) + " in ";
+  if (stall_.describe) {
+    line += stall_.describe(seq);
+  } else {
+    line += '#';
+    line += std::to_string(seq);
+  }
+  line += "; " + describe_laggards(seq) +
+          " (DPAR_STALL_WARNING; the collective times out after DPAR_TIMEOUT)";
+  if (stall_.log) {
+    stall_.log(line);
+  } else {
+    std::fprintf(stderr, "dpar: %s\n", line.c_str());
   }
 }
 
@@ -49,7 +88,8 @@ std::string ProgressHeartbeat::describe_laggards(int64_t seq) {
   if (size_ <= 1 || !store_) return "every rank entered #" + std::to_string(seq);
   try {
     publish(seq);
-    // -1: the rank has not published anything, i.e. entered no collective yet (or just now).
+    // -1: the rank has not published anything: it entered no collective yet, or did all its
+    // collectives within its first heartbeat period.
     std::vector<int64_t> last(size_, -1);
     auto read = [&](int r) {
       if (!store_->check({key(r)})) return int64_t{-1};
@@ -81,7 +121,7 @@ std::string ProgressHeartbeat::describe_laggards(int64_t seq) {
       if (last[r] > 0) {
         os << " (last entered #" << last[r] << ")";
       } else {
-        os << " (no collective yet)";
+        os << " (no progress published yet)";
       }
     }
     if (behind.size() > kMaxListed) os << " and " << (behind.size() - kMaxListed) << " more";

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "distributed/flight_recorder.h"
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/tensor/ops.h"
 
@@ -67,6 +68,8 @@ void broadcast_coalesced(Group& group, const std::vector<Tensor>& tensors, int r
     by_device[{static_cast<int>(d.type), d.index}].push_back(i);
   }
   NoGradGuard no_grad;
+  // Recorded by the flight recorder with the broadcast: the purpose up to its explanation.
+  const detail::CollectiveLabel label(purpose.substr(0, purpose.find(" (")));
   for (const auto& [key, members] : by_device) {
     std::vector<size_t> offsets;
     size_t total = 0;
@@ -284,6 +287,7 @@ void Reducer::prepare_forward(bool sync, int64_t local_batch) {
     // Summed over ranks while the forward computes; the first bucket launch needs it.
     local_batch_ = local_batch;
     batch_sum_ = Tensor::full({1}, static_cast<double>(local_batch));
+    const detail::CollectiveLabel label("DataParallel batch sizes");
     batch_work_ = group_->allreduce({batch_sum_}, ReduceOp::Sum);
   }
 }
@@ -388,6 +392,8 @@ void Reducer::launch(Bucket& bucket) {
     mul_(bucket.buffer, factor_);
   }
   bucket.launched = Clock::now();
+  const detail::CollectiveLabel label("DataParallel bucket " +
+                                      std::to_string(&bucket - buckets_.data()));
   if (bucket.wire.defined()) {
     NoGradGuard no_grad;
     bucket.wire.copy_(bucket.buffer);

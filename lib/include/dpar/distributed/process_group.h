@@ -42,6 +42,10 @@ class Work {
 struct ProcessGroupOptions {
   Millis timeout{std::chrono::minutes(30)};
   bool debug_detail = false;  // DPAR_DEBUG=DETAIL: cross-rank op/shape check before each op
+  // A collective still running this long after it started gets one warning line naming the
+  // ranks that have not arrived (DPAR_STALL_WARNING=<seconds>; 0 turns it off). It goes on
+  // until the timeout.
+  Millis stall_warning{std::chrono::seconds(60)};
   // Address this rank's transport binds to (Gloo TCP); empty: the address used to reach the
   // store host, or loopback for a local job.
   std::string bind_address;
@@ -52,8 +56,8 @@ struct ProcessGroupOptions {
   // Where the group's warnings go (a stranger that connected to a rendezvous port, a retried
   // rendezvous); empty: stderr, as "dpar: <line>".
   std::function<void(const std::string&)> log;
-  // Reads DPAR_TIMEOUT (seconds), DPAR_DEBUG and DPAR_DIST_BACKEND (nccl or gloo: the
-  // cuda_backend) from the environment into these options.
+  // Reads DPAR_TIMEOUT and DPAR_STALL_WARNING (seconds), DPAR_DEBUG and DPAR_DIST_BACKEND
+  // (nccl or gloo: the cuda_backend) from the environment into these options.
   static ProcessGroupOptions from_env();
 };
 

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string>
 
+#include "distributed/flight_recorder.h"
+
 namespace dpar::dist::detail {
 namespace {
 
@@ -60,8 +62,13 @@ std::string gloo_failure(const std::exception_ptr& e) {
                    "process stops\n",
                    describe().c_str(), what.c_str());
     }
-    std::fflush(stderr);
     groups_mutex.unlock();
+    // What each group did last, for dpar-launch's verdict: the other ranks only see that this
+    // one went away.
+    const std::string record = dump_flight_records("Gloo's network thread failed: " + what);
+    if (!record.empty())
+      std::fprintf(stderr, "dpar: flight record written to %s\n", record.c_str());
+    std::fflush(stderr);
   }
   if (previous_handler != nullptr) previous_handler();
   std::abort();

@@ -5,7 +5,7 @@
 // with only Gloo's source location. It cannot go on either: the thread dies holding the pair's
 // lock. So dpar's terminate handler (installed with the first Gloo group, chaining to the one
 // before it) writes one line per live Gloo group first, naming the rank and the collective it
-// was running, and what Gloo reported.
+// was running, and what Gloo reported, and writes the flight record (flight_recorder.h).
 #include <functional>
 #include <string>
 

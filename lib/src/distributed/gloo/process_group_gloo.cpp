@@ -35,11 +35,13 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
              " is outside a world of size ", size);
   DPAR_CHECK(options_.timeout.count() > 0, "make_gloo_group: the timeout must be positive, got ",
              options_.timeout.count(), " ms");
+  std::string name = "gloo/local";  // a world of one
   if (size > 1) {
     DPAR_CHECK(store != nullptr, "make_gloo_group: a world of ", size, " needs a store");
     // Rank r's k-th Gloo group on this store meets every other rank's k-th group.
     const int64_t instance = store->add("gloo/instances/" + std::to_string(rank), 1);
-    store_ = std::make_shared<PrefixStore>("gloo/" + std::to_string(instance), store);
+    name = "gloo/" + std::to_string(instance);
+    store_ = std::make_shared<PrefixStore>(name, store);
     bind_address_ =
         options_.bind_address.empty() ? default_bind_address(store.get()) : options_.bind_address;
     try {
@@ -71,7 +73,11 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
       return where + "in " + info->describe() + " #" + std::to_string(info->seq);
     });
   }
-  heartbeat_ = std::make_unique<ProgressHeartbeat>(store_, rank, size);
+  recorder_ = std::make_unique<FlightRecorder>(name, "gloo", rank, size);
+  heartbeat_ = std::make_unique<ProgressHeartbeat>(
+      store_, rank, size,
+      ProgressHeartbeat::Stall{options_.stall_warning, name, options_.log,
+                               [this](int64_t seq) { return describe(seq); }});
   thread_ = std::thread([this] { comm_loop(); });
 }
 
@@ -99,6 +105,7 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(CollectiveInfo info, std::vector
     info.seq = next_seq_++;
     // Groups made by make_gloo_group are owned by a shared_ptr, so waiters may run them inline.
     work = std::make_shared<WorkImpl>(std::move(info), rank_, size_, weak_from_this());
+    recorder_->enqueued(work->info());
     queue_.push_back(PendingOp{work, std::move(tensors), std::move(single)});
   }
   // A group not owned by a shared_ptr cannot be run by waiters: its thread must always run it.
@@ -231,12 +238,21 @@ void ProcessGroupGloo::run_inline_until(const WorkImpl* work) {
 void ProcessGroupGloo::execute(PendingOp& op) {
   const CollectiveInfo& info = op.work->info();
   heartbeat_->entered(info.seq);
+  recorder_->started(info.seq);
   if (!failed_.empty()) {
+    recorder_->ended(info.seq, false);
+    heartbeat_->completed(info.seq);
     op.work->finish(info.describe() + " #" + std::to_string(info.seq) + " on rank " +
                     std::to_string(rank_) +
                     " cannot run: the gloo group failed earlier: " + failed_);
     return;
   }
+  // Recorded before the Work completes, so a waiter that dumps next sees it ended.
+  auto finish = [&](std::optional<std::string> error) {
+    recorder_->ended(info.seq, !error.has_value());
+    heartbeat_->completed(info.seq);
+    op.work->finish(std::move(error));
+  };
   bool in_check = false;
   running_info_.store(&info);
   struct Clear {
@@ -266,12 +282,12 @@ void ProcessGroupGloo::execute(PendingOp& op) {
         run_barrier(op);
         break;
     }
-    op.work->finish(std::nullopt);
+    finish(std::nullopt);
   } catch (const gloo::Exception& e) {
     const std::string what = e.what();
     const bool timed_out = what.find("Timed out") != std::string::npos;
     failed_ = failure_message(info, clean_gloo_message(what), timed_out, in_check);
-    op.work->finish(failed_);
+    finish(failed_);
   } catch (const CorruptedTransfer& e) {
     // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
     // the other ranks are says nothing about bytes that changed on the wire, so it is left out.
@@ -279,12 +295,12 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     // Closing the connections now makes the peers' pending transfers fail at once, instead of
     // at the timeout, even while this process lives on.
     context_.reset();
-    op.work->finish(failed_);
+    finish(failed_);
   } catch (const std::exception& e) {
     // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.
-    op.work->finish(e.what());
+    finish(e.what());
   } catch (...) {
-    op.work->finish("an exception that is not a std::exception");
+    finish("an exception that is not a std::exception");
   }
   // Drop the tensor handles now rather than when the next collective arrives.
   op.tensors.clear();
@@ -298,12 +314,20 @@ std::string ProcessGroupGloo::failure_message(const CollectiveInfo& info, const 
   if (in_check) msg += " in the DPAR_DEBUG=DETAIL check";
   msg += " on rank " + std::to_string(rank_) + " (world size " + std::to_string(size_) + ")";
   if (!timed_out) msg += ": " + what;
-  if (!name_laggards) return msg;
-  const std::string laggards = heartbeat_->describe_laggards(info.seq);
-  msg += "; " + laggards;
-  if (timed_out && laggards.rfind("every rank", 0) == 0 && !options_.debug_detail) {
-    msg += " (did the ranks call different collectives? DPAR_DEBUG=DETAIL checks)";
+  if (name_laggards) {
+    const std::string laggards = heartbeat_->describe_laggards(info.seq);
+    msg += "; " + laggards;
+    if (timed_out && laggards.rfind("every rank", 0) == 0 && !options_.debug_detail) {
+      msg += " (did the ranks call different collectives? DPAR_DEBUG=DETAIL checks)";
+    }
   }
+  // The group cannot go on: what every group of this process did last goes to the file that
+  // dpar-launch reads for its verdict.
+  recorder_->ended(info.seq, false);
+  note_group_failed();
+  const std::string record = dump_flight_records(info.describe() + " #" + std::to_string(info.seq) +
+                                                 (timed_out ? " timed out" : " failed"));
+  if (!record.empty()) msg += " (flight record: " + record + ")";
   return msg;
 }
 
@@ -319,6 +343,8 @@ void ProcessGroupGloo::check_fingerprints(const CollectiveInfo& info) {
   const std::string mismatch = find_mismatch(fingerprints_);
   DPAR_CHECK(mismatch.empty(), mismatch, " (DPAR_DEBUG=DETAIL, reported on rank ", rank_, ")");
 }
+
+std::string ProcessGroupGloo::describe(int64_t seq) const { return recorder_->describe(seq); }
 
 uint8_t* ProcessGroupGloo::staging(size_t bytes) {
   const size_t words = (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t);

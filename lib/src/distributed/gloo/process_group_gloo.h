@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "distributed/collective_check.h"
+#include "distributed/flight_recorder.h"
 #include "distributed/gloo/checked_ring.h"
 #include "distributed/progress_heartbeat.h"
 #include "distributed/work_impl.h"
@@ -87,7 +88,8 @@ class ProcessGroupGloo final : public ProcessGroup,
   void run_allgather(PendingOp& op);
   void run_reduce_scatter(PendingOp& op);
   void run_barrier(PendingOp& op);
-  uint8_t* staging(size_t bytes);  // reused buffer for fused / non-contiguous tensors
+  uint8_t* staging(size_t bytes);           // reused buffer for fused / non-contiguous tensors
+  std::string describe(int64_t seq) const;  // for the stall warning
   uint32_t tag(const CollectiveInfo& info) const {
     return static_cast<uint32_t>(info.seq % 0x7fffffff);
   }
@@ -98,6 +100,7 @@ class ProcessGroupGloo final : public ProcessGroup,
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<ProgressHeartbeat> heartbeat_;
+  std::unique_ptr<FlightRecorder> recorder_;
 
   // State of the thread running a collective (see running_).
   std::vector<uint64_t> staging_;  // uint64_t elements: aligned for every dtype

@@ -93,15 +93,21 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
              " is outside a world of size ", size);
   DPAR_CHECK(options_.timeout.count() > 0, "make_nccl_group: the timeout must be positive, got ",
              options_.timeout.count(), " ms");
+  std::string name = "nccl/local";  // a world of one
   if (size > 1) {
     DPAR_CHECK(store != nullptr, "make_nccl_group: a world of ", size, " needs a store");
     const int64_t instance = store->add("nccl/instances/" + std::to_string(rank), 1);
-    store_ = std::make_shared<PrefixStore>("nccl/" + std::to_string(instance), store);
+    name = "nccl/" + std::to_string(instance);
+    store_ = std::make_shared<PrefixStore>(name, store);
     // DETAIL checks compare every rank's call before it runs; fingerprints are tiny host data,
     // so a Gloo group on the same store carries them.
     if (options_.debug_detail) detail_group_ = make_gloo_group(store_, rank, size, options_);
   }
-  heartbeat_ = std::make_unique<ProgressHeartbeat>(store_, rank, size);
+  recorder_ = std::make_unique<FlightRecorder>(name, "nccl", rank, size);
+  heartbeat_ = std::make_unique<ProgressHeartbeat>(
+      store_, rank, size,
+      ProgressHeartbeat::Stall{options_.stall_warning, name, options_.log,
+                               [this](int64_t seq) { return recorder_->describe(seq); }});
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
@@ -245,6 +251,7 @@ std::shared_ptr<Work> ProcessGroupNccl::run(CollectiveInfo info, Device device,
     std::lock_guard<std::mutex> lock(mutex_);
     info.seq = next_seq_++;
   }
+  recorder_->enqueued(info);
   throw_if_failed(info);
   heartbeat_->entered(info.seq);
   if (detail_group_) check_fingerprints(info);
@@ -256,6 +263,7 @@ std::shared_ptr<Work> ProcessGroupNccl::run(CollectiveInfo info, Device device,
   {
     // Flattening copies and temporaries made by body run (and are freed) on the comm stream.
     cuda::StreamGuard on_comm(device.index, c.stream);
+    recorder_->started(info.seq);  // enqueued on the stream: the GPU runs it when it gets there
     body(c.comm, c.stream);
   }
   for (const Tensor& t : used) {
@@ -299,6 +307,11 @@ std::string ProcessGroupNccl::failure_line(const CollectiveInfo& info, const std
   line += " on rank " + std::to_string(rank_) + " (world size " + std::to_string(size_) + ", nccl)";
   if (!what.empty()) line += ": " + what;
   line += "; " + heartbeat_->describe_laggards(info.seq);
+  recorder_->ended(info.seq, false);
+  note_group_failed();
+  const std::string record = dump_flight_records(info.describe() + " #" + std::to_string(info.seq) +
+                                                 (timed_out ? " timed out" : " failed"));
+  if (!record.empty()) line += " (flight record: " + record + ")";
   return line;
 }
 
@@ -339,6 +352,8 @@ void ProcessGroupNccl::watchdog_loop() {
     while (!outstanding_.empty()) {
       const cudaError_t state = cudaEventQuery(outstanding_.front()->end());
       if (state == cudaSuccess) {
+        recorder_->ended(outstanding_.front()->info().seq, true);
+        heartbeat_->completed(outstanding_.front()->info().seq);
         outstanding_.pop_front();
         continue;
       }

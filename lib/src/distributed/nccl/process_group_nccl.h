@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "distributed/collective_check.h"
+#include "distributed/flight_recorder.h"
 #include "distributed/progress_heartbeat.h"
 #include "dpar/distributed/process_group.h"
 
@@ -101,6 +102,7 @@ class ProcessGroupNccl final : public ProcessGroup,
   ProcessGroupOptions options_;
   std::shared_ptr<Store> store_;  // this group's prefixed view (null for a world of one)
   std::unique_ptr<ProgressHeartbeat> heartbeat_;
+  std::unique_ptr<FlightRecorder> recorder_;
   std::shared_ptr<ProcessGroup> detail_group_;  // gloo, exchanges DPAR_DEBUG=DETAIL fingerprints
 
   // Held while a collective is issued: NCCL needs every rank to issue in one order, and the
