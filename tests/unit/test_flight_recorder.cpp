@@ -96,7 +96,7 @@ TEST_CASE("flight recorder: states, labels, describe and the ring", "[flight_rec
   CHECK(recorder.describe(1) == "allreduce(f32[4]) #1");
   CHECK(recorder.describe(2) == "allreduce(f32[5]) #2 (DataParallel bucket 3)");
   CHECK(recorder.describe(99) == "#99");
-  const nlohmann::json j = nlohmann::json::parse(recorder.to_json());
+  const nlohmann::json j = recorder.json();
   CHECK(j.at("group") == "test/ring");
   CHECK(j.at("rank") == 0);
   const auto& e = j.at("entries");

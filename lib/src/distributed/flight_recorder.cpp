@@ -217,7 +217,7 @@ size_t FlightRecorder::size() const {
       std::count_if(ring_.begin(), ring_.end(), [](const Entry& e) { return e.info.seq != 0; }));
 }
 
-std::string FlightRecorder::to_json() const {
+nlohmann::json FlightRecorder::json() const {
   nlohmann::json entries = nlohmann::json::array();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -246,10 +246,8 @@ std::string FlightRecorder::to_json() const {
       entries.push_back(std::move(j));
     }
   }
-  const nlohmann::json group = {
-      {"group", group_}, {"backend", backend_},      {"rank", rank_},
-      {"size", size_},   {"capacity", ring_.size()}, {"entries", std::move(entries)}};
-  return group.dump();
+  return {{"group", group_}, {"backend", backend_},      {"rank", rank_},
+          {"size", size_},   {"capacity", ring_.size()}, {"entries", std::move(entries)}};
 }
 
 std::string dump_flight_records(const std::string& reason) {
@@ -261,7 +259,7 @@ std::string dump_flight_records(const std::string& reason) {
     std::lock_guard<std::mutex> lock(r.mutex);
     if (r.recorders.empty()) return "";
     for (const FlightRecorder* recorder : r.recorders) {
-      groups.push_back(nlohmann::json::parse(recorder->to_json()));
+      groups.push_back(recorder->json());
     }
     rank = r.first_rank;
   }

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -59,8 +60,8 @@ class FlightRecorder {
 
   // "allreduce(f32[1000]) #12 (DataParallel bucket 3)", or "#12" once its entry is gone.
   std::string describe(int64_t seq) const;
-  // This group's record as a JSON object (text), entries oldest first.
-  std::string to_json() const;
+  // This group's record as a JSON object, entries oldest first.
+  nlohmann::json json() const;
   // Entries in the ring, for tests.
   size_t size() const;
 

@@ -251,8 +251,8 @@ std::shared_ptr<Work> ProcessGroupNccl::run(CollectiveInfo info, Device device,
     std::lock_guard<std::mutex> lock(mutex_);
     info.seq = next_seq_++;
   }
-  recorder_->enqueued(info);
   throw_if_failed(info);
+  recorder_->enqueued(info);
   heartbeat_->entered(info.seq);
   if (detail_group_) check_fingerprints(info);
   cuda::DeviceGuard guard(device);
