@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -66,7 +67,7 @@ void FlightCollector::clear() {
 
 void FlightCollector::request(int failed_rank, const std::string& state,
                               const std::vector<std::pair<int, pid_t>>& running,
-                              std::chrono::milliseconds wait) {
+                              const std::vector<int>& local_ranks, std::chrono::milliseconds wait) {
   if (dir_.empty()) return;
   requested_ = true;
   states_[failed_rank] = state;
@@ -83,17 +84,29 @@ void FlightCollector::request(int failed_rank, const std::string& state,
     if (!fs::exists(fs::path(dir_) / ("listening." + std::to_string(pid)), ec)) continue;
     if (::kill(pid, SIGUSR1) == 0) pending.insert(rank);
   }
-  // Each asked rank rewrites its file; the wait ends when every one has, or at `wait`.
+  std::set<int> remote;
+  for (int rank = 0; rank < world_size_; ++rank) {
+    if (std::find(local_ranks.begin(), local_ranks.end(), rank) == local_ranks.end()) {
+      remote.insert(rank);
+    }
+  }
+  // Each asked rank rewrites its file, a remote one writes it at all; the wait ends when every
+  // one has, or at `wait`.
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  while (!pending.empty() && std::chrono::steady_clock::now() < deadline) {
+  while (!(pending.empty() && remote.empty()) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     for (auto it = pending.begin(); it != pending.end();) {
       std::error_code ec;
       const auto written = fs::last_write_time(record_path(dir_, *it), ec);
       it = !ec && written >= asked ? pending.erase(it) : std::next(it);
     }
+    for (auto it = remote.begin(); it != remote.end();) {
+      std::error_code ec;
+      it = fs::exists(record_path(dir_, *it), ec) ? remote.erase(it) : std::next(it);
+    }
   }
   for (int rank : pending) states_.emplace(rank, "no answer to SIGUSR1");
+  for (int rank : remote) states_.emplace(rank, "on another node");
 }
 
 std::vector<std::string> FlightCollector::verdict() const {

@@ -28,9 +28,12 @@ class FlightCollector {
   void clear();
   // A rank failed (`state`: "exited with code 1"): every rank in `running` (rank, pid) that
   // answers SIGUSR1 (it left <dir>/listening.<pid>) gets it and up to `wait` to write its
-  // record; a stopped process cannot, and is noted so.
+  // record; a stopped process cannot, and is noted so. Ranks of other nodes (not in
+  // `local_ranks`) get the same time for their record to appear: in a folder the nodes share
+  // they write it when their own collectives fail (elsewhere the wait finds nothing).
   void request(int failed_rank, const std::string& state,
                const std::vector<std::pair<int, pid_t>>& running,
+               const std::vector<int>& local_ranks,
                std::chrono::milliseconds wait = std::chrono::milliseconds(2000));
   // After the teardown: the verdict lines (empty if nothing was requested).
   std::vector<std::string> verdict() const;

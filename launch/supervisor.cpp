@@ -246,10 +246,12 @@ void Supervisor::reap() {
         if (flight_) {
           // Before the stop: a rank asked for its record must still be alive to write it.
           std::vector<std::pair<int, pid_t>> running;
+          std::vector<int> local_ranks;
           for (const Worker& other : workers_) {
             if (other.running) running.emplace_back(other.proc->rank, other.pid);
+            local_ranks.push_back(other.proc->rank);
           }
-          flight_->request(w.proc->rank, describe_wait_status(status), running);
+          flight_->request(w.proc->rank, describe_wait_status(status), running, local_ranks);
         }
         begin_stop(SIGTERM);
       }

@@ -5,7 +5,8 @@
 # as on real machines. The job's program and its arguments are parameters, so the same script
 # runs a collective test program later:
 #
-#   netns_two_hosts.sh [--expect-env] [--nproc=N] [--ps] <dpar-launch> <program> [args...]
+#   netns_two_hosts.sh [--expect-env | --expect-failure=TEXT] [--nproc=N] [--ps] <dpar-launch>
+#                      <program> [args...]
 #
 # Both launchers must exit 0. --expect-env also checks the env_worker output: world size 2N,
 # ranks, node ranks and endpoints agree across the two hosts.
@@ -15,15 +16,20 @@
 # --ps; --trainers lists each host's address N times, so host a runs trainers 0..N-1), with
 # one random --job_token given to both launchers. --expect-env then checks roles, server and
 # trainer ids, the server list, the trainer count and the shared token.
+# --expect-failure=TEXT runs a failure drill instead: both launchers must exit non-zero and
+# host a's launcher must print TEXT; the two share one flight-record folder (as nodes on a
+# shared filesystem would), so the verdict sees both hosts' ranks.
 # Exit status: 0 passed, 1 failed, 77 skipped (no CAP_NET_ADMIN or no `ip`; the reason is
 # printed). NETNS_TEST_TIMEOUT (default 45 s) bounds each launcher.
 set -u
 expect_env=0
 nproc=
 ps=0
+expect_failure=
 while [ $# -gt 0 ]; do
   case $1 in
     --expect-env) expect_env=1; shift ;;
+    --expect-failure=*) expect_failure=${1#--expect-failure=}; shift ;;
     --nproc=*) nproc=${1#--nproc=}; shift ;;
     --ps) ps=1; shift ;;
     *) break ;;
@@ -92,6 +98,7 @@ run_node() {
   timeout -s TERM "$limit" ip netns exec "$ns" "$launcher" "${cluster[@]}" \
     --log_dir="$work/$name" "$@" >"$work/$name.out" 2>"$work/$name.err"
 }
+[ -n "$expect_failure" ] && export DPAR_FLIGHT_RECORDER_DIR=$work/flight_recorder
 run_node "$ns_a" a "$@" &
 pid_a=$!
 run_node "$ns_b" b "$@" &
@@ -108,7 +115,14 @@ fail() {
 }
 for node in a b; do
   rc_var=rc_$node
-  if [ "${!rc_var}" -ne 0 ]; then
+  if [ -n "$expect_failure" ]; then
+    if [ "${!rc_var}" -ne 0 ] && [ "${!rc_var}" -ne 124 ]; then
+      echo "ok: launcher on host $node exited ${!rc_var}"
+    else
+      fail "launcher on host $node exited ${!rc_var} (a failure drill: non-zero, not the timeout)"
+      cat "$work/$node.err"
+    fi
+  elif [ "${!rc_var}" -ne 0 ]; then
     fail "launcher on host $node exited ${!rc_var}; its stderr and logs:"
     cat "$work/$node.err"
     for f in "$work/$node"/*log.*; do echo "--- $f"; tail -n 20 "$f"; done
@@ -128,6 +142,12 @@ expect_lines() {
   done
 }
 
+if [ -n "$expect_failure" ]; then
+  if grep -qF -- "$expect_failure" "$work/a.err"; then echo "ok: host a printed: $expect_failure"; else
+    fail "host a's launcher did not print: $expect_failure; it printed:"
+    cat "$work/a.err"
+  fi
+fi
 if [ $expect_env -eq 1 ] && [ $ps -eq 1 ]; then
   node=0
   for name in a b; do
