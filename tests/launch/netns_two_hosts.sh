@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ $# -lt 2 ]; then
-  echo "usage: $0 [--expect-env] [--nproc=N] [--ps] <dpar-launch> <program> [args...]" >&2
+  echo "usage: $0 [--expect-env | --expect-failure=TEXT] [--nproc=N] [--ps] <dpar-launch> <program> [args...]" >&2
   exit 1
 fi
 [ -n "$nproc" ] || nproc=$((ps ? 1 : 2))
