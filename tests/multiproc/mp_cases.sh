@@ -114,8 +114,9 @@ case $case_name in
     elapsed=$(( $(now_ms) - start ))
     [ $code -ne 0 ] && ok "launcher exited $code" || fail "a stopped rank went unnoticed"
     [ $elapsed -lt 30000 ] && ok "ended after $elapsed ms" || fail "took $elapsed ms (limit 30 s)"
-    expect_text "$work/logs/workerlog.0" "stall: rank 0 (group gloo/1) has waited 2 s in allreduce("
-    expect_text "$work/logs/workerlog.0" "(DataParallel bucket 0); ranks that have not arrived: 1"
+    expect_text "$work/logs/workerlog.0" "stall: rank 0 (group gloo/1) has waited "
+    expect_text "$work/logs/workerlog.0" \
+      " s in allreduce(f32[853]) #7 (DataParallel bucket 0); ranks that have not arrived: 1"
     expect_text "$work/out.txt" "flight recorder: rank 0 waits in allreduce("
     expect_text "$work/out.txt" "flight recorder: rank 1 left no flight record (stopped (SIGSTOP"
     expect_no_job_processes ;;

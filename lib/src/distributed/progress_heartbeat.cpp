@@ -4,8 +4,6 @@
 #include <sstream>
 #include <vector>
 
-#include "distributed/collective_check.h"
-
 namespace dpar::dist::detail {
 
 ProgressHeartbeat::ProgressHeartbeat(std::shared_ptr<Store> store, int rank, int size, Stall stall,
@@ -66,9 +64,12 @@ void ProgressHeartbeat::check_stall() {
   }
   if (stall_warned_ || now - stall_since_ < stall_.after) return;
   stall_warned_ = true;
-  const auto waited = std::chrono::duration_cast<Millis>(now - stall_since_);
+  // Seen once a period, so the wait is known to a period: tenths of a second say enough.
+  char waited[32];
+  std::snprintf(waited, sizeof waited, "%.1f s",
+                std::chrono::duration<double>(now - stall_since_).count());
   std::string line = "stall: rank " + std::to_string(rank_) + " (group " + stall_.group +
-                     ") has waited " + format_duration(waited) + " in ";
+                     ") has waited " + waited + " in ";
   if (stall_.describe) {
     line += stall_.describe(seq);
   } else {
