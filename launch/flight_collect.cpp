@@ -31,8 +31,13 @@ fs::path record_path(const std::string& dir, int rank) {
 }  // namespace
 
 FlightCollector::FlightCollector(const std::string& log_dir, const std::string& chosen,
-                                 int world_size)
+                                 int world_size, const std::vector<int>& local_ranks)
     : world_size_(world_size) {
+  for (int rank = 0; rank < world_size; ++rank) {
+    if (std::find(local_ranks.begin(), local_ranks.end(), rank) == local_ranks.end()) {
+      remote_ranks_.insert(rank);
+    }
+  }
   if (!chosen.empty()) {
     dir_ = chosen;
   } else if (!log_dir.empty()) {
@@ -67,7 +72,7 @@ void FlightCollector::clear() {
 
 void FlightCollector::request(int failed_rank, const std::string& state,
                               const std::vector<std::pair<int, pid_t>>& running,
-                              const std::vector<int>& local_ranks, std::chrono::milliseconds wait) {
+                              std::chrono::milliseconds wait) {
   if (dir_.empty()) return;
   requested_ = true;
   states_[failed_rank] = state;
@@ -84,12 +89,7 @@ void FlightCollector::request(int failed_rank, const std::string& state,
     if (!fs::exists(fs::path(dir_) / ("listening." + std::to_string(pid)), ec)) continue;
     if (::kill(pid, SIGUSR1) == 0) pending.insert(rank);
   }
-  std::set<int> remote;
-  for (int rank = 0; rank < world_size_; ++rank) {
-    if (std::find(local_ranks.begin(), local_ranks.end(), rank) == local_ranks.end()) {
-      remote.insert(rank);
-    }
-  }
+  std::set<int> remote = remote_ranks_;
   // Each asked rank rewrites its file, a remote one writes it at all; the wait ends when every
   // one has, or at `wait`.
   const auto deadline = std::chrono::steady_clock::now() + wait;

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "text.h"
+
 namespace dpar::launch {
 namespace {
 
@@ -44,9 +46,9 @@ std::string call_text(const FlightEntry& e) {
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return text;
+  std::vector<std::string> items;
+  for (int r : ranks) items.push_back(std::to_string(r));
+  return (ranks.size() == 1 ? "rank " : "ranks ") + join(items, ", ");
 }
 
 std::string seconds_text(int64_t us) {

@@ -82,9 +82,11 @@ Supervisor::Supervisor(const LaunchPlan& plan, std::vector<Env> envs) : plan_(pl
   }
   if (!plan.ps_mode && !workers_.empty()) {
     const auto chosen = workers_[0].env.find("DPAR_FLIGHT_RECORDER_DIR");
+    std::vector<int> local_ranks;
+    for (const Worker& w : workers_) local_ranks.push_back(w.proc->rank);
     flight_ = std::make_unique<FlightCollector>(
         plan.log_dir, chosen == workers_[0].env.end() ? std::string() : chosen->second,
-        static_cast<int>(plan.endpoints.size()));
+        static_cast<int>(plan.endpoints.size()), local_ranks);
   }
   // Orphans of the workers (a worker's own children) become the launcher's, so they are
   // reaped here instead of lingering as zombies under a container's init.
@@ -246,12 +248,10 @@ void Supervisor::reap() {
         if (flight_) {
           // Before the stop: a rank asked for its record must still be alive to write it.
           std::vector<std::pair<int, pid_t>> running;
-          std::vector<int> local_ranks;
           for (const Worker& other : workers_) {
             if (other.running) running.emplace_back(other.proc->rank, other.pid);
-            local_ranks.push_back(other.proc->rank);
           }
-          flight_->request(w.proc->rank, describe_wait_status(status), running, local_ranks);
+          flight_->request(w.proc->rank, describe_wait_status(status), running);
         }
         begin_stop(SIGTERM);
       }

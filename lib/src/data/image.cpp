@@ -95,25 +95,36 @@ std::string bad_jpeg_huffman_table(const uint8_t* d, size_t n) {
   return "";
 }
 
+bool is_png(const uint8_t* d, size_t n) {
+  static constexpr uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  return n >= 8 && std::equal(kSignature, kSignature + 8, d);
+}
+
+// The data length a PNG chunk at byte `at` declares (big-endian, before its type).
+size_t png_chunk_length(const uint8_t* d, size_t at) {
+  return size_t{d[at]} << 24 | size_t{d[at + 1]} << 16 | size_t{d[at + 2]} << 8 | d[at + 3];
+}
+
+// Where the PNG chunk at byte `at` ends: length, type, data, CRC (at most the file's end).
+size_t png_chunk_end(const uint8_t* d, size_t n, size_t at) {
+  return std::min(n, at + 12 + png_chunk_length(d, at));
+}
+
 // stb_image sizes its buffer for a PNG's compressed data from the chunk lengths the file
 // declares, before reading them: a 99-byte file whose second IDAT claimed 1.6 GB made it
 // realloc 2 GiB (fuzz_image, out of memory). Walks the chunks as stb does and returns what is
 // wrong with the first one that claims more bytes than the file has left, or "". Once every
 // length fits, stb's buffer stays under twice the file's size.
 std::string bad_png_chunk(const uint8_t* d, size_t n) {
-  static constexpr uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  if (n < 8 || !std::equal(kSignature, kSignature + 8, d)) return "";
-  for (size_t at = 8; at + 8 <= n;) {
-    const size_t length =
-        size_t{d[at]} << 24 | size_t{d[at + 1]} << 16 | size_t{d[at + 2]} << 8 | d[at + 3];
-    const std::string type(reinterpret_cast<const char*>(d + at + 4), 4);
+  if (!is_png(d, n)) return "";
+  for (size_t at = 8; at + 8 <= n; at = png_chunk_end(d, n, at)) {
+    const size_t length = png_chunk_length(d, at);
     const size_t left = n - at - 8;
     if (length > left) {
       return "the chunk at byte " + std::to_string(at) + " claims " + std::to_string(length) +
              " bytes, but the file has " + std::to_string(left) + " left";
     }
-    if (type == "IEND") break;
-    at += 12 + length;  // length, type, data, CRC
+    if (std::equal(d + at + 4, d + at + 8, "IEND")) break;
   }
   return "";
 }
@@ -125,24 +136,17 @@ std::string bad_png_chunk(const uint8_t* d, size_t n) {
 // there are some; the chunk lengths were checked by bad_png_chunk). Returns the copy, or an
 // empty vector when the file has none.
 std::vector<uint8_t> png_without_empty_idat(const uint8_t* d, size_t n) {
-  static constexpr uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  if (n < 8 || !std::equal(kSignature, kSignature + 8, d)) return {};
+  if (!is_png(d, n)) return {};
   auto empty_idat = [&](size_t at) {
-    return at + 8 <= n && d[at] == 0 && d[at + 1] == 0 && d[at + 2] == 0 && d[at + 3] == 0 &&
-           std::equal(d + at + 4, d + at + 8, "IDAT");
-  };
-  auto chunk_end = [&](size_t at) {
-    const size_t length =
-        size_t{d[at]} << 24 | size_t{d[at + 1]} << 16 | size_t{d[at + 2]} << 8 | d[at + 3];
-    return std::min(n, at + 12 + length);  // length, type, data, CRC
+    return png_chunk_length(d, at) == 0 && std::equal(d + at + 4, d + at + 8, "IDAT");
   };
   bool any = false;
-  for (size_t at = 8; at + 8 <= n && !any; at = chunk_end(at)) any = empty_idat(at);
+  for (size_t at = 8; at + 8 <= n && !any; at = png_chunk_end(d, n, at)) any = empty_idat(at);
   if (!any) return {};
   std::vector<uint8_t> out(d, d + 8);
   size_t at = 8;
-  for (; at + 8 <= n; at = chunk_end(at)) {
-    if (!empty_idat(at)) out.insert(out.end(), d + at, d + chunk_end(at));
+  for (; at + 8 <= n; at = png_chunk_end(d, n, at)) {
+    if (!empty_idat(at)) out.insert(out.end(), d + at, d + png_chunk_end(d, n, at));
   }
   out.insert(out.end(), d + at, d + n);  // a trailing fragment stays, for stb to judge
   return out;

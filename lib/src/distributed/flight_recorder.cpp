@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
 
 namespace dpar::dist::detail {
 namespace {
@@ -157,8 +158,7 @@ FlightRecorder::~FlightRecorder() {
 }
 
 FlightRecorder::Entry* FlightRecorder::slot(int64_t seq) {
-  Entry& e = ring_[static_cast<size_t>(seq) % ring_.size()];
-  return e.info.seq == seq ? &e : nullptr;
+  return const_cast<Entry*>(std::as_const(*this).slot(seq));
 }
 
 const FlightRecorder::Entry* FlightRecorder::slot(int64_t seq) const {
@@ -209,6 +209,18 @@ void FlightRecorder::ended(int64_t seq, bool ok) {
     e->ended_us = t;
     e->ok = ok;
   }
+}
+
+std::string FlightRecorder::record_failure(const CollectiveInfo& info, bool timed_out) {
+  ended(info.seq, false);
+  note_group_failed();
+  // Built piece by piece: GCC 12 misreads `" #" + std::to_string(seq)` (-Wrestrict).
+  std::string reason = info.describe();
+  reason += " #";
+  reason += std::to_string(info.seq);
+  reason += timed_out ? " timed out" : " failed";
+  const std::string path = dump_flight_records(reason);
+  return path.empty() ? "" : " (flight record: " + path + ")";
 }
 
 size_t FlightRecorder::size() const {

@@ -58,6 +58,10 @@ class FlightRecorder {
   void started(int64_t seq);
   void ended(int64_t seq, bool ok);
 
+  // The group failed in `info` (timed out, or its transport failed) and cannot go on: marks
+  // the entry failed, notes the failure process-wide (note_group_failed) and writes the
+  // process's record. Returns " (flight record: <path>)" for the error line, or "".
+  std::string record_failure(const CollectiveInfo& info, bool timed_out);
   // "allreduce(f32[1000]) #12 (DataParallel bucket 3)", or "#12" once its entry is gone.
   std::string describe(int64_t seq) const;
   // This group's record as a JSON object, entries oldest first.

@@ -1,7 +1,5 @@
 #include "distributed/peer_refusals.h"
 
-#include <cstdio>
-
 #include "distributed/store_common.h"
 
 namespace dpar::dist::detail {
@@ -34,11 +32,7 @@ void PeerRefusals::note(const std::string& peer, const std::string& why) {
              host + " are refused without a log line)";
     }
   }
-  if (log_) {
-    log_(line);
-  } else {
-    std::fprintf(stderr, "dpar: %s\n", line.c_str());
-  }
+  log_line(log_, line);
 }
 
 }  // namespace dpar::dist::detail

@@ -1,8 +1,9 @@
 #include "distributed/progress_heartbeat.h"
 
-#include <cstdio>
 #include <sstream>
 #include <vector>
+
+#include "distributed/store_common.h"
 
 namespace dpar::dist::detail {
 
@@ -64,10 +65,9 @@ void ProgressHeartbeat::check_stall() {
   }
   if (stall_warned_ || now - stall_since_ < stall_.after) return;
   stall_warned_ = true;
-  // Seen once a period, so the wait is known to a period: tenths of a second say enough.
-  char waited[32];
-  std::snprintf(waited, sizeof waited, "%.1f s",
-                std::chrono::duration<double>(now - stall_since_).count());
+  // Seen once a period, so the wait is known to a period: "2.0 s", not "2001 ms".
+  const std::string waited =
+      format_seconds(std::chrono::duration_cast<Millis>(now - stall_since_)) + " s";
   std::string line = "stall: rank " + std::to_string(rank_) + " (group " + stall_.group +
                      ") has waited " + waited + " in ";
   if (stall_.describe) {
@@ -78,11 +78,7 @@ void ProgressHeartbeat::check_stall() {
   }
   line += "; " + describe_laggards(seq) +
           " (DPAR_STALL_WARNING; the collective times out after DPAR_TIMEOUT)";
-  if (stall_.log) {
-    stall_.log(line);
-  } else {
-    std::fprintf(stderr, "dpar: %s\n", line.c_str());
-  }
+  log_line(stall_.log, line);
 }
 
 std::string ProgressHeartbeat::describe_laggards(int64_t seq) {

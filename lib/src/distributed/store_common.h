@@ -2,6 +2,7 @@
 // Internals shared by the store server and client (lib/src/distributed/store_*.cpp).
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,16 @@ inline std::string format_seconds(Millis t) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(t.count()) / 1000.0);
   return buf;
+}
+
+// Where the distributed parts' warnings go: the caller's log callback (ProcessGroupOptions::log,
+// a store's options), else stderr as "dpar: <line>".
+inline void log_line(const std::function<void(const std::string&)>& log, const std::string& line) {
+  if (log) {
+    log(line);
+  } else {
+    std::fprintf(stderr, "dpar: %s\n", line.c_str());
+  }
 }
 
 // 'a', 'b', 'c' — for error messages naming keys.

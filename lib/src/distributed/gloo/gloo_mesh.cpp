@@ -14,11 +14,11 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "distributed/store_common.h"
 #include "dpar/core/error.h"
 
 namespace dpar::dist::detail {
@@ -408,12 +408,7 @@ std::string clean_gloo_message(const std::string& what) {
 std::shared_ptr<gloo::Context> connect_gloo_mesh(
     const std::shared_ptr<Store>& store, const std::shared_ptr<gloo::transport::Device>& device,
     const MeshOptions& options) {
-  auto log = [&](const std::string& line) {
-    if (options.log)
-      options.log(line);
-    else
-      std::cerr << "dpar: " << line << std::endl;
-  };
+  auto log = [&](const std::string& line) { log_line(options.log, line); };
   std::string failures;
   for (int attempt = 0; attempt < kMaxMeshAttempts; ++attempt) {
     AttemptResult result = MeshAttempt(store, device, options, attempt).run();

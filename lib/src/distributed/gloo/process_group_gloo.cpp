@@ -77,7 +77,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   heartbeat_ = std::make_unique<ProgressHeartbeat>(
       store_, rank, size,
       ProgressHeartbeat::Stall{options_.stall_warning, name, options_.log,
-                               [this](int64_t seq) { return describe(seq); }});
+                               [this](int64_t seq) { return recorder_->describe(seq); }});
   thread_ = std::thread([this] { comm_loop(); });
 }
 
@@ -323,12 +323,7 @@ std::string ProcessGroupGloo::failure_message(const CollectiveInfo& info, const 
   }
   // The group cannot go on: what every group of this process did last goes to the file that
   // dpar-launch reads for its verdict.
-  recorder_->ended(info.seq, false);
-  note_group_failed();
-  const std::string record = dump_flight_records(info.describe() + " #" + std::to_string(info.seq) +
-                                                 (timed_out ? " timed out" : " failed"));
-  if (!record.empty()) msg += " (flight record: " + record + ")";
-  return msg;
+  return msg + recorder_->record_failure(info, timed_out);
 }
 
 void ProcessGroupGloo::check_fingerprints(const CollectiveInfo& info) {
@@ -343,8 +338,6 @@ void ProcessGroupGloo::check_fingerprints(const CollectiveInfo& info) {
   const std::string mismatch = find_mismatch(fingerprints_);
   DPAR_CHECK(mismatch.empty(), mismatch, " (DPAR_DEBUG=DETAIL, reported on rank ", rank_, ")");
 }
-
-std::string ProcessGroupGloo::describe(int64_t seq) const { return recorder_->describe(seq); }
 
 uint8_t* ProcessGroupGloo::staging(size_t bytes) {
   const size_t words = (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t);

@@ -88,8 +88,7 @@ class ProcessGroupGloo final : public ProcessGroup,
   void run_allgather(PendingOp& op);
   void run_reduce_scatter(PendingOp& op);
   void run_barrier(PendingOp& op);
-  uint8_t* staging(size_t bytes);           // reused buffer for fused / non-contiguous tensors
-  std::string describe(int64_t seq) const;  // for the stall warning
+  uint8_t* staging(size_t bytes);  // reused buffer for fused / non-contiguous tensors
   uint32_t tag(const CollectiveInfo& info) const {
     return static_cast<uint32_t>(info.seq % 0x7fffffff);
   }

@@ -307,12 +307,7 @@ std::string ProcessGroupNccl::failure_line(const CollectiveInfo& info, const std
   line += " on rank " + std::to_string(rank_) + " (world size " + std::to_string(size_) + ", nccl)";
   if (!what.empty()) line += ": " + what;
   line += "; " + heartbeat_->describe_laggards(info.seq);
-  recorder_->ended(info.seq, false);
-  note_group_failed();
-  const std::string record = dump_flight_records(info.describe() + " #" + std::to_string(info.seq) +
-                                                 (timed_out ? " timed out" : " failed"));
-  if (!record.empty()) line += " (flight record: " + record + ")";
-  return line;
+  return line + recorder_->record_failure(info, timed_out);
 }
 
 void ProcessGroupNccl::fail(const std::string& line) {
