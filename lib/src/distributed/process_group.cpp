@@ -9,6 +9,7 @@
 
 #include "distributed/gloo/process_group_gloo.h"
 #include "distributed/gpu_groups.h"
+#include "distributed/store_common.h"
 
 namespace dpar::dist {
 
@@ -35,21 +36,8 @@ void check_cuda_backend(const std::string& name, const std::string& where) {
 
 ProcessGroupOptions ProcessGroupOptions::from_env() {
   ProcessGroupOptions options;
-  if (const char* text = std::getenv("DPAR_TIMEOUT"); text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const double seconds = std::strtod(text, &end);
-    DPAR_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds > 0,
-               "DPAR_TIMEOUT: expected a positive number of seconds, got '", text, "'");
-    options.timeout = Millis(std::max<int64_t>(1, std::llround(seconds * 1000.0)));
-  }
-  if (const char* text = std::getenv("DPAR_STALL_WARNING"); text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const double seconds = std::strtod(text, &end);
-    DPAR_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds >= 0,
-               "DPAR_STALL_WARNING: expected a number of seconds (0: no warning), got '", text,
-               "'");
-    options.stall_warning = Millis(std::llround(seconds * 1000.0));
-  }
+  if (auto t = detail::seconds_from_env("DPAR_TIMEOUT", false)) options.timeout = *t;
+  if (auto t = detail::seconds_from_env("DPAR_STALL_WARNING", true)) options.stall_warning = *t;
   if (const char* text = std::getenv("DPAR_DEBUG"); text != nullptr && *text != '\0') {
     std::string level = text;
     for (char& c : level) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -83,6 +71,8 @@ std::shared_ptr<ProcessGroup> Group::backend_ptr_for(Device device) {
   // Backends are created on first use, possibly from several threads (e.g. a data loader and
   // the training loop); creation rendezvouses with the other ranks, so it runs exactly once.
   std::lock_guard<std::mutex> lock(mutex_);
+  DPAR_CHECK(aborted_.empty(), "Group (rank ", rank_, " of ", size_,
+             "): the group was aborted: ", aborted_);
   auto& cpu = backends_[static_cast<int>(DeviceType::CPU)];
   auto make_cpu = [&] {
     if (!cpu) cpu = make_gloo_group(store_, rank_, size_, options_);
@@ -107,6 +97,19 @@ std::shared_ptr<ProcessGroup> Group::backend_ptr_for(Device device) {
 }
 
 ProcessGroup& Group::backend_for(Device device) { return *backend_ptr_for(device); }
+
+void Group::abort(const std::string& why) {
+  std::vector<std::shared_ptr<ProcessGroup>> created;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.empty()) aborted_ = why.empty() ? "aborted" : why;
+    for (const auto& backend : backends_) {
+      if (backend) created.push_back(backend);
+    }
+  }
+  // Outside the lock: a backend's abort may wait (briefly) for its communication thread.
+  for (const auto& backend : created) backend->abort(why);
+}
 
 namespace {
 

@@ -91,6 +91,7 @@ class StagedGlooGroup final : public ProcessGroup {
         std::move(inner), [output, host_out]() mutable { output.copy_(host_out); }, async_op);
   }
   std::shared_ptr<Work> barrier(bool async_op) override { return gloo_->barrier(async_op); }
+  void abort(const std::string& why) override { gloo_->abort(why); }
 
  private:
   std::shared_ptr<ProcessGroup> gloo_;

@@ -136,7 +136,10 @@ StoreClient::StoreClient(const std::string& endpoint, StoreIdentity identity,
                          StoreClientOptions options)
     : impl_(std::make_unique<Impl>()) {
   check_endpoint(endpoint);
-  DPAR_CHECK(identity.world_size >= 1 && identity.rank >= 0 && identity.rank < identity.world_size,
+  // World size 0 (with rank 0): a member of an elastic job, whose ranks change between rounds.
+  const bool elastic = identity.world_size == 0 && identity.rank == 0;
+  DPAR_CHECK(elastic || (identity.world_size >= 1 && identity.rank >= 0 &&
+                         identity.rank < identity.world_size),
              "rendezvous store: rank ", identity.rank, " is outside world size ",
              identity.world_size);
   timeout_ = options.timeout;

@@ -1,12 +1,17 @@
 #pragma once
 // Internals shared by the store server and client (lib/src/distributed/store_*.cpp).
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "dpar/core/error.h"
 #include "dpar/distributed/store.h"
 
 namespace grpc {
@@ -33,6 +38,21 @@ inline std::string format_seconds(Millis t) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(t.count()) / 1000.0);
   return buf;
+}
+
+// A duration given in seconds by environment variable `name` (DPAR_TIMEOUT, DPAR_ELASTIC_*):
+// nothing when unset or empty; a dpar::Error naming the variable when it is not a number of
+// seconds (positive, or also 0 with allow_zero).
+inline std::optional<Millis> seconds_from_env(const char* name, bool allow_zero) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  DPAR_CHECK(end != text && *end == '\0' && std::isfinite(seconds) &&
+                 (allow_zero ? seconds >= 0 : seconds > 0),
+             name, ": expected a ", allow_zero ? "" : "positive ", "number of seconds",
+             allow_zero ? " (0: off)" : "", ", got '", text, "'");
+  return Millis(std::max<int64_t>(seconds > 0 ? 1 : 0, std::llround(seconds * 1000.0)));
 }
 
 // Where the distributed parts' warnings go: the caller's log callback (ProcessGroupOptions::log,

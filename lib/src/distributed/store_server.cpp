@@ -58,7 +58,8 @@ class StoreService final : public rpc::KeyValueStore::Service {
     if (auto s = check_identity(req->job_id(), req->world_size()); !s.ok()) {
       return noted(ctx, std::move(s));
     }
-    if (req->rank() < 0 || req->rank() >= world_size_) {
+    // World size 0: an elastic job, whose members have no fixed rank at the store.
+    if (world_size_ > 0 && (req->rank() < 0 || req->rank() >= world_size_)) {
       return noted(ctx, refuse("it serves job '" + job_id_ + "' with world size " +
                                std::to_string(world_size_) + ", this process claims rank " +
                                std::to_string(req->rank()) + " (valid ranks are 0.." +
@@ -333,7 +334,8 @@ StoreServer::StoreServer(const std::string& host, int port, std::string job_id, 
   DPAR_CHECK(!host.empty(), "rendezvous store: empty host in ", where);
   DPAR_CHECK(port >= 0 && port <= 65535, "rendezvous store: cannot listen on ", where,
              ": port out of range 0..65535");
-  DPAR_CHECK(world_size >= 1, "rendezvous store: world size must be >= 1, got ", world_size);
+  DPAR_CHECK(world_size >= 0, "rendezvous store: world size must be >= 1 (or 0 for an elastic job), got ",
+             world_size);
   detail::probe_bind(host, port, where, "rendezvous store");
 
   impl_->host = host;

@@ -95,6 +95,12 @@ class ProcessGroup {
                                                bool async_op = true) = 0;
   virtual std::shared_ptr<Work> barrier(bool async_op = true) = 0;
 
+  // Breaks this group's connections so that a collective in flight (one waiting for a rank that
+  // died, stopped or was cut off) fails now instead of at the timeout, with `why` in its error;
+  // the group is unusable afterwards. Elastic recovery (elastic.h) calls it from another
+  // thread; safe to call more than once and while collectives run.
+  virtual void abort(const std::string& why) = 0;
+
  protected:
   int rank_;
   int size_;
@@ -127,6 +133,9 @@ class Group {
   std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
                                        ReduceOp op = ReduceOp::Sum, bool async_op = true);
   void barrier();  // on the CPU backend
+  // Aborts every backend created so far (ProcessGroup::abort) and fails backends created
+  // afterwards: the group is unusable. Safe from any thread.
+  void abort(const std::string& why);
   const std::shared_ptr<Store>& store() const { return store_; }
   Millis timeout() const { return options_.timeout; }  // of every collective
 
@@ -135,7 +144,8 @@ class Group {
   int rank_;
   int size_;
   ProcessGroupOptions options_;
-  std::mutex mutex_;  // guards backends_ (lazy creation)
+  std::mutex mutex_;  // guards backends_ (lazy creation) and aborted_
+  std::string aborted_;
   std::shared_ptr<ProcessGroup> backends_[kNumDeviceTypes];
 };
 

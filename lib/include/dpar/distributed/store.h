@@ -46,7 +46,7 @@ class Store {
 // Who a client is; sent on connect and checked by the server.
 struct StoreIdentity {
   std::string job_id = "default";
-  int world_size = 1;
+  int world_size = 1;  // 0 (with rank 0): a member of an elastic job (elastic.h)
   int rank = 0;
 };
 
@@ -54,7 +54,8 @@ struct StoreIdentity {
 class StoreServer {
  public:
   // Binds host:port (port 0 picks a free port); throws dpar::Error naming the address if it
-  // is in use or cannot be bound. A call from a peer of another job (or none) is refused and
+  // is in use or cannot be bound. world_size 0 serves an elastic job: its clients identify as
+  // world size 0 and have no fixed rank. A call from a peer of another job (or none) is refused and
   // logged once per peer host to `log` (empty: stderr).
   StoreServer(const std::string& host, int port, std::string job_id, int world_size,
               std::function<void(const std::string&)> log = {});

@@ -101,13 +101,11 @@ bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
   return false;
 }
 
-// Who is connected to the pair's port. Gloo's tcp::Pair knows (its header cannot be included
-// from Debian's package), so the socket is found the way the kernel sees it: the one open
-// file of this process whose local end is the port the pair listened on, and which has a
-// peer. A port listens once, so there is at most one.
-std::string remote_address(gloo::transport::Pair& pair) {
-  const sockaddr_storage local =
-      gloo::transport::tcp::Address(pair.address().bytes()).getSockaddr();
+// This process's connected sockets as the kernel sees them: fn(fd, local end, remote end) for
+// every open file that is a socket with a peer. Gloo's tcp::Pair keeps its socket to itself
+// (its header cannot be included from Debian's package), so pairs are matched by address.
+template <class Fn>
+void for_each_connected_socket(Fn&& fn) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
     int fd = -1;
@@ -119,11 +117,26 @@ std::string remote_address(gloo::transport::Pair& pair) {
     sockaddr_storage mine{}, theirs{};
     socklen_t mine_len = sizeof mine, theirs_len = sizeof theirs;
     if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_len) != 0) continue;
-    if (!same_endpoint(mine, local)) continue;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirs_len) == 0)
-      return format_address(theirs);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirs_len) != 0) continue;
+    if (fn(fd, mine, theirs)) return;
   }
-  return "(an address no longer connected)";
+}
+
+sockaddr_storage listen_address(gloo::transport::Pair& pair) {
+  return gloo::transport::tcp::Address(pair.address().bytes()).getSockaddr();
+}
+
+// Who is connected to the pair's port: the socket whose local end is the port the pair
+// listened on (a port listens once, so there is at most one).
+std::string remote_address(gloo::transport::Pair& pair) {
+  const sockaddr_storage local = listen_address(pair);
+  std::string found = "(an address no longer connected)";
+  for_each_connected_socket([&](int, const sockaddr_storage& mine, const sockaddr_storage& theirs) {
+    if (!same_endpoint(mine, local)) return false;
+    found = format_address(theirs);
+    return true;
+  });
+  return found;
 }
 
 // Waits for "<prefix><r>" of every rank; a timeout names the ranks whose key never came.
@@ -179,6 +192,7 @@ std::vector<char> find_address(const Bytes& blob, int32_t peer, int owner) {
 // every rank was authenticated.
 struct AttemptResult {
   std::shared_ptr<gloo::transport::Context> transport;
+  std::vector<int> sockets;            // the connected pairs' sockets (see pair_sockets)
   std::string failures;                // every rank's failed pairs, for the error or the log
   std::vector<std::string> strangers;  // lines this rank logs
 };
@@ -249,7 +263,10 @@ class MeshAttempt {
                                      peer,
                                      " (no valid handshake); the ranks start again on new ports"));
     }
-    if (result.failures.empty()) result.transport = std::move(transport_);
+    if (result.failures.empty()) {
+      result.sockets = pair_sockets();
+      result.transport = std::move(transport_);
+    }
     return result;
   }
 
@@ -282,6 +299,7 @@ class MeshAttempt {
       const std::string key = cat("addr/", peer);
       store_->wait({key}, options_.timeout);
       const std::vector<char> address = find_address(store_->get(key), options_.rank, peer);
+      remote_[static_cast<size_t>(peer)] = gloo::transport::tcp::Address(address).getSockaddr();
       transport_->getPair(peer)->connect(address);
     } catch (const std::exception& e) {
       fail(peer, PairOutcome::NoConnect,
@@ -359,6 +377,28 @@ class MeshAttempt {
     }
   }
 
+  // Each pair's socket: the pair either accepted its peer on the port it listened on (local end
+  // = that port) or connected out to the port the peer listened on (remote end = that port).
+  std::vector<int> pair_sockets() {
+    std::vector<sockaddr_storage> listened(static_cast<size_t>(options_.size));
+    for (int peer = 0; peer < options_.size; ++peer) {
+      if (peer != options_.rank) listened[static_cast<size_t>(peer)] = listen_address(*transport_->getPair(peer));
+    }
+    std::vector<int> sockets;
+    for_each_connected_socket([&](int fd, const sockaddr_storage& mine, const sockaddr_storage& theirs) {
+      for (int peer = 0; peer < options_.size; ++peer) {
+        const auto p = static_cast<size_t>(peer);
+        if (peer != options_.rank &&
+            (same_endpoint(mine, listened[p]) || same_endpoint(theirs, remote_[p]))) {
+          sockets.push_back(fd);
+          break;
+        }
+      }
+      return false;
+    });
+    return sockets;
+  }
+
   std::string pair_failure(int peer, const std::string& what) const {
     return cat("rank ", options_.rank, "'s pair with rank ", peer,
                " failed: ", clean_gloo_message(what));
@@ -370,6 +410,7 @@ class MeshAttempt {
   const int attempt_;
   std::shared_ptr<gloo::transport::Context> transport_;
   std::vector<PeerState> peers_;
+  std::vector<sockaddr_storage> remote_ = std::vector<sockaddr_storage>(peers_.size());
   Bytes nonce_;
   std::vector<Handshake> sent_, received_;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_, recv_;
@@ -407,7 +448,7 @@ std::string clean_gloo_message(const std::string& what) {
 
 std::shared_ptr<gloo::Context> connect_gloo_mesh(
     const std::shared_ptr<Store>& store, const std::shared_ptr<gloo::transport::Device>& device,
-    const MeshOptions& options) {
+    const MeshOptions& options, std::vector<int>* pair_sockets) {
   auto log = [&](const std::string& line) { log_line(options.log, line); };
   std::string failures;
   for (int attempt = 0; attempt < kMaxMeshAttempts; ++attempt) {
@@ -417,6 +458,7 @@ std::shared_ptr<gloo::Context> connect_gloo_mesh(
       auto context = std::make_shared<MeshContext>(options.rank, options.size, device,
                                                    std::move(result.transport));
       context->setTimeout(options.timeout);
+      if (pair_sockets != nullptr) *pair_sockets = std::move(result.sockets);
       return context;
     }
     failures = result.failures;

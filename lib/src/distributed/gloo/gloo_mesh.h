@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dpar/distributed/store.h"
 
@@ -63,9 +64,10 @@ std::string clean_gloo_message(const std::string& what);
 
 // Returns a context whose pairs to every other rank are connected and authenticated. store is
 // the group's own prefixed view. Throws dpar::Error naming the ranks that did not join, or what
-// failed in the last attempt.
+// failed in the last attempt. pair_sockets (optional) receives the descriptors of the pairs'
+// connected sockets, for an abort that shuts them down (ProcessGroupGloo::abort).
 std::shared_ptr<gloo::Context> connect_gloo_mesh(
     const std::shared_ptr<Store>& store, const std::shared_ptr<gloo::transport::Device>& device,
-    const MeshOptions& options);
+    const MeshOptions& options, std::vector<int>* pair_sockets = nullptr);
 
 }  // namespace dpar::dist::detail

@@ -3,6 +3,7 @@
 #include <gloo/allgather.h>
 #include <gloo/common/error.h>
 #include <gloo/transport/tcp/device.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -58,7 +59,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     mesh.timeout = options_.timeout;
     mesh.log = options_.log;
     try {
-      context_ = connect_gloo_mesh(store_, device_, mesh);
+      context_ = connect_gloo_mesh(store_, device_, mesh, &pair_sockets_);
     } catch (const std::exception& e) {
       DPAR_FAIL("make_gloo_group: rank ", rank, " (world size ", size,
                 ") could not connect to the other ranks within ", format_duration(options_.timeout),
@@ -90,8 +91,25 @@ ProcessGroupGloo::~ProcessGroupGloo() {
   queue_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   heartbeat_.reset();
-  context_.reset();
+  close_connections();
   device_.reset();
+}
+
+void ProcessGroupGloo::close_connections() {
+  std::lock_guard<std::mutex> lock(sockets_mutex_);
+  pair_sockets_.clear();
+  context_.reset();
+}
+
+void ProcessGroupGloo::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(sockets_mutex_);
+  if (aborted_.empty()) aborted_ = why.empty() ? "aborted" : why;
+  for (int fd : pair_sockets_) ::shutdown(fd, SHUT_RDWR);
+}
+
+std::string ProcessGroupGloo::abort_reason() {
+  std::lock_guard<std::mutex> lock(sockets_mutex_);
+  return aborted_;
 }
 
 // ---- issuing ---------------------------------------------------------------------------------
@@ -239,6 +257,11 @@ void ProcessGroupGloo::execute(PendingOp& op) {
   const CollectiveInfo& info = op.work->info();
   heartbeat_->entered(info.seq);
   recorder_->started(info.seq);
+  if (failed_.empty()) {
+    if (std::string aborted = abort_reason(); !aborted.empty()) {
+      failed_ = "the group was aborted: " + aborted;
+    }
+  }
   if (!failed_.empty()) {
     recorder_->ended(info.seq, false);
     heartbeat_->completed(info.seq);
@@ -286,7 +309,10 @@ void ProcessGroupGloo::execute(PendingOp& op) {
   } catch (const gloo::Exception& e) {
     const std::string what = e.what();
     const bool timed_out = what.find("Timed out") != std::string::npos;
-    failed_ = failure_message(info, clean_gloo_message(what), timed_out, in_check);
+    const std::string aborted = abort_reason();
+    failed_ = aborted.empty()
+                  ? failure_message(info, clean_gloo_message(what), timed_out, in_check)
+                  : failure_message(info, "aborted: " + aborted, false, in_check, false);
     finish(failed_);
   } catch (const CorruptedTransfer& e) {
     // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
@@ -294,7 +320,7 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     failed_ = failure_message(info, e.what(), false, in_check, false);
     // Closing the connections now makes the peers' pending transfers fail at once, instead of
     // at the timeout, even while this process lives on.
-    context_.reset();
+    close_connections();
     finish(failed_);
   } catch (const std::exception& e) {
     // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.

@@ -57,6 +57,11 @@ class ProcessGroupGloo final : public ProcessGroup,
   std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op,
                                        bool async_op) override;
   std::shared_ptr<Work> barrier(bool async_op) override;
+  // Shuts down this rank's sockets to every peer (shutdown(2), not close: Gloo's event loop
+  // still owns the descriptors): Gloo's loop reads end-of-file on each, fails the transfers
+  // waiting on it, and the running collective fails with `why` at once; the peers see the
+  // connection close as well.
+  void abort(const std::string& why) override;
 
   void run_inline_until(const WorkImpl* work) override;
 
@@ -77,6 +82,8 @@ class ProcessGroupGloo final : public ProcessGroup,
   std::shared_ptr<Work> enqueue(CollectiveInfo info, std::vector<Tensor> tensors, Tensor single,
                                 bool async_op);
   void comm_loop();
+  void close_connections();  // drops the context (closing its sockets) and forgets the sockets
+  std::string abort_reason();
   void execute(PendingOp& op);
   void check_fingerprints(const CollectiveInfo& info);
   std::string failure_message(const CollectiveInfo& info, const std::string& what, bool timed_out,
@@ -109,6 +116,12 @@ class ProcessGroupGloo final : public ProcessGroup,
   // process down (gloo_terminate.h).
   std::atomic<const CollectiveInfo*> running_info_{nullptr};
   std::string failed_;  // first timeout / transport failure; the group is unusable after it
+
+  // The connected pairs' sockets, for abort(). Emptied (under the mutex) before the context
+  // closes them, so abort() never shuts down a descriptor number the process has reused.
+  std::mutex sockets_mutex_;
+  std::vector<int> pair_sockets_;
+  std::string aborted_;  // abort()'s reason, guarded by sockets_mutex_
 
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;

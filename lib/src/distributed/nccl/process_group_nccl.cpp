@@ -310,6 +310,10 @@ std::string ProcessGroupNccl::failure_line(const CollectiveInfo& info, const std
   return line + recorder_->record_failure(info, timed_out);
 }
 
+void ProcessGroupNccl::abort(const std::string& why) {
+  fail("rank " + std::to_string(rank_) + " aborted the nccl group: " + why);
+}
+
 void ProcessGroupNccl::fail(const std::string& line) {
   std::vector<ncclComm_t> to_abort;
   {

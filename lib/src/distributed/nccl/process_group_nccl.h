@@ -66,6 +66,8 @@ class ProcessGroupNccl final : public ProcessGroup,
   // A one-element all-reduce on the device of the group's first communicator (cuda:<current>
   // when there is none yet), waited for on the host.
   std::shared_ptr<Work> barrier(bool async_op) override;
+  // ncclCommAbort on every communicator (fail()), which releases kernels waiting for a peer.
+  void abort(const std::string& why) override;
 
   // The failure line once the group failed (watchdog or an NCCL call), else empty.
   std::string failure() const;

@@ -1,0 +1,232 @@
+// Elastic training (dpar/distributed/elastic.h): the in-memory commit, the rank order of a
+// round, a Gloo group's abort, and members (threads of this process) that form rounds on one
+// store, hand the state to each other and go on when one leaves. Killed, stopped and joining
+// processes are the multi-process drills' (tests/multiproc, mp_elastic_*).
+#include <chrono>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "distributed/elastic_rendezvous.h"
+#include "dpar/core/random.h"
+#include "dpar/distributed/elastic.h"
+#include "dpar/nn/layers.h"
+#include "dpar/optim/sgd.h"
+#include "dpar/tensor/ops.h"
+
+using namespace dpar;
+using namespace dpar::dist;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One SGD step of a Linear layer on inputs drawn from `seed`.
+void train_step(nn::Linear& model, optim::Optimizer& optimizer, uint64_t seed) {
+  Generator g(seed);
+  std::vector<float> x(8 * 4);
+  for (float& v : x) v = g.normal();
+  optimizer.zero_grad();
+  Tensor loss = sum(model.forward(Tensor::from_vector(x, {8, 4})));
+  loss.backward();
+  optimizer.step();
+}
+
+std::vector<float> weights(const nn::Module& model) {
+  std::vector<float> out;
+  for (const auto& [name, t] : model.state_dict()) {
+    const Tensor c = t.contiguous();
+    out.insert(out.end(), c.data<float>(), c.data<float>() + c.numel());
+  }
+  return out;
+}
+
+ElasticOptions member_options(const std::string& endpoint, int min, int max) {
+  ElasticOptions o;
+  o.endpoint = endpoint;
+  o.job_id = "eltest";
+  o.min_members = min;
+  o.max_members = max;
+  o.settle = 300ms;
+  o.detect_after = 3s;
+  o.elastic_timeout = 20s;
+  o.group.timeout = 20s;
+  o.log = [](const std::string&) {};
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("ElasticState restores every item to the last commit", "[elastic]") {
+  manual_seed(3);
+  nn::Linear model(4, 3);
+  optim::SGD optimizer(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  int64_t step = 0;
+  Generator rng(11);
+  ElasticState state;
+  state.add_module("model", model);
+  state.add_optimizer("optimizer", optimizer);
+  state.add_counter("step", step);
+  state.add_generator("rng", rng);
+  CHECK_FALSE(state.has_commit());
+  CHECK_THROWS_WITH(state.restore(), Catch::Contains("nothing was committed"));
+
+  train_step(model, optimizer, 1);
+  step = 1;
+  state.commit();
+  CHECK(state.version() == 1);
+  CHECK(state.committed_bytes() > 0);
+  const uint64_t checksum = state.checksum();
+  const std::vector<float> committed = weights(model);
+  const uint64_t next_draw = Generator(rng).next_u64();
+
+  // One more step, changing weights, momentum, counter, generator and learning rate.
+  train_step(model, optimizer, 2);
+  step = 2;
+  rng.next_u64();
+  optimizer.set_lr(0.5);
+  state.restore();
+  CHECK(weights(model) == committed);
+  CHECK(step == 1);
+  CHECK(rng.next_u64() == next_draw);
+  CHECK(optimizer.lr() == 0.1);
+
+  // The restored run takes step 2 exactly as the first time (momentum came back too).
+  nn::Linear twin(4, 3);
+  optim::SGD twin_optimizer(twin.parameters(), {.lr = 0.1, .momentum = 0.9});
+  twin.load_state_dict(model.state_dict());
+  twin_optimizer.load_state_dict(optimizer.state_dict());
+  train_step(model, optimizer, 2);
+  train_step(twin, twin_optimizer, 2);
+  CHECK(weights(model) == weights(twin));
+
+  state.restore();
+  state.commit();  // the same state again: the same checksum, one version later
+  CHECK(state.checksum() == checksum);
+  CHECK(state.version() == 2);
+
+  CHECK_THROWS_WITH(state.add_counter("late", step), Catch::Contains("before the first commit"));
+}
+
+TEST_CASE("a round ranks the newest state first, then survivors in their old order", "[elastic]") {
+  using dist::detail::RoundMember;
+  std::vector<RoundMember> members{{"new", 5, -1, 0}, {"b", 5, 2, 1}, {"a", 5, 0, 2},
+                                   {"stale", 3, 1, 3}, {"newer", 5, -1, 4}};
+  dist::detail::order_members(members);
+  std::vector<std::string> ids;
+  for (const auto& m : members) ids.push_back(m.id);
+  CHECK(ids == std::vector<std::string>{"a", "b", "new", "newer", "stale"});
+  const RoundMember parsed = dist::detail::parse_member(dist::detail::describe_member(members[1]), 7);
+  CHECK(parsed.id == "b");
+  CHECK(parsed.version == 5);
+  CHECK(parsed.previous_rank == 2);
+  CHECK(parsed.arrival == 7);
+}
+
+TEST_CASE("aborting a gloo group fails a collective waiting for a silent rank at once",
+          "[elastic]") {
+  StoreServer server("127.0.0.1", 0, "aborttest", 2);
+  std::vector<std::shared_ptr<ProcessGroup>> groups(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto store = std::make_shared<StoreClient>(server.endpoint(), StoreIdentity{"aborttest", 2, rank});
+      ProcessGroupOptions options;
+      options.timeout = 60s;
+      groups[static_cast<size_t>(rank)] = make_gloo_group(store, rank, 2, options);
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Rank 1 never joins this all-reduce; without the abort rank 0 would wait 60 s.
+  Tensor x = Tensor::ones({1000});
+  auto work = groups[0]->allreduce({x});
+  std::this_thread::sleep_for(200ms);
+  CHECK_FALSE(work->is_completed());
+  const auto start = std::chrono::steady_clock::now();
+  groups[0]->abort("rank 1 is gone (test)");
+  CHECK_THROWS_WITH(work->wait(), Catch::Contains("rank 1 is gone (test)"));
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  // The group stays failed; the peer's pending work fails too (its connection closed).
+  CHECK_THROWS_WITH(groups[0]->barrier(false)->wait(), Catch::Contains("aborted"));
+  CHECK_THROWS(groups[1]->allreduce({Tensor::ones({4})}, ReduceOp::Sum, false));
+}
+
+TEST_CASE("elastic members hand the state over and go on with two after one leaves",
+          "[elastic]") {
+  StoreServer server("127.0.0.1", 0, "eltest", 0);  // world size 0: an elastic job's store
+  constexpr int kSteps = 6;
+  constexpr int kLeaveAfter = 3;
+  struct Result {
+    std::vector<float> weights;
+    uint64_t checksum = 0;
+    std::vector<std::string> history;
+    int64_t step = 0;
+  };
+  auto member = [&](int index) {
+    manual_seed(100 + static_cast<uint64_t>(index));  // different initial weights: sync fixes it
+    nn::Linear model(4, 3);
+    optim::SGD optimizer(model.parameters(), {.lr = 0.05, .momentum = 0.9});
+    int64_t step = 0;
+    ElasticState state;
+    state.add_module("model", model);
+    state.add_optimizer("optimizer", optimizer);
+    state.add_counter("step", step);
+    ElasticJob job(member_options(server.endpoint(), 2, 3));
+    job.run(state, [&](Group& group) {
+      while (step < kSteps) {
+        Generator g(static_cast<uint64_t>(step * 10 + group.rank()));
+        std::vector<float> x(8 * 4);
+        for (float& v : x) v = g.normal();
+        optimizer.zero_grad();
+        sum(model.forward(Tensor::from_vector(x, {8, 4}))).backward();
+        std::vector<Tensor> grads;
+        for (const Tensor& p : model.parameters()) grads.push_back(p.grad());
+        group.allreduce(grads, ReduceOp::Avg, false);
+        optimizer.step();
+        ++step;
+        job.commit();
+        if (step == kLeaveAfter && group.size() == 3 && group.rank() == 2) job.leave();
+      }
+    });
+    state.commit();
+    return Result{weights(model), state.checksum(), job.history(), step};
+  };
+  std::vector<std::future<Result>> futures;
+  for (int i = 0; i < 3; ++i) futures.push_back(std::async(std::launch::async, member, i));
+  std::vector<Result> results;
+  for (auto& f : futures) results.push_back(f.get());
+
+  int leavers = 0;
+  std::vector<const Result*> survivors;
+  for (const Result& r : results) {
+    if (r.step == kLeaveAfter) {
+      ++leavers;
+      CHECK(r.history.size() == 1);
+    } else {
+      survivors.push_back(&r);
+    }
+  }
+  REQUIRE(leavers == 1);
+  REQUIRE(survivors.size() == 2);
+  for (const Result* r : survivors) {
+    CHECK(r->step == kSteps);
+    REQUIRE(r->history.size() == 2);
+    CHECK_THAT(r->history[0], Catch::Contains("of 3 (start)"));
+    CHECK_THAT(r->history[1], Catch::Contains("of 2 (leave: rank 2 left)"));
+  }
+  CHECK(survivors[0]->weights == survivors[1]->weights);
+  CHECK(survivors[0]->checksum == survivors[1]->checksum);
+}
+
+TEST_CASE("an elastic round below its minimum gives up after the elastic timeout", "[elastic]") {
+  StoreServer server("127.0.0.1", 0, "eltest", 0);
+  ElasticOptions options = member_options(server.endpoint(), 2, 3);
+  options.elastic_timeout = 500ms;
+  int64_t step = 0;
+  ElasticState state;
+  state.add_counter("step", step);
+  ElasticJob job(options);
+  CHECK_THROWS_WITH(job.run(state, [](Group&) {}),
+                    Catch::Contains("round 0 has 1 of the 2 members it needs") &&
+                        Catch::Contains("DPAR_ELASTIC_TIMEOUT"));
+}
