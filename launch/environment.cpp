@@ -154,34 +154,45 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
   const std::vector<std::string> gpus = node.gpus();
   const std::string devices = visible_devices(gpus, base);
 
-  env["DPAR_RANK"] = rank;
-  env["DPAR_WORLD_SIZE"] = world;
-  env["DPAR_LOCAL_RANK"] = local_rank;
-  env["DPAR_LOCAL_SIZE"] = local_size;
-  env["DPAR_NODE_RANK"] = std::to_string(plan.node_rank);
-  env["DPAR_NNODES"] = std::to_string(plan.cluster.nodes.size());
-  env["DPAR_MASTER"] = plan.master();
-  env["DPAR_ENDPOINTS"] = endpoints;
-  env["DPAR_CURRENT_ENDPOINT"] = current;
-  env["DPAR_JOB_ID"] = plan.job_id;
   // The process's GPU as numbered inside CUDA_VISIBLE_DEVICES.
   const std::string device_index =
       std::to_string(std::find(gpus.begin(), gpus.end(), proc.gpu) - gpus.begin());
+  env["DPAR_LOCAL_RANK"] = local_rank;
+  env["DPAR_LOCAL_SIZE"] = local_size;
   env["DPAR_DEVICE"] = proc.gpu.empty() ? "cpu" : "gpu:" + device_index;
   env["DPAR_RESTART_COUNT"] = std::to_string(restart_count);
-
-  env["PADDLE_TRAINER_ID"] = rank;
-  env["PADDLE_TRAINERS_NUM"] = world;
-  env["PADDLE_TRAINER_ENDPOINTS"] = endpoints;
-  env["PADDLE_CURRENT_ENDPOINT"] = current;
-  env["PADDLE_RANK_IN_NODE"] = local_rank;
-
-  env["RANK"] = rank;
-  env["WORLD_SIZE"] = world;
   env["LOCAL_RANK"] = local_rank;
   env["LOCAL_WORLD_SIZE"] = local_size;
-  env["MASTER_ADDR"] = plan.master_ip;
-  env["MASTER_PORT"] = std::to_string(plan.master_port);
+  if (plan.elastic) {
+    // No rank or world size: the members take them from each rendezvous round (elastic.h).
+    env["DPAR_RDZV_ENDPOINT"] = plan.rdzv_endpoint;
+    env["DPAR_RDZV_ID"] = plan.job_id;
+    env["DPAR_ELASTIC_MIN"] = std::to_string(plan.min_members);
+    env["DPAR_ELASTIC_MAX"] = std::to_string(plan.max_members);
+    std::ostringstream timeout;
+    timeout << plan.elastic_timeout;
+    env["DPAR_ELASTIC_TIMEOUT"] = timeout.str();
+  } else {
+    env["DPAR_RANK"] = rank;
+    env["DPAR_WORLD_SIZE"] = world;
+    env["DPAR_NODE_RANK"] = std::to_string(plan.node_rank);
+    env["DPAR_NNODES"] = std::to_string(plan.cluster.nodes.size());
+    env["DPAR_MASTER"] = plan.master();
+    env["DPAR_ENDPOINTS"] = endpoints;
+    env["DPAR_CURRENT_ENDPOINT"] = current;
+    env["DPAR_JOB_ID"] = plan.job_id;
+
+    env["PADDLE_TRAINER_ID"] = rank;
+    env["PADDLE_TRAINERS_NUM"] = world;
+    env["PADDLE_TRAINER_ENDPOINTS"] = endpoints;
+    env["PADDLE_CURRENT_ENDPOINT"] = current;
+    env["PADDLE_RANK_IN_NODE"] = local_rank;
+
+    env["RANK"] = rank;
+    env["WORLD_SIZE"] = world;
+    env["MASTER_ADDR"] = plan.master_ip;
+    env["MASTER_PORT"] = std::to_string(plan.master_port);
+  }
 
   if (!proc.gpu.empty()) {
     env["CUDA_VISIBLE_DEVICES"] = devices;
@@ -219,6 +230,11 @@ std::vector<std::pair<std::string, std::string>> launcher_variables(const Env& e
                                        "DPAR_MASTER",
                                        "DPAR_ENDPOINTS",
                                        "DPAR_CURRENT_ENDPOINT",
+                                       "DPAR_RDZV_ENDPOINT",
+                                       "DPAR_RDZV_ID",
+                                       "DPAR_ELASTIC_MIN",
+                                       "DPAR_ELASTIC_MAX",
+                                       "DPAR_ELASTIC_TIMEOUT",
                                        "DPAR_PSERVER_ENDPOINTS",
                                        "DPAR_SERVER_ID",
                                        "DPAR_SERVER_NUM",

@@ -12,6 +12,7 @@
 
 #include "address.h"
 #include "dpar/core/flags.h"
+#include "elastic_host.h"
 #include "environment.h"
 #include "log_sink.h"
 #include "options.h"
@@ -80,6 +81,22 @@ std::string ps_summary(const LaunchPlan& plan) {
   return out + ", logs in " + join(logs, ", ") + "\n";
 }
 
+// "dpar-launch: elastic node, 1 process (2..3 nodes of 1), rendezvous 10.0.0.1:29400 (hosted
+// here), job 'j', ./train, logs in log/workerlog.0"
+std::string elastic_summary(const LaunchPlan& plan, bool hosting) {
+  const size_t procs = plan.node().procs.size();
+  std::string summary = "dpar-launch: elastic node, " + std::to_string(procs) + " process" +
+                        (procs == 1 ? "" : "es") +
+                        " (the job: " + std::to_string(plan.min_members / static_cast<int>(procs)) +
+                        ".." + std::to_string(plan.max_members / static_cast<int>(procs)) +
+                        " nodes), rendezvous " + plan.rdzv_endpoint +
+                        (hosting ? " (hosted here)" : "") + ", job '" + plan.job_id + "', " +
+                        plan.program_path;
+  return summary + (plan.log_dir.empty() ? ", output on the console\n"
+                                         : ", logs in " + plan.log_dir + "/workerlog.0.." +
+                                               std::to_string(procs - 1) + "\n");
+}
+
 std::string collective_summary(const LaunchPlan& plan) {
   const Node& node = plan.node();
   const int first = node.procs.front().rank;
@@ -102,7 +119,8 @@ std::string collective_summary(const LaunchPlan& plan) {
 
 int launch(int argc, char** argv) {
   const Options options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
-  LaunchPlan plan = make_plan(options, local_ipv4_addresses());
+  const std::vector<std::string> local_addresses = local_ipv4_addresses();
+  LaunchPlan plan = make_plan(options, local_addresses);
   const Env base = current_environment();
   auto path = base.find("PATH");
   plan.program_path = resolve_program(plan.command[0], path == base.end() ? "" : path->second);
@@ -146,11 +164,22 @@ int launch(int argc, char** argv) {
   std::string title =
       plan.ps_mode ? "Parameter-server environment of " : "Distributed environment of local rank 0";
   if (plan.ps_mode) title.append(process_name(plan.node().procs[echo]));
+  // An elastic job's store outlives this node's workers (the job survives their loss).
+  std::unique_ptr<ElasticStoreHost> store_host;
+  if (plan.elastic) store_host = ElasticStoreHost::start_if_here(plan, local_addresses);
   write_all(STDOUT_FILENO, format_env_table(envs[echo], title) +
-                               (plan.ps_mode ? ps_summary(plan) : collective_summary(plan)));
+                               (plan.ps_mode   ? ps_summary(plan)
+                                : plan.elastic ? elastic_summary(plan, store_host != nullptr)
+                                               : collective_summary(plan)));
 
   Supervisor supervisor(plan, std::move(envs));
-  return supervisor.run();
+  const int status = supervisor.run();
+  if (store_host) {
+    const auto idle =
+        std::chrono::milliseconds(static_cast<int64_t>(plan.elastic_timeout * 1000.0) + 10000);
+    store_host->wait_for_job_end(idle);
+  }
+  return status;
 }
 
 }  // namespace

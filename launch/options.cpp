@@ -41,17 +41,14 @@ void check_mode_flags(const Options& o) {
   }
 }
 
-// --nnodes=N; torchrun's elastic range MIN:MAX is named as such, since dpar-launch's world is
-// fixed for the life of the job.
-int64_t parse_node_count(const std::string& text) {
+// --nnodes=N, or torchrun's MIN:MAX (an elastic job; the caller sets the range).
+int64_t parse_node_count(const std::string& text, int64_t* min_nodes = nullptr) {
   if (text.find(':') != std::string::npos) {
     const std::string min = text.substr(0, text.find(':')), max = text.substr(text.find(':') + 1);
-    if (min != max) {
-      bad("--nnodes=" + text +
-          ": a MIN:MAX range needs elastic membership, which dpar-launch "
-          "does not have; give a fixed number of nodes");
-    }
-    return parse_node_count(min);
+    const int64_t low = parse_node_count(min), high = parse_node_count(max);
+    if (low > high) bad("--nnodes=" + text + ": MIN is above MAX");
+    if (min_nodes != nullptr) *min_nodes = low;
+    return high;
   }
   char* end = nullptr;
   const long long n = std::strtoll(text.c_str(), &end, 10);
@@ -122,6 +119,44 @@ void check_torchrun_flags(const Options& o) {
   }
 }
 
+// --nnodes=MIN:MAX and the rendezvous flags (torchrun's spellings; --elastic_timeout is
+// Paddle's). An elastic node runs its own processes only: the others come and go.
+void check_elastic(const Options& o) {
+  if (!o.elastic()) {
+    if (!o.rdzv_endpoint.empty() || !o.rdzv_id.empty()) {
+      bad("--rdzv_endpoint/--rdzv_id are for elastic jobs: give --nnodes=MIN:MAX too");
+    }
+    return;
+  }
+  const std::string range =
+      "--nnodes=" + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes);
+  if (o.rdzv_backend == "etcd") {
+    bad("--rdzv_backend=etcd is not built yet; use --rdzv_backend=dpar (the store lives on the "
+        "--rdzv_endpoint node, and that node's loss ends the job)");
+  }
+  if (o.rdzv_backend != "dpar") bad("--rdzv_backend=" + o.rdzv_backend + ": expected dpar or etcd");
+  if (o.rdzv_endpoint.empty()) {
+    bad(range +
+        " is an elastic job: give --rdzv_endpoint=host:port, the rendezvous store's "
+        "address (the node with that address hosts it)");
+  }
+  const size_t colon = o.rdzv_endpoint.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : o.rdzv_endpoint.substr(colon + 1);
+  if (colon == 0 || port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+      port.size() > 5 || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+    bad("--rdzv_endpoint=" + o.rdzv_endpoint + ": expected host:port with a port in 1..65535");
+  }
+  if (o.ps_mode() || o.ips_given || !o.hostfile.empty() || !o.rank_table.empty() || o.standalone ||
+      !o.master.empty() || !o.master_addr.empty() || o.master_port != 0) {
+    bad(range +
+        " is an elastic job, whose nodes meet at --rdzv_endpoint: leave out --ips, "
+        "--hostfile, --rank_table, --standalone, --master* and --run_mode=ps");
+  }
+  if (!(o.elastic_timeout > 0 && o.elastic_timeout <= 86400)) {
+    bad("--elastic_timeout=" + std::to_string(o.elastic_timeout) + ": expected 0..86400 seconds");
+  }
+}
+
 void check(const Options& o) {
   if (o.command.empty()) {
     bad("no program given (usage: dpar-launch [flags] <program> [args...]; see --help)");
@@ -132,6 +167,7 @@ void check(const Options& o) {
   check_mode_flags(o);
   if (o.ps_mode()) check_ps(o);
   check_torchrun_flags(o);
+  check_elastic(o);
   if (o.nproc_given && o.nproc_per_node < 1) {
     bad("--nproc_per_node=" + std::to_string(o.nproc_per_node) +
         ": expected at least 1 process per node");
@@ -207,7 +243,19 @@ Options parse_options(const std::vector<std::string>& args) {
       flags.add_int("master_port", 0, "torchrun's spelling: the store's port (0: derived)");
   auto& nnodes = flags.add_string("nnodes", "",
                                   "torchrun's spelling: the number of nodes, which must match the "
-                                  "node list (--ips etc.); MIN:MAX ranges are not supported");
+                                  "node list (--ips etc.); MIN:MAX: an elastic job (see "
+                                  "--rdzv_endpoint)");
+  auto& rdzv_backend = flags.add_string("rdzv_backend", o.rdzv_backend,
+                                        "elastic jobs: the rendezvous (dpar: a store on the "
+                                        "--rdzv_endpoint node)");
+  auto& rdzv_endpoint =
+      flags.add_string("rdzv_endpoint", "",
+                       "elastic jobs: host:port of the rendezvous store, the same on every node");
+  auto& rdzv_id =
+      flags.add_string("rdzv_id", "", "elastic jobs: the job id (default: from the endpoint)");
+  auto& elastic_timeout = flags.add_double(
+      "elastic_timeout", o.elastic_timeout,
+      "elastic jobs: seconds to wait with fewer than MIN nodes before the job fails");
   auto& standalone = flags.add_bool(
       "standalone", false,
       "torchrun's spelling: one node on loopback; free ports are found unless --start_port");
@@ -258,7 +306,20 @@ Options parse_options(const std::vector<std::string>& args) {
   o.master_addr = master_addr;
   o.master_port = master_port;
   o.standalone = standalone;
-  if (flags.was_set("nnodes")) o.nnodes = parse_node_count(nnodes);
+  o.rdzv_backend = rdzv_backend;
+  o.rdzv_endpoint = rdzv_endpoint;
+  o.rdzv_id = rdzv_id;
+  o.elastic_timeout = elastic_timeout;
+  if (flags.was_set("nnodes")) {
+    int64_t min_nodes = 0;
+    o.nnodes = parse_node_count(nnodes, &min_nodes);
+    if (min_nodes == 0) min_nodes = o.nnodes;
+    if (min_nodes < o.nnodes || !o.rdzv_endpoint.empty()) {
+      o.min_nodes = min_nodes;
+      o.max_nodes = o.nnodes;
+      o.nnodes = 0;  // not a fixed node count
+    }
+  }
   o.run_mode = run_mode;
   o.max_restarts = max_restarts;
   o.grace_period = grace;

@@ -25,6 +25,16 @@ struct Options {
   std::string master_addr;
   int64_t master_port = 0;
   int64_t nnodes = 0;  // 0: not given
+  // Elastic jobs (--nnodes=MIN:MAX with MIN < MAX, or any --nnodes with --rdzv_endpoint): the
+  // members meet on a rendezvous store and re-form the group when nodes leave or join
+  // (dpar/distributed/elastic.h). max_nodes is 0 for a fixed job.
+  int64_t min_nodes = 0;
+  int64_t max_nodes = 0;
+  std::string rdzv_backend = "dpar";
+  std::string rdzv_endpoint;      // host:port; the node with that address hosts the dpar store
+  std::string rdzv_id;            // the job id; empty: derived from the endpoint
+  double elastic_timeout = 30.0;  // seconds a round waits below MIN nodes, then the job fails
+  bool elastic() const { return max_nodes > 0; }
   bool standalone = false;
   std::string job_id;  // default derived from the master endpoint
   std::string run_mode = "collective";

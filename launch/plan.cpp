@@ -151,8 +151,30 @@ int LaunchPlan::echo_local_rank() const {
   return 0;
 }
 
+// An elastic node is planned as a one-node job of its own processes (on --host, else loopback:
+// the members bind where they reach the store); the rendezvous gives them ranks.
+LaunchPlan make_elastic_plan(const Options& o) {
+  Options node = o;
+  node.ips = o.host.empty() ? "127.0.0.1" : o.host;
+  node.host.clear();
+  node.node_rank = 0;
+  node.min_nodes = node.max_nodes = 0;
+  node.rdzv_endpoint.clear();
+  node.rdzv_id.clear();
+  LaunchPlan plan = make_plan(node, {});
+  const auto per_node = static_cast<int>(plan.node().procs.size());
+  plan.elastic = true;
+  plan.rdzv_endpoint = o.rdzv_endpoint;
+  plan.job_id = o.rdzv_id.empty() ? "dpar-elastic-" + o.rdzv_endpoint : o.rdzv_id;
+  plan.min_members = static_cast<int>(o.min_nodes) * per_node;
+  plan.max_members = static_cast<int>(o.max_nodes) * per_node;
+  plan.elastic_timeout = o.elastic_timeout;
+  return plan;
+}
+
 LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_addresses) {
   if (o.ps_mode()) return make_ps_plan(o, local_addresses);
+  if (o.elastic()) return make_elastic_plan(o);
   LaunchPlan plan;
   plan.cluster = build_cluster(o);
   const Cluster& cluster = plan.cluster;
@@ -221,6 +243,7 @@ LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_add
 }
 
 void check_ports_free(const LaunchPlan& plan) {
+  if (plan.elastic) return;  // the members bind free ports; the store's host binds its own
   const Node& node = plan.node();
   if (plan.ps_mode) {
     for (const Process& p : node.procs) {

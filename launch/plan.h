@@ -38,6 +38,14 @@ struct LaunchPlan {
   int max_restarts = 0;
   double grace_period = 3.0;
 
+  // Elastic jobs (--nnodes=MIN:MAX): this node's processes only; the members meet at
+  // rdzv_endpoint (job_id is --rdzv_id) and count min_members..max_members processes.
+  bool elastic = false;
+  std::string rdzv_endpoint;
+  int min_members = 0;
+  int max_members = 0;
+  double elastic_timeout = 30.0;
+
   // ps mode only (master and endpoints stay empty).
   bool ps_mode = false;
   std::vector<std::string> servers;  // ip:port by server id

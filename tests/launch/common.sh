@@ -11,7 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../port_block.sh"
 take_port_block || exit 1
 cleanup_common() {
   pkill -KILL -f -- "$marker" 2>/dev/null
-  rm -rf "$work"
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"
 }
 trap cleanup_common EXIT
 

@@ -49,7 +49,7 @@ expect_bad "unknown flag --nprocs" --nprocs=2 "${W[@]}"
 expect_bad "unknown flag --nproc_per_nod (did you mean --nproc-per-node?" --nproc_per_nod=2 "${W[@]}"
 expect_bad "unknown flag -n (flags start with --; did you mean one of --nnodes, --node-rank, --nproc-per-node?" \
   -n 2 "${W[@]}"
-expect_bad "--nnodes=1:4: a MIN:MAX range needs elastic membership" --nnodes=1:4 "${W[@]}"
+expect_bad "--nnodes=1:4 is an elastic job: give --rdzv_endpoint=host:port" --nnodes=1:4 "${W[@]}"
 expect_bad "--nnodes=2 needs the nodes' addresses: give --ips=" --nnodes=2 "${W[@]}"
 expect_bad "--nnodes=3 but --ips=127.0.0.1,127.0.0.2 lists 2 node(s)" \
   --ips=127.0.0.1,127.0.0.2 --nnodes=3 "${W[@]}"

@@ -394,7 +394,38 @@ TEST_CASE("launch: torchrun's spellings", "[launch]") {
   CHECK(make_plan(options({"--node_rank=0", "--nnodes=1:1"}), {}).cluster.nodes.size() == 1);
 
   CHECK_THAT(error_of([] { options({"--nnodes=1:4"}); }),
-             Contains("--nnodes=1:4: a MIN:MAX range needs elastic membership"));
+             Contains("--nnodes=1:4 is an elastic job: give --rdzv_endpoint=host:port"));
+  CHECK_THAT(error_of([] { options({"--nnodes=4:1"}); }),
+             Contains("--nnodes=4:1: MIN is above MAX"));
+  CHECK_THAT(error_of([] {
+               options({"--nnodes=1:4", "--rdzv_endpoint=10.0.0.1"});
+             }),
+             Contains("--rdzv_endpoint=10.0.0.1: expected host:port"));
+  CHECK_THAT(error_of([] {
+               options({"--nnodes=1:4", "--rdzv_endpoint=10.0.0.1:29400", "--rdzv_backend=etcd"});
+             }),
+             Contains("--rdzv_backend=etcd is not built yet"));
+  CHECK_THAT(error_of([] {
+               options({"--nnodes=1:4", "--rdzv_endpoint=10.0.0.1:29400", "--ips=10.0.0.1"});
+             }),
+             Contains("leave out --ips"));
+  CHECK_THAT(error_of([] { options({"--rdzv_endpoint=10.0.0.1:29400"}); }),
+             Contains("give --nnodes=MIN:MAX too"));
+  {
+    const Options elastic =
+        options({"--nnodes=2:3", "--rdzv_endpoint=10.0.0.1:29400", "--rdzv_id=job7",
+                 "--elastic_timeout=5", "--nproc_per_node=2"});
+    CHECK(elastic.elastic());
+    CHECK(elastic.min_nodes == 2);
+    CHECK(elastic.max_nodes == 3);
+    CHECK(elastic.nnodes == 0);
+    const LaunchPlan plan = make_plan(elastic, {});
+    CHECK(plan.elastic);
+    CHECK(plan.min_members == 4);
+    CHECK(plan.max_members == 6);
+    CHECK(plan.job_id == "job7");
+    CHECK(plan.node().procs.size() == 2);
+  }
   CHECK_THAT(error_of([] { options({"--nnodes=two"}); }), Contains("expected a number of nodes"));
   CHECK_THAT(error_of([] {
                make_plan(options({"--nnodes=2", "--node_rank=0"}), {});

@@ -110,13 +110,14 @@ TEST_CASE("ElasticState restores every item to the last commit", "[elastic]") {
 
 TEST_CASE("a round ranks the newest state first, then survivors in their old order", "[elastic]") {
   using dist::detail::RoundMember;
-  std::vector<RoundMember> members{{"new", 5, -1, 0}, {"b", 5, 2, 1}, {"a", 5, 0, 2},
-                                   {"stale", 3, 1, 3}, {"newer", 5, -1, 4}};
+  std::vector<RoundMember> members{
+      {"new", 5, -1, 0}, {"b", 5, 2, 1}, {"a", 5, 0, 2}, {"stale", 3, 1, 3}, {"newer", 5, -1, 4}};
   dist::detail::order_members(members);
   std::vector<std::string> ids;
   for (const auto& m : members) ids.push_back(m.id);
   CHECK(ids == std::vector<std::string>{"a", "b", "new", "newer", "stale"});
-  const RoundMember parsed = dist::detail::parse_member(dist::detail::describe_member(members[1]), 7);
+  const RoundMember parsed =
+      dist::detail::parse_member(dist::detail::describe_member(members[1]), 7);
   CHECK(parsed.id == "b");
   CHECK(parsed.version == 5);
   CHECK(parsed.previous_rank == 2);
@@ -130,7 +131,8 @@ TEST_CASE("aborting a gloo group fails a collective waiting for a silent rank at
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      auto store = std::make_shared<StoreClient>(server.endpoint(), StoreIdentity{"aborttest", 2, rank});
+      auto store =
+          std::make_shared<StoreClient>(server.endpoint(), StoreIdentity{"aborttest", 2, rank});
       ProcessGroupOptions options;
       options.timeout = 60s;
       groups[static_cast<size_t>(rank)] = make_gloo_group(store, rank, 2, options);
@@ -151,8 +153,7 @@ TEST_CASE("aborting a gloo group fails a collective waiting for a silent rank at
   CHECK_THROWS(groups[1]->allreduce({Tensor::ones({4})}, ReduceOp::Sum, false));
 }
 
-TEST_CASE("elastic members hand the state over and go on with two after one leaves",
-          "[elastic]") {
+TEST_CASE("elastic members hand the state over and go on with two after one leaves", "[elastic]") {
   StoreServer server("127.0.0.1", 0, "eltest", 0);  // world size 0: an elastic job's store
   constexpr int kSteps = 6;
   constexpr int kLeaveAfter = 3;

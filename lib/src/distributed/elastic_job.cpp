@@ -47,10 +47,12 @@ struct LeftJob : Error {
 ElasticOptions ElasticOptions::from_env() {
   ElasticOptions options;
   if (const char* e = std::getenv("DPAR_RDZV_ENDPOINT")) options.endpoint = e;
-  if (const char* id = std::getenv("DPAR_RDZV_ID"); id != nullptr && *id != '\0') options.job_id = id;
+  if (const char* id = std::getenv("DPAR_RDZV_ID"); id != nullptr && *id != '\0')
+    options.job_id = id;
   options.min_members = count_env("DPAR_ELASTIC_MIN", 1);
   options.max_members = count_env("DPAR_ELASTIC_MAX", options.min_members);
-  if (auto t = detail::seconds_from_env("DPAR_ELASTIC_TIMEOUT", false)) options.elastic_timeout = *t;
+  if (auto t = detail::seconds_from_env("DPAR_ELASTIC_TIMEOUT", false))
+    options.elastic_timeout = *t;
   if (auto t = detail::seconds_from_env("DPAR_ELASTIC_SETTLE", true)) options.settle = *t;
   if (auto t = detail::seconds_from_env("DPAR_ELASTIC_DETECT", false)) options.detect_after = *t;
   return options;
@@ -117,7 +119,8 @@ struct ElasticJob::Impl {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mutex);
-        if (cv.wait_for(lock, beat == 0 ? Millis(0) : options.heartbeat, [&] { return stop_watch; })) {
+        if (cv.wait_for(lock, beat == 0 ? Millis(0) : options.heartbeat,
+                        [&] { return stop_watch; })) {
           return;
         }
       }
@@ -147,7 +150,8 @@ struct ElasticJob::Impl {
           // After a failure the others may wait in a collective for the lost member: abort.
           const std::string cause = rendezvous->cause_of(round + 1);
           if (cause.rfind("failure", 0) == 0) {
-            round_group->abort("round " + std::to_string(round + 1) + " was asked for (" + cause + ")");
+            round_group->abort("round " + std::to_string(round + 1) + " was asked for (" + cause +
+                               ")");
             aborted = true;
           }
         } else if (!gone.empty()) {
@@ -164,9 +168,10 @@ struct ElasticJob::Impl {
         }
       } catch (const std::exception& e) {
         if (now - store_ok >= options.detect_after) {
-          const std::string line = "lost the rendezvous store at " + options.endpoint + " for " +
-                                   detail::format_seconds(std::chrono::duration_cast<Millis>(now - store_ok)) +
-                                   " s: " + e.what();
+          const std::string line =
+              "lost the rendezvous store at " + options.endpoint + " for " +
+              detail::format_seconds(std::chrono::duration_cast<Millis>(now - store_ok)) +
+              " s: " + e.what();
           {
             std::lock_guard<std::mutex> lock(mutex);
             fatal = line;
@@ -218,7 +223,8 @@ void ElasticJob::run(ElasticState& state, const std::function<void(Group&)>& tra
                              std::to_string(m.formed.size) + " (" + m.formed.cause + ")";
     m.history.push_back(line);
     m.log(line);
-    auto prefixed = std::make_shared<PrefixStore>(detail::round_key(m.formed.round, "group"), m.store);
+    auto prefixed =
+        std::make_shared<PrefixStore>(detail::round_key(m.formed.round, "group"), m.store);
     m.group = std::make_shared<Group>(prefixed, m.formed.rank, m.formed.size, m.options.group);
     m.start_watch();
     const int64_t version_before = state.version();
@@ -228,7 +234,8 @@ void ElasticJob::run(ElasticState& state, const std::function<void(Group&)>& tra
       m.group->barrier();
       m.stop_watching();
       const std::string key = detail::round_key(m.formed.round, "finished");
-      if (m.store->add(key, 1) == m.formed.size) m.store->set(detail::kFinishedKey, Store::to_bytes("1"));
+      if (m.store->add(key, 1) == m.formed.size)
+        m.store->set(detail::kFinishedKey, Store::to_bytes("1"));
       m.group.reset();
       return;
     } catch (const LeftJob&) {
@@ -275,8 +282,8 @@ void ElasticJob::commit() {
 void ElasticJob::leave() {
   Impl& m = *impl_;
   DPAR_CHECK(m.group != nullptr, "ElasticJob::leave: call it inside run()");
-  m.rendezvous->request_next(m.formed.round, "leave: rank " + std::to_string(m.formed.rank) + " left",
-                             m.formed.size - 1);
+  m.rendezvous->request_next(
+      m.formed.round, "leave: rank " + std::to_string(m.formed.rank) + " left", m.formed.size - 1);
   throw LeftJob("elastic: rank " + std::to_string(m.formed.rank) + " left the job");
 }
 

@@ -8,10 +8,6 @@
 #include "distributed/store_common.h"
 
 namespace dpar::dist::detail {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-constexpr Millis kPoll{50};
 
 int64_t parse_int(const Bytes& value, const std::string& key) {
   const std::string text = Store::to_string(value);
@@ -21,6 +17,11 @@ int64_t parse_int(const Bytes& value, const std::string& key) {
              key, "' holds '", text, "', not a number");
   return out;
 }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr Millis kPoll{50};
 
 Bytes int_bytes(int64_t v) { return Store::to_bytes(std::to_string(v)); }
 
@@ -49,7 +50,8 @@ RoundMember parse_member(const std::string& text, int arrival) {
   const size_t b = a == std::string::npos ? a : text.find(' ', a + 1);
   DPAR_CHECK(b != std::string::npos, "elastic rendezvous: malformed member entry '", text, "'");
   m.version = parse_int(Store::to_bytes(text.substr(0, a)), "member");
-  m.previous_rank = static_cast<int>(parse_int(Store::to_bytes(text.substr(a + 1, b - a - 1)), "member"));
+  m.previous_rank =
+      static_cast<int>(parse_int(Store::to_bytes(text.substr(a + 1, b - a - 1)), "member"));
   m.id = text.substr(b + 1);
   return m;
 }
@@ -95,7 +97,8 @@ int64_t ElasticRendezvous::wait_until_closed(int64_t round, int64_t my_arrival) 
       last_count = count;
       last_change = now;
     }
-    const int64_t expect = store_->check({expect_key}) ? parse_int(store_->get(expect_key), expect_key) : 0;
+    const int64_t expect =
+        store_->check({expect_key}) ? parse_int(store_->get(expect_key), expect_key) : 0;
     const bool enough = count >= options_.min_members;
     if (count >= options_.max_members || (enough && expect > 0 && count >= expect) ||
         (enough && now - last_change >= options_.settle)) {
@@ -106,7 +109,7 @@ int64_t ElasticRendezvous::wait_until_closed(int64_t round, int64_t my_arrival) 
       DPAR_FAIL("elastic: round ", round, " has ", count, " of the ", options_.min_members,
                 " members it needs (DPAR_ELASTIC_MIN=", options_.min_members, ", at most ",
                 options_.max_members, ") after waiting ", format_seconds(options_.elastic_timeout),
-                " (DPAR_ELASTIC_TIMEOUT); giving up as member ", my_arrival, " (", id_, ")");
+                " s (DPAR_ELASTIC_TIMEOUT); giving up as member ", my_arrival, " (", id_, ")");
     }
     std::this_thread::sleep_for(kPoll);
   }
@@ -133,14 +136,15 @@ FormedRound ElasticRendezvous::join(int64_t version, int previous_rank, int64_t 
     const int64_t size = wait_until_closed(round, arrival);
     if (arrival >= size) continue;  // it closed just before this member arrived
     std::vector<std::string> keys;
-    for (int64_t i = 0; i < size; ++i) keys.push_back(round_key(round, "member/" + std::to_string(i)));
+    for (int64_t i = 0; i < size; ++i)
+      keys.push_back(round_key(round, "member/" + std::to_string(i)));
     store_->wait(keys, options_.elastic_timeout);
     FormedRound formed;
     formed.round = round;
     formed.size = static_cast<int>(size);
     for (int64_t i = 0; i < size; ++i) {
-      formed.members.push_back(
-          parse_member(Store::to_string(store_->get(keys[static_cast<size_t>(i)])), static_cast<int>(i)));
+      formed.members.push_back(parse_member(
+          Store::to_string(store_->get(keys[static_cast<size_t>(i)])), static_cast<int>(i)));
     }
     order_members(formed.members);
     for (size_t r = 0; r < formed.members.size(); ++r) {
@@ -153,3 +157,27 @@ FormedRound ElasticRendezvous::join(int64_t version, int previous_rank, int64_t 
 }
 
 }  // namespace dpar::dist::detail
+
+namespace dpar::dist {
+
+ElasticProgress elastic_progress(Store& store) {
+  using detail::round_key;
+  ElasticProgress progress;
+  progress.finished = store.check({detail::kFinishedKey});
+  if (!store.check({detail::kRoundKey})) return progress;
+  progress.round = detail::parse_int(store.get(detail::kRoundKey), detail::kRoundKey);
+  // The members of the round still forming are those of the last closed one.
+  for (int64_t round = progress.round; round >= std::max<int64_t>(0, progress.round - 1); --round) {
+    const std::string count = round_key(round, "count");
+    if (!store.check({count})) continue;
+    const int64_t members = store.add(count, 0);
+    for (int64_t rank = 0; rank < members; ++rank) {
+      const std::string key = round_key(round, "hb/" + std::to_string(rank));
+      if (store.check({key})) progress.heartbeats += Store::to_string(store.get(key)) + ",";
+    }
+    progress.heartbeats += "|";
+  }
+  return progress;
+}
+
+}  // namespace dpar::dist

@@ -44,6 +44,8 @@ std::string describe_member(const RoundMember& m);  // "<version> <previous rank
 RoundMember parse_member(const std::string& text, int arrival);
 
 std::string round_key(int64_t round, const std::string& what);
+// A store value that holds a decimal integer; throws dpar::Error naming the key otherwise.
+int64_t parse_int(const Bytes& value, const std::string& key);
 inline constexpr char kRoundKey[] = "elastic/round";
 inline constexpr char kFinishedKey[] = "elastic/finished";
 

@@ -22,7 +22,8 @@ Tensor bytes_tensor(const std::string& bytes) {
   return t;
 }
 
-const Tensor& entry(const nn::NamedTensors& entries, const std::string& key, const std::string& item) {
+const Tensor& entry(const nn::NamedTensors& entries, const std::string& key,
+                    const std::string& item) {
   for (const auto& [name, tensor] : entries) {
     if (name == key) return tensor;
   }
@@ -210,7 +211,10 @@ void ElasticState::add_scheduler(const std::string& name, optim::LRScheduler& sc
 
 void ElasticState::add_generator(const std::string& name, Generator& generator) {
   add(
-      name, [&generator] { return nn::NamedTensors{{"state", bytes_tensor(generator.state())}}; },
+      name,
+      [&generator] {
+        return nn::NamedTensors{{"state", bytes_tensor(generator.state())}};
+      },
       [&generator, name](const nn::NamedTensors& entries) {
         const Tensor& t = entry(entries, "state", name);
         generator.set_state(std::string(static_cast<const char*>(t.raw_data()), t.nbytes()));
@@ -219,7 +223,10 @@ void ElasticState::add_generator(const std::string& name, Generator& generator) 
 
 void ElasticState::add_counter(const std::string& name, int64_t& counter) {
   add(
-      name, [&counter] { return nn::NamedTensors{{"value", i64_scalar(counter)}}; },
+      name,
+      [&counter] {
+        return nn::NamedTensors{{"value", i64_scalar(counter)}};
+      },
       [&counter, name](const nn::NamedTensors& entries) {
         counter = i64_value(entry(entries, "value", name));
       });

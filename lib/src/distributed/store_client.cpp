@@ -138,10 +138,10 @@ StoreClient::StoreClient(const std::string& endpoint, StoreIdentity identity,
   check_endpoint(endpoint);
   // World size 0 (with rank 0): a member of an elastic job, whose ranks change between rounds.
   const bool elastic = identity.world_size == 0 && identity.rank == 0;
-  DPAR_CHECK(elastic || (identity.world_size >= 1 && identity.rank >= 0 &&
-                         identity.rank < identity.world_size),
-             "rendezvous store: rank ", identity.rank, " is outside world size ",
-             identity.world_size);
+  DPAR_CHECK(
+      elastic ||
+          (identity.world_size >= 1 && identity.rank >= 0 && identity.rank < identity.world_size),
+      "rendezvous store: rank ", identity.rank, " is outside world size ", identity.world_size);
   timeout_ = options.timeout;
   impl_->endpoint = endpoint;
   impl_->identity = std::move(identity);

@@ -334,7 +334,8 @@ StoreServer::StoreServer(const std::string& host, int port, std::string job_id, 
   DPAR_CHECK(!host.empty(), "rendezvous store: empty host in ", where);
   DPAR_CHECK(port >= 0 && port <= 65535, "rendezvous store: cannot listen on ", where,
              ": port out of range 0..65535");
-  DPAR_CHECK(world_size >= 0, "rendezvous store: world size must be >= 1 (or 0 for an elastic job), got ",
+  DPAR_CHECK(world_size >= 0,
+             "rendezvous store: world size must be >= 1 (or 0 for an elastic job), got ",
              world_size);
   detail::probe_bind(host, port, where, "rendezvous store");
 

@@ -88,10 +88,10 @@ class ElasticState {
 };
 
 struct ElasticOptions {
-  std::string endpoint;           // host:port of the rendezvous store (DPAR_RDZV_ENDPOINT)
-  std::string job_id = "default"; // DPAR_RDZV_ID
-  int min_members = 1;            // DPAR_ELASTIC_MIN: processes (nodes x processes per node)
-  int max_members = 1;            // DPAR_ELASTIC_MAX
+  std::string endpoint;            // host:port of the rendezvous store (DPAR_RDZV_ENDPOINT)
+  std::string job_id = "default";  // DPAR_RDZV_ID
+  int min_members = 1;             // DPAR_ELASTIC_MIN: processes (nodes x processes per node)
+  int max_members = 1;             // DPAR_ELASTIC_MAX
   // Below min members, a round waits this long, then run() fails naming how many it had
   // and needed (DPAR_ELASTIC_TIMEOUT, seconds; Paddle's --elastic_timeout).
   Millis elastic_timeout{std::chrono::seconds(30)};
@@ -153,5 +153,15 @@ class ElasticJob {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// What the host of an elastic job's rendezvous store (dpar-launch) sees of the job: whether its
+// members marked it finished, the current round, and the current round's heartbeats (a text
+// that changes whenever a member sends one), so it keeps the store up while the job lives.
+struct ElasticProgress {
+  bool finished = false;
+  int64_t round = 0;
+  std::string heartbeats;
+};
+ElasticProgress elastic_progress(Store& store);
 
 }  // namespace dpar::dist

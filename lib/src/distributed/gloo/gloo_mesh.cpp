@@ -382,20 +382,22 @@ class MeshAttempt {
   std::vector<int> pair_sockets() {
     std::vector<sockaddr_storage> listened(static_cast<size_t>(options_.size));
     for (int peer = 0; peer < options_.size; ++peer) {
-      if (peer != options_.rank) listened[static_cast<size_t>(peer)] = listen_address(*transport_->getPair(peer));
+      if (peer != options_.rank)
+        listened[static_cast<size_t>(peer)] = listen_address(*transport_->getPair(peer));
     }
     std::vector<int> sockets;
-    for_each_connected_socket([&](int fd, const sockaddr_storage& mine, const sockaddr_storage& theirs) {
-      for (int peer = 0; peer < options_.size; ++peer) {
-        const auto p = static_cast<size_t>(peer);
-        if (peer != options_.rank &&
-            (same_endpoint(mine, listened[p]) || same_endpoint(theirs, remote_[p]))) {
-          sockets.push_back(fd);
-          break;
-        }
-      }
-      return false;
-    });
+    for_each_connected_socket(
+        [&](int fd, const sockaddr_storage& mine, const sockaddr_storage& theirs) {
+          for (int peer = 0; peer < options_.size; ++peer) {
+            const auto p = static_cast<size_t>(peer);
+            if (peer != options_.rank &&
+                (same_endpoint(mine, listened[p]) || same_endpoint(theirs, remote_[p]))) {
+              sockets.push_back(fd);
+              break;
+            }
+          }
+          return false;
+        });
     return sockets;
   }
 

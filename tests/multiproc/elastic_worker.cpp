@@ -1,0 +1,141 @@
+// Run under dpar-launch --nnodes=MIN:MAX: an elastic DataParallel job (dist::ElasticJob) that
+// trains a small MLP on an embedded synthetic dataset for --steps steps. The sampler re-shards
+// the rest of each epoch over whatever world a round has (EpochRemainderSampler from the
+// committed position), and the learning rate follows the world size (the per-rank batch stays,
+// so the global batch and the LR scale with the world: Goyal et al.'s linear rule).
+// Drills, each for the member that is rank --drill-rank of round 0 (a world of 3), at step
+// --drill-step:
+//   --kill   SIGKILLs itself as the step starts (a node that died),
+//   --stop   SIGSTOPs itself as the step starts (a wedged or cut-off node),
+//   --leave  leaves on purpose after committing the step before (the planned-schedule
+//            reference: the same membership change without a failure).
+// Every member that finishes prints "elastic_worker: finished" with the step, the world, the
+// state's checksum and the rounds it went through, which the tests compare across runs.
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "dpar/distributed/data_parallel.h"
+#include "dpar/distributed/elastic.h"
+#include "dpar/dpar.h"
+
+using namespace dpar;
+using namespace dpar::dist;
+
+namespace {
+
+constexpr size_t kSamples = 120;
+constexpr int64_t kFeatures = 16;
+constexpr int64_t kClasses = 4;
+constexpr int kFullWorld = 3;
+
+// Sample i of the embedded dataset: features from a generator seeded by i, the class from a
+// fixed rule over them, so every process holds the same data without files.
+std::pair<std::vector<float>, int64_t> sample(size_t i) {
+  Generator g(9000 + i);
+  std::vector<float> x(kFeatures);
+  for (float& v : x) v = g.normal();
+  const int64_t y = (x[0] + x[1] > 0 ? 1 : 0) + (x[2] - x[3] > 0 ? 2 : 0);
+  return {x, y};
+}
+
+std::pair<Tensor, Tensor> batch(const std::vector<size_t>& indices) {
+  std::vector<float> xs;
+  std::vector<int64_t> ys;
+  for (size_t i : indices) {
+    auto [x, y] = sample(i);
+    xs.insert(xs.end(), x.begin(), x.end());
+    ys.push_back(y);
+  }
+  const auto n = static_cast<int64_t>(indices.size());
+  return {Tensor::from_vector(xs, {n, kFeatures}), Tensor::from_vector(ys, {n})};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main("elastic_worker", [&] {
+    Flags flags("elastic_worker", "an elastic DataParallel job and its failure drills");
+    auto& steps = flags.add_int("steps", 12, "training steps (global)");
+    auto& per_rank_batch = flags.add_int("batch", 4, "samples per rank and step");
+    auto& step_ms =
+        flags.add_int("step-ms", 0, "extra milliseconds each step takes (a slower job)");
+    auto& kill = flags.add_bool("kill", false, "drill: SIGKILL at --drill-step");
+    auto& stop = flags.add_bool("stop", false, "drill: SIGSTOP at --drill-step");
+    auto& leave = flags.add_bool("leave", false, "drill: leave after step --drill-step - 1");
+    auto& drill_rank = flags.add_int("drill-rank", 2, "the drill's rank (in a world of 3)");
+    auto& drill_step = flags.add_int("drill-step", 5, "the drill's step");
+    auto& init_seed = flags.add_int("init-seed", -1,
+                                    "seed of this process's initial weights (default: from its "
+                                    "pid); the first round hands rank 0's to every member");
+    flags.parse(argc, argv, /*allow_positional=*/true);
+    set_num_threads(1);
+
+    manual_seed(static_cast<uint64_t>(init_seed >= 0 ? init_seed : 1234 + ::getpid()));
+    auto model = std::make_shared<nn::Sequential>();
+    model->push_back(std::make_shared<nn::Linear>(kFeatures, 32));
+    model->push_back(std::make_shared<nn::ReLU>());
+    model->push_back(std::make_shared<nn::Linear>(32, kClasses));
+    const double base_lr = 0.05;
+    optim::SGD optimizer(model->parameters(), {.lr = base_lr, .momentum = 0.9});
+    int64_t step = 0, epoch = 0, consumed = 0;
+
+    ElasticState state;
+    state.add_module("model", *model);
+    state.add_optimizer("optimizer", optimizer);
+    state.add_counter("step", step);
+    state.add_counter("epoch", epoch);
+    state.add_counter("consumed", consumed);  // samples of the epoch the job has trained on
+
+    ElasticJob job;
+    auto last_commit = std::chrono::steady_clock::now();
+    job.run(state, [&](Group& group) {
+      const int rank = group.rank(), world = group.size();
+      std::printf(
+          "elastic_worker: round %lld: rank %d of %d at step %lld (%.1f s after the last "
+          "commit)\n",
+          static_cast<long long>(job.round()), rank, world, static_cast<long long>(step),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_commit).count());
+      std::fflush(stdout);
+      optimizer.set_lr(base_lr * world / kFullWorld);
+      DataParallelOptions options;
+      options.group = job.group_ptr();
+      DataParallel dp(model, options);
+      while (step < steps) {
+        auto order = std::make_shared<data::DistributedSampler>(kSamples, rank, world, true, 7);
+        const std::vector<size_t> rest =
+            data::EpochRemainderSampler(order, epoch, consumed).indices(epoch);
+        if (rest.size() < static_cast<size_t>(per_rank_batch)) {  // drop_last: the next epoch
+          ++epoch;
+          consumed = 0;
+          continue;
+        }
+        // Only in the first round: a restarted process that rejoins is not struck again.
+        const bool drilled =
+            job.round() == 0 && world == kFullWorld && rank == drill_rank && step == drill_step;
+        if (drilled && kill) std::raise(SIGKILL);
+        if (drilled && stop) std::raise(SIGSTOP);
+        auto [x, y] = batch(std::vector<size_t>(rest.begin(), rest.begin() + per_rank_batch));
+        optimizer.zero_grad();
+        cross_entropy(dp.forward(x), y).backward();
+        optimizer.step();
+        if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+        consumed += per_rank_batch * world;
+        ++step;
+        job.commit();
+        last_commit = std::chrono::steady_clock::now();
+        if (leave && job.round() == 0 && rank == drill_rank && step == drill_step) job.leave();
+      }
+    });
+    if (step < steps) {
+      std::printf("elastic_worker: left at step %lld\n", static_cast<long long>(step));
+      return 0;
+    }
+    state.commit();
+    std::printf("elastic_worker: finished step=%lld world=%d checksum=%016llx rounds=%zu\n",
+                static_cast<long long>(step), job.world_size(),
+                static_cast<unsigned long long>(state.checksum()), job.history().size());
+    return 0;
+  });
+}
