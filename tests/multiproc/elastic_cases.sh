@@ -7,7 +7,10 @@
 #   kill     one node's process (rank 2 of round 0) is SIGKILLed as its 6th step starts: the
 #            other two go on as a world of 2, keep their processes, lose no step, and end
 #            bitwise equal to the planned schedule (that node leaving on purpose after its 5th
-#            step), which the case runs first.
+#            step), which the case runs first; together the committed steps trained on the
+#            epoch's first samples, each once.
+#   kill_global  the same keeping the global batch (gradient accumulation) instead of the
+#            per-rank batch.
 #   stop     the same with that process SIGSTOPped (no connection closes): found by its
 #            missing heartbeats within DPAR_ELASTIC_DETECT; bitwise equal to the schedule too.
 #   rejoin   one node's process is killed and its launcher restarts it (--max_restarts=1): it
@@ -36,7 +39,7 @@ node() {
   mkdir -p "$work/$run"
   "$launcher" --nnodes=2:3 --rdzv_endpoint="$rdzv" --rdzv_id="job-$run" --elastic_timeout=20 \
     --log_dir="$work/$run/$name" "${flags[@]}" "$worker" --init-seed="$(printf '%d' "'$name")" \
-    "$@" "$marker" \
+    --trace="$work/$run/$name.trace" "$@" "$marker" \
     >"$work/$run/$name.out" 2>&1 &
   eval "pid_${run}_${name}=$!"
 }
@@ -70,13 +73,42 @@ checksum_of() { finished_line "$1" "$2" | sed -n 's/.*checksum=\([0-9a-f]*\).*/\
 drilled() { grep -l "elastic_worker: round 0: rank 2 of 3" "$work/$1"/[abc]/workerlog.0 | head -1 | xargs dirname | xargs basename; }
 survivors() { local d; d=$(drilled "$1"); for n in a b c; do [ "$n" != "$d" ] && echo "$n"; done; }
 
+# samples_once <run>: the committed steps of every node together trained on the first samples of
+# the epoch's order, each once (none skipped, none seen twice, across the change of world size).
+samples_once() {
+  local verdict
+  verdict=$(/usr/bin/python3 - "$work/$1" <<'PY'
+import glob, sys
+order, seen = None, []
+for path in glob.glob(sys.argv[1] + "/*.trace"):
+    for line in open(path):
+        words = line.split()
+        if words[0] == "order":
+            order = [int(w) for w in words[1:]]
+        else:
+            seen += [int(w) for w in words[2:]]
+twice = len(seen) - len(set(seen))
+if order is None:
+    print("no epoch order in the traces")
+elif twice or sorted(seen) != sorted(order[:len(seen)]):
+    print(f"{len(seen)} samples trained, {twice} twice, not the epoch's first {len(seen)}")
+else:
+    print(f"ok {len(seen)}")
+PY
+)
+  case "$verdict" in
+    ok*) ok "$1: the committed steps trained on the epoch's first ${verdict#ok } samples, each once" ;;
+    *) fail "$1: $verdict" ;;
+  esac
+}
+
 # The planned schedule: rank 2 leaves on purpose after step 5 (the failure drills strike as step
-# 6 starts, with 5 committed).
+# 6 starts, with 5 committed). Worker flags: "$@".
 reference() {
-  node a ref -- --leave
+  node a ref -- --leave "$@"
   sleep 0.5 # a hosts the store: the others find it up (they would retry anyway)
-  node b ref -- --leave
-  node c ref -- --leave
+  node b ref -- --leave "$@"
+  node c ref -- --leave "$@"
   wait_all ref 90 a b c
   reference_sum=$(checksum_of ref a)
   [ -n "$reference_sum" ] && ok "reference run finished (checksum $reference_sum)" ||
@@ -84,16 +116,16 @@ reference() {
   expect_text "$work/ref/$(drilled ref)/workerlog.0" "elastic_worker: left at step 5"
 }
 
-# survivors_match <run>: the two survivors finished all steps as a world of 2, with the
+# survivors_match <run> <steps>: the two survivors finished all steps as a world of 2, with the
 # reference's state.
 survivors_match() {
-  local run=$1 name
+  local run=$1 steps=$2 name
   for name in $(survivors "$run"); do
     local line
     line=$(finished_line "$run" "$name")
     case "$line" in
-      *"step=12 world=2 checksum=$reference_sum"*) ok "$run: node $name: $line (= the planned schedule)" ;;
-      *) fail "$run: node $name ended with '$line', expected step=12 world=2 checksum=$reference_sum"
+      *"step=$steps world=2 checksum=$reference_sum"*) ok "$run: node $name: $line (= the planned schedule)" ;;
+      *) fail "$run: node $name ended with '$line', expected step=$steps world=2 checksum=$reference_sum"
          sed 's/^/    /' "$work/$run/$name/workerlog.0" ;;
     esac
     # One process all along: its log shows both rounds (a restart would start a new log).
@@ -109,23 +141,39 @@ detection_seconds() {
   grep -h "elastic_worker: round 1:" "$work/$1/$(survivors "$1" | head -1)/workerlog.0" | sed -n 's/.*(\([0-9.]*\) s after the last commit).*/\1/p'
 }
 
+# kill_case <steps> <worker flags...>: the planned schedule, then the same job losing rank 2 to
+# SIGKILL at the same step.
+kill_case() {
+  local steps=$1
+  shift
+  reference --steps "$steps" "$@"
+  node a kill -- --kill --steps "$steps" "$@"
+  sleep 0.5
+  node b kill -- --kill --steps "$steps" "$@"
+  node c kill -- --kill --steps "$steps" "$@"
+  wait_all kill 90 a b c
+  survivors_match kill "$steps"
+  samples_once ref
+  samples_once kill
+  victim=$(drilled kill)
+  [ "$(eval echo "\${code_kill_${victim}:-0}")" != 0 ] &&
+    ok "node $victim's launcher reported its killed process" ||
+    fail "node $victim's launcher exited 0 after its process was killed"
+}
+
 case $case_name in
   kill)
-    reference
-    node a kill -- --kill
-    sleep 0.5
-    node b kill -- --kill
-    node c kill -- --kill
-    wait_all kill 90 a b c
-    survivors_match kill
-    victim=$(drilled kill)
-    [ "$(eval echo "\${code_kill_${victim}:-0}")" != 0 ] &&
-      ok "node $victim's launcher reported its killed process" ||
-      fail "node $victim's launcher exited 0 after its process was killed"
+    kill_case 12
     seconds=$(detection_seconds kill)
     ok "round 1 formed ${seconds:-?} s after the last commit"
     awk -v s="${seconds:-99}" 'BEGIN { exit !(s < 10) }' && ok "recovered within 10 s" ||
       fail "recovery took ${seconds:-?} s (limit 10 s)"
+    expect_no_job_processes ;;
+  kill_global)
+    # The global batch kept (12) through gradient accumulation: 2 micro-batches of 3 per rank
+    # once the world is 2; 9 steps stay within the epoch of 120 samples.
+    kill_case 9 --policy=global
+    expect_text "$work/kill/a/workerlog.0" "elastic_worker: round 1: rank"
     expect_no_job_processes ;;
   stop)
     reference
@@ -138,7 +186,8 @@ case $case_name in
     wait_all stop 90 $(survivors stop)
     # The victim's process is stopped for good: its launcher waits for it until the test ends it.
     pkill -KILL -f -- "$marker" 2>/dev/null
-    survivors_match stop
+    survivors_match stop 12
+    samples_once stop
     expect_text "$work/stop/a/workerlog.0" "sent no heartbeat for 3"
     seconds=$(detection_seconds stop)
     ok "round 1 formed ${seconds:-?} s after the last commit"

@@ -1,8 +1,11 @@
 // Run under dpar-launch --nnodes=MIN:MAX: an elastic DataParallel job (dist::ElasticJob) that
 // trains a small MLP on an embedded synthetic dataset for --steps steps. The sampler re-shards
 // the rest of each epoch over whatever world a round has (EpochRemainderSampler from the
-// committed position), and the learning rate follows the world size (the per-rank batch stays,
-// so the global batch and the LR scale with the world: Goyal et al.'s linear rule).
+// committed position), and the batch follows dist::plan_step: --policy=rank keeps the per-rank
+// batch (the global batch and the LR scale with the world), --policy=global keeps the global
+// batch through gradient accumulation under no_sync. --trace=FILE appends the samples of every
+// committed step (and, from round 0's rank 0, the epoch's order), so a test can check that no
+// sample is skipped or seen twice.
 // Drills, each for the member that is rank --drill-rank of round 0 (a world of 3), at step
 // --drill-step:
 //   --kill   SIGKILLs itself as the step starts (a node that died),
@@ -66,11 +69,20 @@ int main(int argc, char** argv) {
     auto& leave = flags.add_bool("leave", false, "drill: leave after step --drill-step - 1");
     auto& drill_rank = flags.add_int("drill-rank", 2, "the drill's rank (in a world of 3)");
     auto& drill_step = flags.add_int("drill-step", 5, "the drill's step");
+    auto& policy_flag =
+        flags.add_string("policy", "rank", "rank (keep the per-rank batch) or global");
+    auto& trace = flags.add_string("trace", "", "append the committed steps' samples to this file");
     auto& init_seed = flags.add_int("init-seed", -1,
                                     "seed of this process's initial weights (default: from its "
                                     "pid); the first round hands rank 0's to every member");
     flags.parse(argc, argv, /*allow_positional=*/true);
     set_num_threads(1);
+    if (policy_flag != "rank" && policy_flag != "global") {
+      throw FlagError("elastic_worker: --policy=" + policy_flag + ": expected rank or global");
+    }
+    const BatchPolicy policy =
+        policy_flag == "rank" ? BatchPolicy::KeepPerRankBatch : BatchPolicy::KeepGlobalBatch;
+    std::FILE* trace_file = trace.empty() ? nullptr : std::fopen(trace.c_str(), "a");
 
     manual_seed(static_cast<uint64_t>(init_seed >= 0 ? init_seed : 1234 + ::getpid()));
     auto model = std::make_shared<nn::Sequential>();
@@ -98,15 +110,24 @@ int main(int argc, char** argv) {
           static_cast<long long>(job.round()), rank, world, static_cast<long long>(step),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - last_commit).count());
       std::fflush(stdout);
-      optimizer.set_lr(base_lr * world / kFullWorld);
+      const StepPlan plan = plan_step(policy, per_rank_batch, kFullWorld, world);
+      const auto per_step = static_cast<size_t>(plan.micro_batch * plan.accumulation);
+      optimizer.set_lr(base_lr * plan.lr_scale);
       DataParallelOptions options;
       options.group = job.group_ptr();
       DataParallel dp(model, options);
+      if (trace_file != nullptr && job.round() == 0 && rank == 0) {
+        std::fprintf(trace_file, "order");
+        for (size_t i : data::DistributedSampler(kSamples, 0, 1, true, 7).epoch_order(0)) {
+          std::fprintf(trace_file, " %zu", i);
+        }
+        std::fprintf(trace_file, "\n");
+      }
       while (step < steps) {
         auto order = std::make_shared<data::DistributedSampler>(kSamples, rank, world, true, 7);
         const std::vector<size_t> rest =
             data::EpochRemainderSampler(order, epoch, consumed).indices(epoch);
-        if (rest.size() < static_cast<size_t>(per_rank_batch)) {  // drop_last: the next epoch
+        if (rest.size() < per_step) {  // drop_last: the next epoch
           ++epoch;
           consumed = 0;
           continue;
@@ -116,13 +137,32 @@ int main(int argc, char** argv) {
             job.round() == 0 && world == kFullWorld && rank == drill_rank && step == drill_step;
         if (drilled && kill) std::raise(SIGKILL);
         if (drilled && stop) std::raise(SIGSTOP);
-        auto [x, y] = batch(std::vector<size_t>(rest.begin(), rest.begin() + per_rank_batch));
         optimizer.zero_grad();
-        cross_entropy(dp.forward(x), y).backward();
+        for (int64_t m = 0; m < plan.accumulation; ++m) {
+          const auto first = rest.begin() + m * plan.micro_batch;
+          auto [x, y] = batch(std::vector<size_t>(first, first + plan.micro_batch));
+          // The mean over this rank's whole step; only the last micro-batch all-reduces.
+          auto backward = [&] {
+            (cross_entropy(dp.forward(x), y) * (1.0 / static_cast<double>(plan.accumulation)))
+                .backward();
+          };
+          if (m + 1 < plan.accumulation) {
+            auto guard = dp.no_sync();
+            backward();
+          } else {
+            backward();
+          }
+        }
         optimizer.step();
         if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
-        consumed += per_rank_batch * world;
+        consumed += static_cast<int64_t>(per_step) * world;
         ++step;
+        if (trace_file != nullptr) {  // the step counts once its commit is taken (just below)
+          std::fprintf(trace_file, "step %lld", static_cast<long long>(step));
+          for (size_t i = 0; i < per_step; ++i) std::fprintf(trace_file, " %zu", rest[i]);
+          std::fprintf(trace_file, "\n");
+          std::fflush(trace_file);
+        }
         job.commit();
         last_commit = std::chrono::steady_clock::now();
         if (leave && job.round() == 0 && rank == drill_rank && step == drill_step) job.leave();

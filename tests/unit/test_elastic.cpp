@@ -124,6 +124,29 @@ TEST_CASE("a round ranks the newest state first, then survivors in their old ord
   CHECK(parsed.arrival == 7);
 }
 
+TEST_CASE("the batch policy keeps the per-rank batch or the global batch", "[elastic]") {
+  StepPlan p = plan_step(BatchPolicy::KeepPerRankBatch, 4, 3, 2);
+  CHECK(p.micro_batch == 4);
+  CHECK(p.accumulation == 1);
+  CHECK(p.global_batch == 8);
+  CHECK(p.lr_scale == Approx(2.0 / 3.0));
+  p = plan_step(BatchPolicy::KeepGlobalBatch, 4, 3, 2);  // 12 = 2 ranks x 2 micro-batches x 3
+  CHECK(p.global_batch == 12);
+  CHECK(p.micro_batch * p.accumulation * 2 == 12);
+  CHECK(p.micro_batch <= 4);
+  CHECK(p.accumulation == 2);
+  CHECK(p.lr_scale == 1.0);
+  p = plan_step(BatchPolicy::KeepGlobalBatch, 4, 3, 3);
+  CHECK(p.micro_batch == 4);
+  CHECK(p.accumulation == 1);
+  p = plan_step(BatchPolicy::KeepGlobalBatch, 4, 3, 6);  // more ranks than planned: smaller
+  CHECK(p.micro_batch == 2);
+  CHECK(p.accumulation == 1);
+  CHECK_THROWS_WITH(plan_step(BatchPolicy::KeepGlobalBatch, 4, 3, 5),
+                    Catch::Contains("global batch of 12 (4 x 3 ranks) cannot be split into equal "
+                                    "micro-batches over 5 ranks"));
+}
+
 TEST_CASE("aborting a gloo group fails a collective waiting for a silent rank at once",
           "[elastic]") {
   StoreServer server("127.0.0.1", 0, "aborttest", 2);

@@ -317,4 +317,31 @@ uint64_t ElasticState::checksum() const {
   return h;
 }
 
+StepPlan plan_step(BatchPolicy policy, int64_t per_rank_batch, int planned_world, int world) {
+  DPAR_CHECK(per_rank_batch >= 1 && planned_world >= 1 && world >= 1, "plan_step: batch ",
+             per_rank_batch, ", planned world ", planned_world, " and world ", world,
+             " must be positive");
+  StepPlan plan;
+  if (policy == BatchPolicy::KeepPerRankBatch) {
+    plan.micro_batch = per_rank_batch;
+    plan.global_batch = per_rank_batch * world;
+    plan.lr_scale = static_cast<double>(world) / planned_world;
+    return plan;
+  }
+  const int64_t global = per_rank_batch * planned_world;
+  for (int64_t steps = (global + per_rank_batch * world - 1) / (per_rank_batch * world);
+       steps <= global; ++steps) {
+    if (global % (world * steps) == 0) {
+      plan.accumulation = steps;
+      plan.micro_batch = global / (world * steps);
+      plan.global_batch = global;
+      return plan;
+    }
+  }
+  DPAR_FAIL("plan_step: the global batch of ", global, " (", per_rank_batch, " x ", planned_world,
+            " ranks) cannot be split into equal micro-batches over ", world,
+            " ranks; plan a global batch divisible by every world size the job may have, or keep "
+            "the per-rank batch (BatchPolicy::KeepPerRankBatch)");
+}
+
 }  // namespace dpar::dist

@@ -154,6 +154,23 @@ class ElasticJob {
   std::unique_ptr<Impl> impl_;
 };
 
+// How a step's batch follows the world size when it changes. The job is planned with
+// `per_rank_batch` samples on each of `planned_world` ranks (the global batch).
+//  - KeepPerRankBatch: every rank keeps its batch; the global batch and the learning rate scale
+//    with world / planned_world (the linear scaling rule of Goyal et al.).
+//  - KeepGlobalBatch: the global batch stays, through gradient accumulation: the fewest
+//    micro-batches per step whose equal size, at most per_rank_batch, fills it exactly; the
+//    learning rate stays. Throws dpar::Error naming the sizes when no equal split exists
+//    (a global batch of 12 over 5 ranks).
+enum class BatchPolicy { KeepPerRankBatch, KeepGlobalBatch };
+struct StepPlan {
+  int64_t micro_batch = 0;   // samples per rank and micro-batch
+  int64_t accumulation = 1;  // micro-batches per step (gradients accumulated under no_sync)
+  int64_t global_batch = 0;  // samples per step over all ranks
+  double lr_scale = 1.0;     // times the planned learning rate
+};
+StepPlan plan_step(BatchPolicy policy, int64_t per_rank_batch, int planned_world, int world);
+
 // What the host of an elastic job's rendezvous store (dpar-launch) sees of the job: whether its
 // members marked it finished, the current round, and the current round's heartbeats (a text
 // that changes whenever a member sends one), so it keeps the store up while the job lives.
