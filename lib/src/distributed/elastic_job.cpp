@@ -217,7 +217,14 @@ void ElasticJob::run(ElasticState& state, const std::function<void(Group&)>& tra
   int64_t left_round = -1;
   int failures = 0;
   for (;;) {
-    m.formed = m.rendezvous->join(state.version(), previous_rank, left_round);
+    try {
+      m.formed = m.rendezvous->join(state.version(), previous_rank, left_round);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.rfind("elastic:", 0) == 0) throw;  // the rendezvous's own verdict (below MIN)
+      throw Error("elastic: the rendezvous store at " + m.options.endpoint +
+                  " failed while forming the next round: " + what);
+    }
     const std::string line = "round " + std::to_string(m.formed.round) + ": rank " +
                              std::to_string(m.formed.rank) + " of " +
                              std::to_string(m.formed.size) + " (" + m.formed.cause + ")";
