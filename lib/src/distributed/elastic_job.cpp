@@ -143,7 +143,7 @@ struct ElasticJob::Impl {
           }
           if (now - s.since >= options.detect_after) gone.push_back(peer);
         }
-        if (aborted) continue;
+        if (aborted) continue;  // keeps publishing its heartbeat until run() stops it
         const int64_t current = rendezvous->current_round();
         if (current > round) {
           change_pending = true;
@@ -234,9 +234,10 @@ void ElasticJob::run(ElasticState& state, const std::function<void(Group&)>& tra
         std::make_shared<PrefixStore>(detail::round_key(m.formed.round, "group"), m.store);
     m.group = std::make_shared<Group>(prefixed, m.formed.rank, m.formed.size, m.options.group);
     m.start_watch();
-    const int64_t version_before = state.version();
+    int64_t version_before = state.version();
     try {
       state.sync(*m.group, 0);
+      version_before = state.version();  // a joining member's state just became rank 0's
       train(*m.group);
       m.group->barrier();
       m.stop_watching();
