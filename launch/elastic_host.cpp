@@ -8,20 +8,13 @@
 #include <algorithm>
 #include <thread>
 
+#include "address.h"
 #include "dpar/core/error.h"
 #include "dpar/distributed/elastic.h"
 #include "log_sink.h"
 
 namespace dpar::launch {
 namespace {
-
-bool split(const std::string& endpoint, std::string* host, int* port) {
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = endpoint.substr(0, colon);
-  *port = std::stoi(endpoint.substr(colon + 1));
-  return true;
-}
 
 // gRPC's threads must not take the signals the supervisor reads from a signalfd (SIGCHLD would
 // go to one of them and be lost, and the supervisor would never see its workers exit): threads
@@ -53,7 +46,7 @@ std::unique_ptr<ElasticStoreHost> ElasticStoreHost::start_if_here(
     const LaunchPlan& plan, const std::vector<std::string>& local_addresses) {
   std::string host;
   int port = 0;
-  if (!split(plan.rdzv_endpoint, &host, &port)) return nullptr;
+  if (!split_endpoint(plan.rdzv_endpoint, &host, &port)) return nullptr;
   const bool local =
       host == "localhost" || host.rfind("127.", 0) == 0 ||
       std::find(local_addresses.begin(), local_addresses.end(), host) != local_addresses.end();

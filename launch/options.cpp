@@ -4,6 +4,7 @@
 #include <tuple>
 #include <utility>
 
+#include "address.h"
 #include "dpar/core/flags.h"
 #include "text.h"
 
@@ -140,10 +141,9 @@ void check_elastic(const Options& o) {
         " is an elastic job: give --rdzv_endpoint=host:port, the rendezvous store's "
         "address (the node with that address hosts it)");
   }
-  const size_t colon = o.rdzv_endpoint.rfind(':');
-  const std::string port = colon == std::string::npos ? "" : o.rdzv_endpoint.substr(colon + 1);
-  if (colon == 0 || port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
-      port.size() > 5 || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+  std::string host;
+  int port = 0;
+  if (!split_endpoint(o.rdzv_endpoint, &host, &port)) {
     bad("--rdzv_endpoint=" + o.rdzv_endpoint + ": expected host:port with a port in 1..65535");
   }
   if (o.ps_mode() || o.ips_given || !o.hostfile.empty() || !o.rank_table.empty() || o.standalone ||

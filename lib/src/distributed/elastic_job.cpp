@@ -129,6 +129,7 @@ struct ElasticJob::Impl {
         store->set(detail::round_key(round, "hb/" + std::to_string(rank)),
                    Store::to_bytes(std::to_string(++beat)));
         store_ok = now;
+        if (aborted) continue;  // keeps publishing its heartbeat until run() stops it
         std::vector<int> gone;
         for (int peer = 0; peer < size; ++peer) {
           if (peer == rank) continue;
@@ -143,7 +144,6 @@ struct ElasticJob::Impl {
           }
           if (now - s.since >= options.detect_after) gone.push_back(peer);
         }
-        if (aborted) continue;  // keeps publishing its heartbeat until run() stops it
         const int64_t current = rendezvous->current_round();
         if (current > round) {
           change_pending = true;
