@@ -15,6 +15,8 @@ packages=(
   nlohmann-json3-dev
   dataset-fashion-mnist
   iproute2 procps
+  # Elastic jobs' etcd rendezvous (--rdzv_backend=etcd): the tests start real etcd members.
+  etcd-server etcd-client
   # scripts/fuzz.sh: Clang with libFuzzer (compiler-rt) and its OpenMP runtime; llvm brings
   # llvm-symbolizer, which turns sanitizer reports' addresses into file:line.
   clang libclang-rt-14-dev libomp-14-dev llvm
