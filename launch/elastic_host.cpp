@@ -44,6 +44,7 @@ ElasticStoreHost::ElasticStoreHost(const LaunchPlan& plan, const std::string& ho
 
 std::unique_ptr<ElasticStoreHost> ElasticStoreHost::start_if_here(
     const LaunchPlan& plan, const std::vector<std::string>& local_addresses) {
+  if (plan.rdzv_backend != "dpar") return nullptr;  // etcd: the user's cluster holds the keys
   std::string host;
   int port = 0;
   if (!split_endpoint(plan.rdzv_endpoint, &host, &port)) return nullptr;

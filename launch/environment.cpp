@@ -165,6 +165,7 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
   env["LOCAL_WORLD_SIZE"] = local_size;
   if (plan.elastic) {
     // No rank or world size: the members take them from each rendezvous round (elastic.h).
+    env["DPAR_RDZV_BACKEND"] = plan.rdzv_backend;
     env["DPAR_RDZV_ENDPOINT"] = plan.rdzv_endpoint;
     env["DPAR_RDZV_ID"] = plan.job_id;
     env["DPAR_ELASTIC_MIN"] = std::to_string(plan.min_members);

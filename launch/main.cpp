@@ -89,9 +89,9 @@ std::string elastic_summary(const LaunchPlan& plan, bool hosting) {
                         (procs == 1 ? "" : "es") +
                         " (the job: " + std::to_string(plan.min_members / static_cast<int>(procs)) +
                         ".." + std::to_string(plan.max_members / static_cast<int>(procs)) +
-                        " nodes), rendezvous " + plan.rdzv_endpoint +
-                        (hosting ? " (hosted here)" : "") + ", job '" + plan.job_id + "', " +
-                        plan.program_path;
+                        " nodes), rendezvous " + (plan.rdzv_backend == "etcd" ? "etcd at " : "") +
+                        plan.rdzv_endpoint + (hosting ? " (hosted here)" : "") + ", job '" +
+                        plan.job_id + "', " + plan.program_path;
   return summary + (plan.log_dir.empty() ? ", output on the console\n"
                                          : ", logs in " + plan.log_dir + "/workerlog.0.." +
                                                std::to_string(procs - 1) + "\n");

@@ -131,20 +131,33 @@ void check_elastic(const Options& o) {
   }
   const std::string range =
       "--nnodes=" + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes);
-  if (o.rdzv_backend == "etcd") {
-    bad("--rdzv_backend=etcd is not built yet; use --rdzv_backend=dpar (the store lives on the "
-        "--rdzv_endpoint node, and that node's loss ends the job)");
-  }
-  if (o.rdzv_backend != "dpar") bad("--rdzv_backend=" + o.rdzv_backend + ": expected dpar or etcd");
+  if (o.rdzv_backend != "dpar" && o.rdzv_backend != "etcd")
+    bad("--rdzv_backend=" + o.rdzv_backend + ": expected dpar or etcd");
+  const bool etcd = o.rdzv_backend == "etcd";
   if (o.rdzv_endpoint.empty()) {
-    bad(range +
-        " is an elastic job: give --rdzv_endpoint=host:port, the rendezvous store's "
-        "address (the node with that address hosts it)");
+    bad(range + (etcd ? " with --rdzv_backend=etcd: give --rdzv_endpoint=ip:port[,ip:port...], "
+                        "the etcd members' client addresses"
+                      : " is an elastic job: give --rdzv_endpoint=host:port, the rendezvous "
+                        "store's address (the node with that address hosts it)"));
   }
-  std::string host;
-  int port = 0;
-  if (!split_endpoint(o.rdzv_endpoint, &host, &port)) {
-    bad("--rdzv_endpoint=" + o.rdzv_endpoint + ": expected host:port with a port in 1..65535");
+  // etcd: a list of the cluster's members; dpar: the one node that hosts the store.
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = o.rdzv_endpoint.find(',', start);
+    if (comma != std::string::npos && !etcd) {
+      bad("--rdzv_endpoint=" + o.rdzv_endpoint +
+          ": the dpar backend has one store (host:port); a list of members is for "
+          "--rdzv_backend=etcd");
+    }
+    std::string host;
+    int port = 0;
+    const std::string one = o.rdzv_endpoint.substr(start, comma - start);
+    if (!split_endpoint(one, &host, &port)) {
+      bad("--rdzv_endpoint=" + o.rdzv_endpoint + ": '" + one +
+          "' is not host:port with a port in 1..65535");
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
   if (o.ps_mode() || o.ips_given || !o.hostfile.empty() || !o.rank_table.empty() || o.standalone ||
       !o.master.empty() || !o.master_addr.empty() || o.master_port != 0) {
@@ -247,10 +260,11 @@ Options parse_options(const std::vector<std::string>& args) {
                                   "--rdzv_endpoint)");
   auto& rdzv_backend = flags.add_string("rdzv_backend", o.rdzv_backend,
                                         "elastic jobs: the rendezvous (dpar: a store on the "
-                                        "--rdzv_endpoint node)");
+                                        "--rdzv_endpoint node; etcd: an etcd cluster)");
   auto& rdzv_endpoint =
       flags.add_string("rdzv_endpoint", "",
-                       "elastic jobs: host:port of the rendezvous store, the same on every node");
+                       "elastic jobs: host:port of the rendezvous store, the same on every node "
+                       "(etcd: its members, ip:port,ip:port...)");
   auto& rdzv_id =
       flags.add_string("rdzv_id", "", "elastic jobs: the job id (default: from the endpoint)");
   auto& elastic_timeout = flags.add_double(

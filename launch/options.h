@@ -30,8 +30,8 @@ struct Options {
   // (dpar/distributed/elastic.h). max_nodes is 0 for a fixed job.
   int64_t min_nodes = 0;
   int64_t max_nodes = 0;
-  std::string rdzv_backend = "dpar";
-  std::string rdzv_endpoint;      // host:port; the node with that address hosts the dpar store
+  std::string rdzv_backend = "dpar";  // or "etcd": the store is an etcd cluster (no host here)
+  std::string rdzv_endpoint;      // dpar: host:port, whose node hosts the store; etcd: ip:port,...
   std::string rdzv_id;            // the job id; empty: derived from the endpoint
   double elastic_timeout = 30.0;  // seconds a round waits below MIN nodes, then the job fails
   bool elastic() const { return max_nodes > 0; }

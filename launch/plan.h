@@ -41,6 +41,7 @@ struct LaunchPlan {
   // Elastic jobs (--nnodes=MIN:MAX): this node's processes only; the members meet at
   // rdzv_endpoint (job_id is --rdzv_id) and count min_members..max_members processes.
   bool elastic = false;
+  std::string rdzv_backend = "dpar";  // dpar: a store on the endpoint's node; etcd: a cluster
   std::string rdzv_endpoint;
   int min_members = 0;
   int max_members = 0;

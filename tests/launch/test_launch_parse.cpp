@@ -400,11 +400,34 @@ TEST_CASE("launch: torchrun's spellings", "[launch]") {
   CHECK_THAT(error_of([] {
                options({"--nnodes=1:4", "--rdzv_endpoint=10.0.0.1"});
              }),
-             Contains("--rdzv_endpoint=10.0.0.1: expected host:port"));
+             Contains("--rdzv_endpoint=10.0.0.1: '10.0.0.1' is not host:port"));
+  // etcd: the members' list (each checked); dpar: one store.
+  CHECK_THAT(
+      error_of([] {
+        options({"--nnodes=1:4", "--rdzv_backend=etcd", "--rdzv_endpoint=10.0.0.1:2379,10.0.0.2"});
+      }),
+      Contains("'10.0.0.2' is not host:port"));
   CHECK_THAT(error_of([] {
-               options({"--nnodes=1:4", "--rdzv_endpoint=10.0.0.1:29400", "--rdzv_backend=etcd"});
+               options({"--nnodes=1:4", "--rdzv_endpoint=10.0.0.1:2379,10.0.0.2:2379"});
              }),
-             Contains("--rdzv_backend=etcd is not built yet"));
+             Contains("a list of members is for --rdzv_backend=etcd"));
+  CHECK_THAT(error_of([] {
+               options({"--nnodes=1:4", "--rdzv_backend=etcd"});
+             }),
+             Contains("--nnodes=1:4 with --rdzv_backend=etcd: give "
+                      "--rdzv_endpoint=ip:port[,ip:port...], the etcd members' client addresses"));
+  CHECK_THAT(error_of([] {
+               options({"--nnodes=1:4", "--rdzv_endpoint=10.0.0.1:2379", "--rdzv_backend=zk"});
+             }),
+             Contains("--rdzv_backend=zk: expected dpar or etcd"));
+  {
+    const LaunchPlan etcd_plan = make_plan(
+        options({"--nnodes=2:3", "--rdzv_backend=etcd",
+                 "--rdzv_endpoint=10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379", "--rdzv_id=j"}),
+        {});
+    CHECK(etcd_plan.rdzv_backend == "etcd");
+    CHECK(etcd_plan.rdzv_endpoint == "10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379");
+  }
   CHECK_THAT(error_of([] {
                options({"--nnodes=1:4", "--rdzv_endpoint=10.0.0.1:29400", "--ips=10.0.0.1"});
              }),

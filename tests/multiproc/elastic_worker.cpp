@@ -10,6 +10,8 @@
 // --drill-step:
 //   --kill   SIGKILLs itself as the step starts (a node that died),
 //   --stop   SIGSTOPs itself as the step starts (a wedged or cut-off node),
+//   --hold   writes <--trace>.held and waits as the step starts, for the test to kill or cut
+//            off its whole node (network-namespace drills: the launcher, an etcd member),
 //   --leave  leaves on purpose after committing the step before (the planned-schedule
 //            reference: the same membership change without a failure).
 // Every member that finishes prints "elastic_worker: finished" with the step, the world, the
@@ -66,6 +68,9 @@ int main(int argc, char** argv) {
         flags.add_int("step-ms", 0, "extra milliseconds each step takes (a slower job)");
     auto& kill = flags.add_bool("kill", false, "drill: SIGKILL at --drill-step");
     auto& stop = flags.add_bool("stop", false, "drill: SIGSTOP at --drill-step");
+    auto& hold = flags.add_bool("hold", false,
+                                "drill: at --drill-step write <--trace>.held and wait for the "
+                                "test to strike the node");
     auto& leave = flags.add_bool("leave", false, "drill: leave after step --drill-step - 1");
     auto& drill_rank = flags.add_int("drill-rank", 2, "the drill's rank (in a world of 3)");
     auto& drill_step = flags.add_int("drill-step", 5, "the drill's step");
@@ -137,6 +142,10 @@ int main(int argc, char** argv) {
             job.round() == 0 && world == kFullWorld && rank == drill_rank && step == drill_step;
         if (drilled && kill) std::raise(SIGKILL);
         if (drilled && stop) std::raise(SIGSTOP);
+        if (drilled && hold) {
+          if (FILE* held = std::fopen((trace + ".held").c_str(), "w")) std::fclose(held);
+          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
         optimizer.zero_grad();
         for (int64_t m = 0; m < plan.accumulation; ++m) {
           const auto first = rest.begin() + m * plan.micro_batch;

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <thread>
 
+#include "dpar/distributed/elastic.h"
 #include "dpar/distributed/etcd_store.h"
 #include "unit/etcd_cluster.h"
 
@@ -208,4 +209,22 @@ TEST_CASE("etcd store: no member at the endpoint is one clear error after connec
              Contains("a list of etcd members takes IPv4 addresses"));
   CHECK_THAT(error_of([&] { EtcdStore store("127.0.0.1", "job", o); }), Contains("bad endpoint"));
   CHECK_THAT(error_of([&] { EtcdStore store(endpoint, "a/b", o); }), Contains("without '/'"));
+}
+
+TEST_CASE("etcd store: an elastic job refuses a job id that already finished in etcd", "[etcd]") {
+  EtcdCluster etcd(1);
+  EtcdStore store(etcd.endpoint(0), "done-job", quick());
+  store.set("elastic/finished", b("1"));
+  ElasticOptions options;
+  options.backend = "etcd";
+  options.endpoint = etcd.endpoint(0);
+  options.job_id = "done-job";
+  options.elastic_timeout = std::chrono::seconds(20);
+  CHECK_THAT(error_of([&] { ElasticJob job(options); }),
+             StartsWith("elastic: job 'done-job' already finished in etcd at " + etcd.endpoint(0) +
+                        "; give this job its own --rdzv_id (DPAR_RDZV_ID), or delete the old "
+                        "one's keys: etcdctl del --prefix /dpar/done-job/"));
+  options.backend = "zk";
+  CHECK_THAT(error_of([&] { ElasticJob job(options); }),
+             Contains("rendezvous backend 'zk' (DPAR_RDZV_BACKEND): expected dpar or etcd"));
 }

@@ -12,6 +12,7 @@
 #include "distributed/elastic_rendezvous.h"
 #include "distributed/store_common.h"
 #include "dpar/distributed/elastic.h"
+#include "dpar/distributed/etcd_store.h"
 
 namespace dpar::dist {
 namespace {
@@ -46,6 +47,8 @@ struct LeftJob : Error {
 
 ElasticOptions ElasticOptions::from_env() {
   ElasticOptions options;
+  if (const char* b = std::getenv("DPAR_RDZV_BACKEND"); b != nullptr && *b != '\0')
+    options.backend = b;
   if (const char* e = std::getenv("DPAR_RDZV_ENDPOINT")) options.endpoint = e;
   if (const char* id = std::getenv("DPAR_RDZV_ID"); id != nullptr && *id != '\0')
     options.job_id = id;
@@ -61,7 +64,8 @@ ElasticOptions ElasticOptions::from_env() {
 struct ElasticJob::Impl {
   ElasticOptions options;
   std::string id = make_member_id();
-  std::shared_ptr<StoreClient> store;
+  std::shared_ptr<Store> store;
+  EtcdStore* etcd = nullptr;  // set when the store is an etcd cluster (its leases are heartbeats)
   std::unique_ptr<detail::ElasticRendezvous> rendezvous;
   ElasticState* state = nullptr;
   std::vector<std::string> history;
@@ -104,6 +108,18 @@ struct ElasticJob::Impl {
     if (watcher.joinable()) watcher.join();
   }
 
+  // This member's heartbeat. dpar store: a counter set each interval. etcd: one key on this
+  // process's lease, which the store renews; etcd deletes it detect_after (the lease's
+  // time-to-live) after the process stops renewing — it died, was stopped, or was cut off.
+  void publish_heartbeat(const std::string& key, int64_t beat, bool& leased_key_set) {
+    if (etcd == nullptr) {
+      store->set(key, Store::to_bytes(std::to_string(beat)));
+    } else if (!leased_key_set) {
+      etcd->set_leased(key, Store::to_bytes("alive"));
+      leased_key_set = true;
+    }
+  }
+
   // Once per heartbeat interval: publish this member's heartbeat, look at the others', and at
   // the round number. A peer silent for detect_after is gone: ask for the next round and abort
   // the group, so a collective waiting for that peer fails now.
@@ -111,10 +127,12 @@ struct ElasticJob::Impl {
     struct Seen {
       std::string value;
       Clock::time_point since;
+      bool present = false;  // etcd: the peer's leased key was there once
     };
     std::vector<Seen> seen(static_cast<size_t>(size), Seen{"", Clock::now()});
     auto store_ok = Clock::now();
     int64_t beat = 0;
+    bool leased_key_set = false;
     bool aborted = false;
     for (;;) {
       {
@@ -126,8 +144,8 @@ struct ElasticJob::Impl {
       }
       const auto now = Clock::now();
       try {
-        store->set(detail::round_key(round, "hb/" + std::to_string(rank)),
-                   Store::to_bytes(std::to_string(++beat)));
+        publish_heartbeat(detail::round_key(round, "hb/" + std::to_string(rank)), ++beat,
+                          leased_key_set);
         store_ok = now;
         if (aborted) continue;  // keeps publishing its heartbeat until run() stops it
         std::vector<int> gone;
@@ -135,6 +153,16 @@ struct ElasticJob::Impl {
           if (peer == rank) continue;
           const std::string key = detail::round_key(round, "hb/" + std::to_string(peer));
           Seen& s = seen[static_cast<size_t>(peer)];
+          if (etcd != nullptr) {
+            // A leased key is there exactly while its member renews the lease: once seen, its
+            // absence is the verdict (etcd waited the time-to-live already).
+            if (store->check({key})) {
+              s.present = true;
+              continue;
+            }
+            if (s.present || now - s.since >= options.detect_after) gone.push_back(peer);
+            continue;
+          }
           if (store->check({key})) {
             std::string value = Store::to_string(store->get(key));
             if (value != s.value) {
@@ -193,13 +221,34 @@ ElasticJob::ElasticJob(ElasticOptions options) : impl_(std::make_unique<Impl>())
              "ElasticJob: min members ", options.min_members, " and max members ",
              options.max_members, ": expected 1 <= min <= max");
   impl_->options = std::move(options);
-  StoreClientOptions client;
-  client.timeout = impl_->options.elastic_timeout;
-  client.rpc_timeout = impl_->options.detect_after;
-  client.log = impl_->options.log;
-  // World size 0: an elastic job's store admits members without fixed ranks.
-  impl_->store = std::make_shared<StoreClient>(impl_->options.endpoint,
-                                               StoreIdentity{impl_->options.job_id, 0, 0}, client);
+  const ElasticOptions& o = impl_->options;
+  if (o.backend == "etcd") {
+    EtcdStoreOptions etcd;
+    etcd.connect_timeout = o.elastic_timeout;
+    etcd.timeout = o.elastic_timeout;
+    etcd.rpc_timeout = o.detect_after;
+    etcd.lease_ttl = std::max(o.detect_after, Millis(2000));
+    etcd.log = o.log;
+    auto store = std::make_shared<EtcdStore>(o.endpoint, o.job_id, etcd);
+    impl_->etcd = store.get();
+    impl_->store = store;
+    // etcd outlives jobs: keys of a finished job with this id would send this member into a
+    // round nobody else joins.
+    DPAR_CHECK(!store->check({detail::kFinishedKey}), "elastic: job '", o.job_id,
+               "' already finished in etcd at ", o.endpoint,
+               "; give this job its own --rdzv_id (DPAR_RDZV_ID), or delete the old one's keys: "
+               "etcdctl del --prefix /dpar/",
+               o.job_id, "/");
+  } else {
+    DPAR_CHECK(o.backend == "dpar", "ElasticJob: rendezvous backend '", o.backend,
+               "' (DPAR_RDZV_BACKEND): expected dpar or etcd");
+    StoreClientOptions client;
+    client.timeout = o.elastic_timeout;
+    client.rpc_timeout = o.detect_after;
+    client.log = o.log;
+    // World size 0: an elastic job's store admits members without fixed ranks.
+    impl_->store = std::make_shared<StoreClient>(o.endpoint, StoreIdentity{o.job_id, 0, 0}, client);
+  }
   impl_->rendezvous =
       std::make_unique<detail::ElasticRendezvous>(impl_->store, impl_->options, impl_->id);
 }

@@ -88,6 +88,9 @@ class ElasticState {
 };
 
 struct ElasticOptions {
+  // DPAR_RDZV_BACKEND: "dpar" (a StoreServer, e.g. the launcher's) or "etcd" (an etcd cluster:
+  // EtcdStore; the endpoint may list its members, ip:port,ip:port)
+  std::string backend = "dpar";
   std::string endpoint;            // host:port of the rendezvous store (DPAR_RDZV_ENDPOINT)
   std::string job_id = "default";  // DPAR_RDZV_ID
   int min_members = 1;             // DPAR_ELASTIC_MIN: processes (nodes x processes per node)

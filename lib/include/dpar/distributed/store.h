@@ -115,6 +115,7 @@ class PrefixStore final : public Store {
   void wait(const std::vector<std::string>& keys, Millis timeout) override;
   using Store::wait;
   bool check(const std::vector<std::string>& keys) override;
+  const Store& base() const { return *base_; }
 
  private:
   std::string key(const std::string& k) const { return prefix_ + "/" + k; }

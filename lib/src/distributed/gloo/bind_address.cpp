@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "dpar/core/error.h"
+#include "dpar/distributed/etcd_store.h"
 
 namespace dpar::dist::detail {
 
@@ -63,8 +64,15 @@ std::string route_source_address(const std::string& host) {
 }  // namespace
 
 std::string default_bind_address(const Store* store) {
-  if (const auto* client = dynamic_cast<const StoreClient*>(store)) {
-    const std::string host = endpoint_host(client->endpoint());
+  while (const auto* prefixed = dynamic_cast<const PrefixStore*>(store)) store = &prefixed->base();
+  // The store's host: a dpar StoreServer's, or the first etcd member's (a list names one
+  // cluster, all reachable the same way).
+  std::string endpoint;
+  if (const auto* client = dynamic_cast<const StoreClient*>(store)) endpoint = client->endpoint();
+  if (const auto* etcd = dynamic_cast<const EtcdStore*>(store))
+    endpoint = etcd->endpoints().substr(0, etcd->endpoints().find(','));
+  if (!endpoint.empty()) {
+    const std::string host = endpoint_host(endpoint);
     if (is_loopback_host(host)) return "127.0.0.1";
     const std::string local = route_source_address(host);
     DPAR_CHECK(!local.empty(), "gloo: cannot find a local address that routes to the store host '",
