@@ -141,23 +141,19 @@ void check_elastic(const Options& o) {
                         "store's address (the node with that address hosts it)"));
   }
   // etcd: a list of the cluster's members; dpar: the one node that hosts the store.
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = o.rdzv_endpoint.find(',', start);
-    if (comma != std::string::npos && !etcd) {
-      bad("--rdzv_endpoint=" + o.rdzv_endpoint +
-          ": the dpar backend has one store (host:port); a list of members is for "
-          "--rdzv_backend=etcd");
-    }
+  const std::vector<std::string> endpoints = split(o.rdzv_endpoint, ',');
+  if (endpoints.size() > 1 && !etcd) {
+    bad("--rdzv_endpoint=" + o.rdzv_endpoint +
+        ": the dpar backend has one store (host:port); a list of members is for "
+        "--rdzv_backend=etcd");
+  }
+  for (const std::string& one : endpoints) {
     std::string host;
     int port = 0;
-    const std::string one = o.rdzv_endpoint.substr(start, comma - start);
     if (!split_endpoint(one, &host, &port)) {
       bad("--rdzv_endpoint=" + o.rdzv_endpoint + ": '" + one +
           "' is not host:port with a port in 1..65535");
     }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   if (o.ps_mode() || o.ips_given || !o.hostfile.empty() || !o.rank_table.empty() || o.standalone ||
       !o.master.empty() || !o.master_addr.empty() || o.master_port != 0) {

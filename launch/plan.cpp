@@ -165,7 +165,7 @@ LaunchPlan make_elastic_plan(const Options& o) {
   const auto per_node = static_cast<int>(plan.node().procs.size());
   plan.elastic = true;
   plan.rdzv_backend = o.rdzv_backend;
-  plan.rdzv_endpoint = o.rdzv_endpoint;
+  plan.rdzv_endpoint = join(split(o.rdzv_endpoint, ','), ",");  // "a:1, b:2" -> "a:1,b:2"
   plan.job_id = o.rdzv_id.empty() ? "dpar-elastic-" + o.rdzv_endpoint : o.rdzv_id;
   plan.min_members = static_cast<int>(o.min_nodes) * per_node;
   plan.max_members = static_cast<int>(o.max_nodes) * per_node;

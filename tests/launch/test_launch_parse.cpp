@@ -423,7 +423,7 @@ TEST_CASE("launch: torchrun's spellings", "[launch]") {
   {
     const LaunchPlan etcd_plan = make_plan(
         options({"--nnodes=2:3", "--rdzv_backend=etcd",
-                 "--rdzv_endpoint=10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379", "--rdzv_id=j"}),
+                 "--rdzv_endpoint=10.0.0.1:2379, 10.0.0.2:2379,10.0.0.3:2379", "--rdzv_id=j"}),
         {});
     CHECK(etcd_plan.rdzv_backend == "etcd");
     CHECK(etcd_plan.rdzv_endpoint == "10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379");

@@ -228,7 +228,6 @@ ElasticJob::ElasticJob(ElasticOptions options) : impl_(std::make_unique<Impl>())
     etcd.timeout = o.elastic_timeout;
     etcd.rpc_timeout = o.detect_after;
     etcd.lease_ttl = std::max(o.detect_after, Millis(2000));
-    etcd.log = o.log;
     auto store = std::make_shared<EtcdStore>(o.endpoint, o.job_id, etcd);
     impl_->etcd = store.get();
     impl_->store = store;

@@ -414,7 +414,12 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
       auto mark_now = m.range(m.receipt_key);
       if (mark_now && mark_now->value() == receipt) return value;
     }
-    if (Clock::now() >= give_up) m.fail(s, "add '" + key + "' (contended)");
+    if (Clock::now() >= give_up) {
+      m.fail(s.ok() ? grpc::Status(grpc::StatusCode::ABORTED,
+                                   "other clients changed the key before every attempt")
+                    : s,
+             "add '" + key + "'");
+    }
   }
 }
 

@@ -22,8 +22,7 @@ struct EtcdStoreOptions {
   // Deadline of one request (set/add/compare_set/check), retried across members while it runs;
   // also how long a leader election may take before the store is reported lost.
   Millis rpc_timeout{std::chrono::seconds(30)};
-  Millis lease_ttl{std::chrono::seconds(10)};   // at least 2 s (etcd's floor is about 1.5 s)
-  std::function<void(const std::string&)> log;  // empty: stderr
+  Millis lease_ttl{std::chrono::seconds(10)};  // at least 2 s (etcd's floor is about 1.5 s)
 };
 
 class EtcdStore final : public Store {
