@@ -33,10 +33,12 @@
 #include "model/mobilenet_v3_onnx.h"
 #include "train_checkpoint.h"
 #include "train_data.h"
+#include "train_elastic.h"
 #include "train_log.h"
 #include "train_ps.h"
 
 using namespace dpar;
+using mobilenetv3::evaluate;
 using mobilenetv3::Metrics;
 using Clock = std::chrono::steady_clock;
 
@@ -46,56 +48,31 @@ double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Each rank evaluates its shard of the validation set; the sums are all-reduced so every rank
-// reports the same figures (padding of the last shard counts a few images twice, as in DDP).
-// Rank 0 shows the progress over its shard (a line rewritten on a terminal; in a log, plain
-// lines only when the evaluation lasts).
-Metrics evaluate(nn::Module& model, data::DataLoader& loader, Device device, bool show_progress) {
-  model.eval();
-  NoGradGuard no_grad;
-  Metrics m;
-  std::optional<Progress> progress;
-  if (show_progress) {
-    progress.emplace("eval", static_cast<double>(loader.num_samples()), "images");
-  }
-  for (data::Batch& batch : loader.epoch(0)) {
-    const Tensor images = batch.images.to(device, /*non_blocking=*/true);
-    const Tensor labels = batch.labels.to(device, /*non_blocking=*/true);
-    Tensor logits = model.forward(images);
-    m.add(cross_entropy(logits, labels).item(), logits, labels);
-    if (progress) progress->advance(static_cast<double>(batch.labels.numel()));
-  }
-  if (progress) progress->finish();
-  if (dist::get_world_size() > 1) {
-    Tensor sums = Tensor::from_vector(
-        std::vector<float>{static_cast<float>(m.loss), static_cast<float>(m.top1),
-                           static_cast<float>(m.top5), static_cast<float>(m.samples)},
-        {4});
-    dist::default_group().allreduce({sums}, dist::ReduceOp::Sum, /*async_op=*/false);
-    const std::vector<float> v = sums.to_float_vector();
-    m.loss = v[0];
-    m.top1 = v[1];
-    m.top5 = v[2];
-    m.samples = static_cast<int64_t>(v[3]);
-  }
-  model.train();
-  return m;
+// Opt over the parameters: through DataParallel when there is one, so that with --shard it
+// updates this rank's slices (and gathers them after each step); otherwise directly (an
+// elastic member's optimizer outlives each round's DataParallel).
+template <class Opt, class OptOptions>
+std::shared_ptr<optim::Optimizer> build_optimizer(dist::DataParallel* dp,
+                                                  const std::vector<Tensor>& params,
+                                                  const OptOptions& options) {
+  if (dp != nullptr) return dp->make_optimizer<Opt>(options);
+  return std::make_shared<Opt>(params, options);
 }
 
-// Built through DataParallel, so that with --shard it updates this rank's slices (and gathers
-// them after each step); otherwise over the model's parameters.
-std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, dist::DataParallel& dp,
-                                                 double lr, double momentum, double wd) {
+std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, dist::DataParallel* dp,
+                                                 const std::vector<Tensor>& params, double lr,
+                                                 double momentum, double wd) {
   if (name == "sgd" || name == "momentum") {
-    return dp.make_optimizer<optim::SGD>(
-        optim::SGDOptions{.lr = lr, .momentum = momentum, .weight_decay = wd});
+    return build_optimizer<optim::SGD>(
+        dp, params, optim::SGDOptions{.lr = lr, .momentum = momentum, .weight_decay = wd});
   }
   if (name == "rmsprop") {
-    return dp.make_optimizer<optim::RMSprop>(
-        optim::RMSpropOptions{.lr = lr, .weight_decay = wd, .momentum = momentum});
+    return build_optimizer<optim::RMSprop>(
+        dp, params, optim::RMSpropOptions{.lr = lr, .weight_decay = wd, .momentum = momentum});
   }
   if (name == "adamw") {
-    return dp.make_optimizer<optim::AdamW>(optim::AdamWOptions{.lr = lr, .weight_decay = wd});
+    return build_optimizer<optim::AdamW>(dp, params,
+                                         optim::AdamWOptions{.lr = lr, .weight_decay = wd});
   }
   throw FlagError("train: --opt=" + name + ": expected sgd, rmsprop or adamw");
 }
@@ -188,6 +165,10 @@ int main(int argc, char** argv) {
         "amp", "",
         "mixed precision on the GPU: fp16 (with dynamic loss scaling) or bf16; convolutions and "
         "linear layers compute in that dtype, weights, BN statistics and the loss stay f32");
+    auto& elastic = flags.add_bool(
+        "elastic", false,
+        "a member of an elastic job (dpar-launch --nnodes=MIN:MAX): survives members that die "
+        "or join, keeping the global batch of DPAR_ELASTIC_MAX members");
     mobilenetv3::PsFlags ps_flags(flags);
     flags.parse(argc, argv);
 
@@ -250,6 +231,55 @@ int main(int argc, char** argv) {
     if (clip_grad_norm < 0) throw FlagError("train: --clip-grad-norm must be >= 0");
     if (threads > 0) set_num_threads(static_cast<int>(threads));
     manual_seed(static_cast<uint64_t>(seed));
+    // The schedule over the job's steps (validated above).
+    auto make_scheduler = [&](optim::Optimizer& o,
+                              int64_t steps_per_epoch) -> std::unique_ptr<optim::LRScheduler> {
+      if (scheduler == "cosine") {
+        return std::make_unique<optim::CosineWarmupLR>(
+            o, epochs * steps_per_epoch,
+            static_cast<int64_t>(warmup_epochs * static_cast<double>(steps_per_epoch)));
+      }
+      return std::make_unique<optim::StepLR>(o, step_epochs * steps_per_epoch, lr_gamma);
+    };
+    if (elastic) {
+      // What an elastic member does not do yet is refused, not ignored.
+      const std::vector<std::pair<bool, const char*>> unsupported = {
+          {dp_options.shard != dist::ShardMode::none, "--shard"},
+          {!resume.empty() || !checkpoint_dir.empty(), "--resume and --checkpoint-dir"},
+          {test_only, "--test-only"},
+          {on_gpu || !amp.empty(), "--device gpu and --amp"},
+          {!tensorboard.empty() || !loss_log.empty(), "--tensorboard and --loss-log"},
+          {!pretrained.empty(), "--pretrained"},
+          {export_inference && !output_dir.empty(),
+           "--export (the ONNX export; give --export=false with --output-dir)"}};
+      for (const auto& [given, what] : unsupported) {
+        if (given) {
+          throw FlagError(std::string("train --elastic: ") + what +
+                          ": not supported by elastic training yet (docs/elastic.md)");
+        }
+      }
+      mobilenetv3::ElasticTrainSettings settings;
+      settings.model_name = model_name;
+      settings.data_path = data_path;
+      settings.output_dir = output_dir;
+      settings.img_size = img_size;
+      settings.num_classes = num_classes;
+      settings.limit_train = limit_train;
+      settings.limit_val = limit_val;
+      settings.epochs = epochs;
+      settings.batch_size = batch_size;
+      settings.print_freq = print_freq;
+      settings.workers = static_cast<int>(workers);
+      settings.seed = static_cast<uint64_t>(seed);
+      settings.label_smoothing = label_smoothing;
+      settings.clip_grad_norm = clip_grad_norm;
+      settings.dp_options = dp_options;
+      settings.make_optimizer = [&](const std::vector<Tensor>& params) {
+        return make_optimizer(opt_name, nullptr, params, lr, momentum, weight_decay);
+      };
+      settings.make_scheduler = make_scheduler;
+      return mobilenetv3::train_elastic(settings);
+    }
     // Parameter-server job (dpar-launch --run_mode=ps): a PSERVER process only serves; a
     // TRAINER trains with the servers instead of DataParallel, as trainer_id of num_trainers.
     const ps::PsEnv ps_env = ps::env_from_environment();
@@ -338,19 +368,10 @@ int main(int argc, char** argv) {
                       std::to_string(splits.train->size()) + " training images");
     }
 
-    auto opt = make_optimizer(opt_name, dp, lr, momentum, weight_decay);
+    auto opt = make_optimizer(opt_name, &dp, {}, lr, momentum, weight_decay);
     const DType amp_dtype = amp == "bf16" ? DType::bf16 : DType::f16;
     amp::GradScaler scaler({.enabled = amp == "fp16"});
-    std::unique_ptr<optim::LRScheduler> sched;
-    if (scheduler == "cosine") {
-      sched = std::make_unique<optim::CosineWarmupLR>(
-          *opt, epochs * steps_per_epoch,
-          static_cast<int64_t>(warmup_epochs * static_cast<double>(steps_per_epoch)));
-    } else if (scheduler == "step") {
-      sched = std::make_unique<optim::StepLR>(*opt, step_epochs * steps_per_epoch, lr_gamma);
-    } else {
-      throw FlagError("train: --lr-scheduler=" + scheduler + ": expected cosine or step");
-    }
+    std::unique_ptr<optim::LRScheduler> sched = make_scheduler(*opt, steps_per_epoch);
 
     std::string nodes;
     for (const std::string& ep : dist::parallel_env().endpoints) {

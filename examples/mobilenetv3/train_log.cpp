@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
+#include "dpar/autograd/grad_mode.h"
+#include "dpar/core/progress.h"
 #include "dpar/core/sysinfo.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/distributed/process_group.h"
@@ -112,6 +115,40 @@ void TrainLog::eval(int64_t epoch, int64_t global_step, const Metrics& m, double
 void TrainLog::close() {
   if (writer_) writer_->close();
   writer_.reset();
+}
+
+Metrics evaluate(dpar::nn::Module& model, dpar::data::DataLoader& loader, dpar::Device device,
+                 bool show_progress) {
+  using namespace dpar;
+  model.eval();
+  NoGradGuard no_grad;
+  Metrics m;
+  std::optional<Progress> progress;
+  if (show_progress) {
+    progress.emplace("eval", static_cast<double>(loader.num_samples()), "images");
+  }
+  for (data::Batch& batch : loader.epoch(0)) {
+    const Tensor images = batch.images.to(device, /*non_blocking=*/true);
+    const Tensor labels = batch.labels.to(device, /*non_blocking=*/true);
+    Tensor logits = model.forward(images);
+    m.add(cross_entropy(logits, labels).item(), logits, labels);
+    if (progress) progress->advance(static_cast<double>(batch.labels.numel()));
+  }
+  if (progress) progress->finish();
+  if (dist::get_world_size() > 1) {
+    Tensor sums = Tensor::from_vector(
+        std::vector<float>{static_cast<float>(m.loss), static_cast<float>(m.top1),
+                           static_cast<float>(m.top5), static_cast<float>(m.samples)},
+        {4});
+    dist::default_group().allreduce({sums}, dist::ReduceOp::Sum, /*async_op=*/false);
+    const std::vector<float> v = sums.to_float_vector();
+    m.loss = v[0];
+    m.top1 = v[1];
+    m.top5 = v[2];
+    m.samples = static_cast<int64_t>(v[3]);
+  }
+  model.train();
+  return m;
 }
 
 }  // namespace mobilenetv3

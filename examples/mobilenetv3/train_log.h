@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "dpar/data/dataloader.h"
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/io/summary_writer.h"
 #include "dpar/tensor/tensor.h"
@@ -27,6 +28,14 @@ struct Metrics {
   double acc1() const { return samples ? top1 / static_cast<double>(samples) : 0; }
   double acc5() const { return samples ? top5 / static_cast<double>(samples) : 0; }
 };
+
+// Each rank evaluates its shard of the validation set; the sums are all-reduced over the
+// default group so every rank reports the same figures (padding of the last shard counts a few
+// images twice, as in DDP). Without a default group (one process, or an elastic member that
+// evaluates alone) it is the loader's whole set. Rank 0 shows the progress over its shard (a
+// line rewritten on a terminal; in a log, plain lines only when the evaluation lasts).
+Metrics evaluate(dpar::nn::Module& model, dpar::data::DataLoader& loader, dpar::Device device,
+                 bool show_progress);
 
 // One logging interval of training, as the log line reports it.
 struct StepReport {

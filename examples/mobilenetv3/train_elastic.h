@@ -1,0 +1,42 @@
+#pragma once
+// train --elastic: the MobileNetV3 trainer as a member of an elastic job (dpar-launch
+// --nnodes=MIN:MAX; dpar/distributed/elastic.h). The model, optimizer, LR schedule, dropout
+// generator and the position in the epoch are committed in memory after every step; when a
+// member dies, stops or joins, the others restore the last commit, form a group of the new size
+// and go on from there, in the same processes. The global batch stays the full job's (--batch-size
+// x DPAR_ELASTIC_MAX members) through gradient accumulation, so the learning-rate schedule and
+// the samples of each step do not depend on how many members there are; the rest of the epoch
+// is re-sharded over the new world (EpochRemainderSampler), no sample skipped or seen twice.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpar/distributed/data_parallel.h"
+#include "dpar/optim/lr_scheduler.h"
+#include "dpar/optim/optimizer.h"
+
+namespace mobilenetv3 {
+
+struct ElasticTrainSettings {
+  std::string model_name, data_path, output_dir;
+  int64_t img_size = 32, num_classes = 0, limit_train = 0, limit_val = 0;
+  int64_t epochs = 1, batch_size = 64, print_freq = 50;
+  int workers = 1;
+  uint64_t seed = 0;
+  double label_smoothing = 0, clip_grad_norm = 0;
+  dpar::dist::DataParallelOptions dp_options;
+  // The optimizer over the model's parameters, and its schedule over the job's steps.
+  std::function<std::shared_ptr<dpar::optim::Optimizer>(const std::vector<dpar::Tensor>&)>
+      make_optimizer;
+  std::function<std::unique_ptr<dpar::optim::LRScheduler>(dpar::optim::Optimizer&,
+                                                          int64_t steps_per_epoch)>
+      make_scheduler;
+};
+
+// Trains until every epoch is done; the member that is rank 0 at the end writes
+// <output_dir>/<model>.safetensors. Returns the process's exit status.
+int train_elastic(const ElasticTrainSettings& settings);
+
+}  // namespace mobilenetv3
