@@ -24,17 +24,15 @@
 #include "dpar/io/checkpoint.h"
 #include "dpar/io/safetensors.h"
 #include "dpar/nn/weights.h"
-#include "dpar/optim/adamw.h"
 #include "dpar/optim/clip_grad.h"
 #include "dpar/optim/lr_scheduler.h"
-#include "dpar/optim/rmsprop.h"
-#include "dpar/optim/sgd.h"
 #include "model/mobilenet_v3.h"
 #include "model/mobilenet_v3_onnx.h"
 #include "train_checkpoint.h"
 #include "train_data.h"
 #include "train_elastic.h"
 #include "train_log.h"
+#include "train_optim.h"
 #include "train_ps.h"
 
 using namespace dpar;
@@ -46,35 +44,6 @@ namespace {
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Opt over the parameters: through DataParallel when there is one, so that with --shard it
-// updates this rank's slices (and gathers them after each step); otherwise directly (an
-// elastic member's optimizer outlives each round's DataParallel).
-template <class Opt, class OptOptions>
-std::shared_ptr<optim::Optimizer> build_optimizer(dist::DataParallel* dp,
-                                                  const std::vector<Tensor>& params,
-                                                  const OptOptions& options) {
-  if (dp != nullptr) return dp->make_optimizer<Opt>(options);
-  return std::make_shared<Opt>(params, options);
-}
-
-std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, dist::DataParallel* dp,
-                                                 const std::vector<Tensor>& params, double lr,
-                                                 double momentum, double wd) {
-  if (name == "sgd" || name == "momentum") {
-    return build_optimizer<optim::SGD>(
-        dp, params, optim::SGDOptions{.lr = lr, .momentum = momentum, .weight_decay = wd});
-  }
-  if (name == "rmsprop") {
-    return build_optimizer<optim::RMSprop>(
-        dp, params, optim::RMSpropOptions{.lr = lr, .weight_decay = wd, .momentum = momentum});
-  }
-  if (name == "adamw") {
-    return build_optimizer<optim::AdamW>(dp, params,
-                                         optim::AdamWOptions{.lr = lr, .weight_decay = wd});
-  }
-  throw FlagError("train: --opt=" + name + ": expected sgd, rmsprop or adamw");
 }
 
 }  // namespace
@@ -231,16 +200,9 @@ int main(int argc, char** argv) {
     if (clip_grad_norm < 0) throw FlagError("train: --clip-grad-norm must be >= 0");
     if (threads > 0) set_num_threads(static_cast<int>(threads));
     manual_seed(static_cast<uint64_t>(seed));
-    // The schedule over the job's steps (validated above).
-    auto make_scheduler = [&](optim::Optimizer& o,
-                              int64_t steps_per_epoch) -> std::unique_ptr<optim::LRScheduler> {
-      if (scheduler == "cosine") {
-        return std::make_unique<optim::CosineWarmupLR>(
-            o, epochs * steps_per_epoch,
-            static_cast<int64_t>(warmup_epochs * static_cast<double>(steps_per_epoch)));
-      }
-      return std::make_unique<optim::StepLR>(o, step_epochs * steps_per_epoch, lr_gamma);
-    };
+    const mobilenetv3::OptimizerChoice optimizer_choice{opt_name, lr, momentum, weight_decay};
+    const mobilenetv3::ScheduleChoice schedule_choice{scheduler, epochs, warmup_epochs, step_epochs,
+                                                      lr_gamma};
     if (elastic) {
       // What an elastic member does not do yet is refused, not ignored.
       const std::vector<std::pair<bool, const char*>> unsupported = {
@@ -275,9 +237,11 @@ int main(int argc, char** argv) {
       settings.clip_grad_norm = clip_grad_norm;
       settings.dp_options = dp_options;
       settings.make_optimizer = [&](const std::vector<Tensor>& params) {
-        return make_optimizer(opt_name, nullptr, params, lr, momentum, weight_decay);
+        return mobilenetv3::make_optimizer(optimizer_choice, nullptr, params);
       };
-      settings.make_scheduler = make_scheduler;
+      settings.make_scheduler = [&](optim::Optimizer& o, int64_t steps_per_epoch) {
+        return mobilenetv3::make_scheduler(schedule_choice, o, steps_per_epoch);
+      };
       return mobilenetv3::train_elastic(settings);
     }
     // Parameter-server job (dpar-launch --run_mode=ps): a PSERVER process only serves; a
@@ -368,10 +332,11 @@ int main(int argc, char** argv) {
                       std::to_string(splits.train->size()) + " training images");
     }
 
-    auto opt = make_optimizer(opt_name, &dp, {}, lr, momentum, weight_decay);
+    auto opt = mobilenetv3::make_optimizer(optimizer_choice, &dp, {});
     const DType amp_dtype = amp == "bf16" ? DType::bf16 : DType::f16;
     amp::GradScaler scaler({.enabled = amp == "fp16"});
-    std::unique_ptr<optim::LRScheduler> sched = make_scheduler(*opt, steps_per_epoch);
+    std::unique_ptr<optim::LRScheduler> sched =
+        mobilenetv3::make_scheduler(schedule_choice, *opt, steps_per_epoch);
 
     std::string nodes;
     for (const std::string& ep : dist::parallel_env().endpoints) {
