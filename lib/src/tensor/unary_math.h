@@ -44,7 +44,9 @@ DPAR_HOST_DEVICE float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e_r = p * z + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  // A NaN input leaves n NaN, whose conversion to int is undefined: convert 0 instead (e_r
+  // already carries the NaN to the result). The select vectorises as a blend.
+  const int32_t bits = (static_cast<int32_t>(n == n ? n : 0.f) + 127) << 23;
   float scale;
   __builtin_memcpy(&scale, &bits, sizeof scale);
   return e_r * scale;
