@@ -107,6 +107,11 @@ TEST_CASE("ElasticState restores every item to the last commit", "[elastic]") {
   state.commit();  // the same state again: the same checksum, one version later
   CHECK(state.checksum() == checksum);
   CHECK(state.version() == 2);
+  // State resumed from a checkpoint says how far along it is; commits count on from there.
+  state.set_version(40);
+  state.commit();
+  CHECK(state.version() == 41);
+  CHECK_THROWS_WITH(state.set_version(-1), Catch::Contains("must be >= 0"));
 
   CHECK_THROWS_WITH(state.add_counter("late", step), Catch::Contains("before the first commit"));
 }

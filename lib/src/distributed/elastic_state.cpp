@@ -293,6 +293,11 @@ void ElasticState::sync(Group& group, int root) {
 bool ElasticState::has_commit() const { return impl_->has_commit; }
 int64_t ElasticState::version() const { return impl_->version; }
 
+void ElasticState::set_version(int64_t version) {
+  DPAR_CHECK(version >= 0, "ElasticState::set_version: the version must be >= 0, not ", version);
+  impl_->version = version;
+}
+
 size_t ElasticState::committed_bytes() const {
   size_t total = 0;
   for (const auto& item : impl_->items) {

@@ -78,6 +78,11 @@ class ElasticState {
   // How many commits the state went through, counted along the job: sync() hands root's count
   // on, so a joining rank continues it. The rendezvous ranks members by it.
   int64_t version() const;
+  // For state loaded from elsewhere before run() (a checkpoint on disk): how far along it is
+  // (e.g. the steps and epochs it has done), so that a round whose members resumed from
+  // different checkpoints, or only some of them from one, takes the most advanced member's
+  // state. Commits count on from it. version >= 0.
+  void set_version(int64_t version);
   size_t committed_bytes() const;
   // FNV-1a over the commit's names, dtypes, shapes and bytes: equal on ranks holding equal state.
   uint64_t checksum() const;
