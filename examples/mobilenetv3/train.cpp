@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -22,17 +21,15 @@
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
 #include "dpar/io/checkpoint.h"
-#include "dpar/io/safetensors.h"
-#include "dpar/nn/weights.h"
 #include "dpar/optim/clip_grad.h"
 #include "dpar/optim/lr_scheduler.h"
 #include "model/mobilenet_v3.h"
-#include "model/mobilenet_v3_onnx.h"
 #include "train_checkpoint.h"
 #include "train_data.h"
 #include "train_elastic.h"
 #include "train_log.h"
 #include "train_optim.h"
+#include "train_output.h"
 #include "train_ps.h"
 
 using namespace dpar;
@@ -207,18 +204,24 @@ int main(int argc, char** argv) {
       // What an elastic member does not do yet is refused, not ignored.
       const std::vector<std::pair<bool, const char*>> unsupported = {
           {dp_options.shard != dist::ShardMode::none, "--shard"},
-          {!resume.empty() || !checkpoint_dir.empty(), "--resume and --checkpoint-dir"},
           {test_only, "--test-only"},
           {on_gpu || !amp.empty(), "--device gpu and --amp"},
           {!tensorboard.empty() || !loss_log.empty(), "--tensorboard and --loss-log"},
-          {!pretrained.empty(), "--pretrained"},
-          {export_inference && !output_dir.empty(),
-           "--export (the ONNX export; give --export=false with --output-dir)"}};
+          {!pretrained.empty(), "--pretrained"}};
       for (const auto& [given, what] : unsupported) {
         if (given) {
           throw FlagError(std::string("train --elastic: ") + what +
                           ": not supported by elastic training yet (docs/elastic.md)");
         }
+      }
+      if (!checkpoint_dir.empty() && resume.empty()) {
+        // Members start at different times: one that joins a running job finds the job's own
+        // checkpoints in the folder, which the fixed-world trainer would refuse as an earlier
+        // run's.
+        throw FlagError(
+            "train --elastic: --checkpoint-dir needs --resume auto (each member resumes from "
+            "the folder's newest checkpoint, or starts afresh when it is empty; a member joining "
+            "the running job then receives the live state)");
       }
       mobilenetv3::ElasticTrainSettings settings;
       settings.model_name = model_name;
@@ -236,6 +239,13 @@ int main(int argc, char** argv) {
       settings.label_smoothing = label_smoothing;
       settings.clip_grad_norm = clip_grad_norm;
       settings.dp_options = dp_options;
+      settings.lr_scheduler = scheduler;
+      settings.checkpoint_dir = checkpoint_dir;
+      settings.resume = resume;
+      settings.max_checkpoints = max_checkpoints;
+      settings.epoch_interval = epoch_interval;
+      settings.step_interval = step_interval;
+      settings.export_inference = export_inference;
       settings.make_optimizer = [&](const std::vector<Tensor>& params) {
         return mobilenetv3::make_optimizer(optimizer_choice, nullptr, params);
       };
@@ -372,14 +382,15 @@ int main(int argc, char** argv) {
     int64_t start_epoch = 0, start_step = 0, global_step = 0, best_epoch = -1;
     int64_t start_consumed = -1;  // >= 0: the resumed epoch's samples a job of another shape took
     double best_top1 = -1;
+    const mobilenetv3::RunShape run_shape{model_name, static_cast<uint64_t>(seed), world,
+                                          batch_size, steps_per_epoch};
     std::optional<io::Checkpoint> resumed = mobilenetv3::resolve_resume(resume, checkpoint_dir);
     const bool was_resumed = resumed.has_value();
     if (resumed) {
       const io::TrainingState& st = resumed->state;
       const auto from = st.extra.find("resumed_from");
       const mobilenetv3::ResumePosition position = mobilenetv3::restore_run(
-          *resumed, from != st.extra.end() ? from->second : resume,
-          {model_name, static_cast<uint64_t>(seed), world, batch_size, steps_per_epoch},
+          *resumed, from != st.extra.end() ? from->second : resume, run_shape,
           train_sampler->dataset_size(), *model, dp, opt, *sched, test_only, rank);
       start_epoch = st.epoch;
       start_step = position.first_iter;
@@ -430,9 +441,8 @@ int main(int argc, char** argv) {
       // Resumed from an older file than the newest: only the files up to it rotate.
       checkpoints->adopt_existing(global_step);
     }
-    std::string class_names;
-    for (const std::string& c : splits.train->class_names())
-      class_names += (class_names.empty() ? "" : ",") + c;
+    const mobilenetv3::RunLabels run_labels =
+        mobilenetv3::run_labels(splits, scheduler, epochs, img_size);
     // The state after `global_step` steps, positioned at (epoch_pos, step_pos).
     // With --shard every rank writes its optimizer slices first (a set per global step);
     // rank 0's checkpoint file then names the set instead of holding the optimizer state.
@@ -452,30 +462,16 @@ int main(int argc, char** argv) {
           std::printf("ps shard saved: %s\n", shard.c_str());
         }
       }
-      io::TrainingState s;
-      s.model_name = model_name;
-      s.epoch = epoch_pos;
-      s.step_in_epoch = step_pos;
-      s.global_step = global_step;
-      s.sampler_position = step_pos * batch_size;
+      io::TrainingState s =
+          mobilenetv3::run_state(run_shape, run_labels, epoch_pos, step_pos, global_step);
+      s.best_top1 = best_top1;
+      s.best_epoch = best_epoch;
       if (epoch_pos == start_epoch && start_consumed >= 0 && step_pos > 0) {
         // An epoch resumed with another world size: its samples so far, over all ranks (the
         // next resume continues from there, whatever its world size).
         s.extra["epoch_samples_consumed"] =
             std::to_string(start_consumed + (step_pos - start_step) * batch_size * world);
       }
-      s.steps_per_epoch = steps_per_epoch;
-      s.batch_size = batch_size;
-      s.world_size = world;
-      s.seed = static_cast<uint64_t>(seed);
-      s.best_top1 = best_top1;
-      s.best_epoch = best_epoch;
-      s.rng["data_loader"] = "seed=" + std::to_string(seed) + " epoch=" + std::to_string(epoch_pos);
-      s.extra = {{"class_names", class_names},
-                 {"lr_scheduler", scheduler},
-                 {"epochs", std::to_string(epochs)},
-                 {"img_size", std::to_string(img_size)},
-                 {"data", splits.kind}};
       if (!shards.empty()) {
         s.extra[io::kOptimizerShardsKey] = shards;
         s.extra["optimizer"] = opt->name();
@@ -638,31 +634,14 @@ int main(int argc, char** argv) {
     std::printf("final: top1 %.4f, top5 %.4f on %zu validation images after %lld epochs (%.1f s)\n",
                 last_eval.acc1(), last_eval.acc5(), splits.val->size(),
                 static_cast<long long>(epochs), seconds(train_start, Clock::now()));
-    if (!output_dir.empty() && rank == 0) {  // only rank 0 writes the model
-      std::filesystem::create_directories(output_dir);
-      const std::string path = output_dir + "/" + model_name + ".safetensors";
-      nn::save_weights(*model, path);
-      std::printf("saved weights to %s\n", path.c_str());
-    }
-    // ---- rank 0 exports the inference model to <output-dir>/inference ----------------------
-    // Eval semantics (running statistics, no dropout) with BatchNorm folded, the validation
-    // preprocessing and the class names in its metadata; the same files export_model writes.
-    if (!output_dir.empty() && export_inference && rank == 0) {
-      io::OnnxExportOptions ex;
-      ex.model_name = model_name;
-      ex.height = ex.width = img_size;
-      ex.resize_size = splits.resize_size;
-      ex.mean.assign(splits.mean.begin(), splits.mean.end());
-      ex.std.assign(splits.std.begin(), splits.std.end());
-      if (classes == static_cast<int64_t>(splits.train->class_names().size())) {
-        ex.class_names = splits.train->class_names();
-      }
-      const std::string dir = output_dir + "/inference";
-      const io::OnnxExportResult r = models::export_mobilenet_v3(*model, dir, ex);
-      std::printf("exported the inference model to %s (%lld BatchNorms folded, %lld classes)\n",
-                  r.model_path.c_str(), static_cast<long long>(r.folded_batch_norms),
-                  static_cast<long long>(r.num_classes));
-      std::fflush(stdout);
+    // Only rank 0 writes the model (and exports the inference model).
+    if (rank == 0) {
+      mobilenetv3::write_outputs(*model, splits,
+                                 {.dir = output_dir,
+                                  .model_name = model_name,
+                                  .img_size = img_size,
+                                  .num_classes = classes,
+                                  .export_inference = export_inference});
     }
     dist::destroy();
     return 0;

@@ -17,6 +17,53 @@ using namespace dpar;
 
 namespace mobilenetv3 {
 
+namespace {
+
+// The samples of the checkpoint's epoch its job had consumed, when the checkpoint records them:
+// written inside an epoch that was itself resumed with another shape.
+std::optional<int64_t> recorded_consumed(const io::TrainingState& s) {
+  const auto recorded = s.extra.find("epoch_samples_consumed");
+  if (recorded == s.extra.end() || s.step_in_epoch == 0) return std::nullopt;
+  return std::stoll(recorded->second);
+}
+
+}  // namespace
+
+RunLabels run_labels(const DataSplits& splits, const std::string& lr_scheduler, int64_t epochs,
+                     int64_t img_size) {
+  RunLabels labels{.class_names = "",
+                   .lr_scheduler = lr_scheduler,
+                   .epochs = epochs,
+                   .img_size = img_size,
+                   .data_kind = splits.kind};
+  for (const std::string& c : splits.train->class_names()) {
+    if (!labels.class_names.empty()) labels.class_names += ",";
+    labels.class_names += c;
+  }
+  return labels;
+}
+
+io::TrainingState run_state(const RunShape& run, const RunLabels& labels, int64_t epoch,
+                            int64_t step_in_epoch, int64_t global_step) {
+  io::TrainingState s;
+  s.model_name = run.model_name;
+  s.epoch = epoch;
+  s.step_in_epoch = step_in_epoch;
+  s.global_step = global_step;
+  s.sampler_position = step_in_epoch * run.batch_size;
+  s.steps_per_epoch = run.steps_per_epoch;
+  s.batch_size = run.batch_size;
+  s.world_size = run.world_size;
+  s.seed = run.seed;
+  s.rng["data_loader"] = "seed=" + std::to_string(run.seed) + " epoch=" + std::to_string(epoch);
+  s.extra = {{"class_names", labels.class_names},
+             {"lr_scheduler", labels.lr_scheduler},
+             {"epochs", std::to_string(labels.epochs)},
+             {"img_size", std::to_string(labels.img_size)},
+             {"data", labels.data_kind}};
+  return s;
+}
+
 std::optional<io::Checkpoint> resolve_resume(const std::string& resume,
                                              const std::string& checkpoint_dir) {
   return io::load_on_rank0_and_broadcast([&]() -> std::optional<io::Checkpoint> {
@@ -83,10 +130,11 @@ std::string check_resume(const io::TrainingState& s, const RunShape& run,
                     ": the rest of that epoch exists only in the same training data "
                     "(--data-path, --limit-train)");
   }
+  const int64_t consumed = recorded_consumed(s).value_or(s.sampler_position * s.world_size);
   return "note: the checkpoint was written with " + was + ", this run has " + now +
          "; training continues at global step " + std::to_string(s.global_step) +
-         " and at sample " + std::to_string(s.sampler_position * s.world_size) + " of epoch " +
-         std::to_string(s.epoch) + "'s order, but not bitwise as the original run would have";
+         " and at sample " + std::to_string(consumed) + " of epoch " + std::to_string(s.epoch) +
+         "'s order, but not bitwise as the original run would have";
 }
 
 ResumePosition resume_position(const io::TrainingState& s, const RunShape& run,
@@ -100,11 +148,7 @@ ResumePosition resume_position(const io::TrainingState& s, const RunShape& run,
     p.first_iter = std::max<int64_t>(0, run.steps_per_epoch - rest_per_rank / run.batch_size);
     return p;
   };
-  const auto remainder = s.extra.find("epoch_samples_consumed");
-  if (remainder != s.extra.end() && s.step_in_epoch > 0) {
-    // Written in an epoch that was itself resumed with another shape.
-    return split_rest(std::stoll(remainder->second));
-  }
+  if (const std::optional<int64_t> consumed = recorded_consumed(s)) return split_rest(*consumed);
   const bool same_shape = s.world_size == run.world_size && s.batch_size == run.batch_size;
   if (same_shape || s.step_in_epoch == 0) {
     p.first_iter = std::min(s.step_in_epoch, run.steps_per_epoch);
@@ -128,25 +172,29 @@ ResumePosition restore_run(const io::Checkpoint& ckpt, const std::string& source
   io::restore_checkpoint(ckpt, model, test_only || shards_involved ? nullptr : opt.get(),
                          test_only ? nullptr : &sched, source);
   if (!test_only && shards_involved) restore_optimizer(ckpt, source, dp, opt);
-  if (!test_only && st.steps_per_epoch > 0 && st.steps_per_epoch != run.steps_per_epoch) {
-    // Another world size or batch size: the LR schedule keeps its place in the epochs (the
-    // global step counts on as it was), measured in this run's steps.
-    const double progress =
-        static_cast<double>(sched.last_step()) / static_cast<double>(st.steps_per_epoch);
-    sched.set_last_step(
-        static_cast<int64_t>(std::llround(progress * static_cast<double>(run.steps_per_epoch))));
-  }
-  if (rank == 0) {
-    std::printf(
-        "resumed from %s: epoch %lld, step %lld of %lld, global step %lld (written by dpar %s, "
-        "commit %s)\n",
-        source.c_str(), static_cast<long long>(st.epoch), static_cast<long long>(st.step_in_epoch),
-        static_cast<long long>(st.steps_per_epoch), static_cast<long long>(st.global_step),
-        st.dpar_version.c_str(), st.git_commit.c_str());
-    if (!note.empty()) std::printf("%s\n", note.c_str());
-    std::fflush(stdout);
-  }
+  if (!test_only) place_schedule(st, run, sched);
+  if (rank == 0) print_resumed(st, source, note);
   return resume_position(st, run, dataset_size);
+}
+
+void place_schedule(const io::TrainingState& st, const RunShape& run, optim::LRScheduler& sched) {
+  if (st.steps_per_epoch <= 0 || st.steps_per_epoch == run.steps_per_epoch) return;
+  const double progress =
+      static_cast<double>(sched.last_step()) / static_cast<double>(st.steps_per_epoch);
+  sched.set_last_step(
+      static_cast<int64_t>(std::llround(progress * static_cast<double>(run.steps_per_epoch))));
+}
+
+void print_resumed(const io::TrainingState& st, const std::string& source,
+                   const std::string& note) {
+  std::printf(
+      "resumed from %s: epoch %lld, step %lld of %lld, global step %lld (written by dpar %s, "
+      "commit %s)\n",
+      source.c_str(), static_cast<long long>(st.epoch), static_cast<long long>(st.step_in_epoch),
+      static_cast<long long>(st.steps_per_epoch), static_cast<long long>(st.global_step),
+      st.dpar_version.c_str(), st.git_commit.c_str());
+  if (!note.empty()) std::printf("%s\n", note.c_str());
+  std::fflush(stdout);
 }
 
 bool optimizer_is_sharded(const dist::DataParallel& dp) {

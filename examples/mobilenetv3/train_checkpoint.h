@@ -12,6 +12,7 @@
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/io/checkpoint.h"
 #include "dpar/optim/lr_scheduler.h"
+#include "train_data.h"
 
 namespace mobilenetv3 {
 
@@ -23,6 +24,24 @@ struct RunShape {
   int64_t batch_size = 0;
   int64_t steps_per_epoch = 0;
 };
+
+// What a checkpoint records about the run beside its shape and position (TrainingState's
+// extra), for the tools that read it (export_model takes the class names from it).
+struct RunLabels {
+  std::string class_names;  // comma-separated
+  std::string lr_scheduler;
+  int64_t epochs = 0;
+  int64_t img_size = 0;
+  std::string data_kind;  // DataSplits::kind
+};
+
+RunLabels run_labels(const DataSplits& splits, const std::string& lr_scheduler, int64_t epochs,
+                     int64_t img_size);
+
+// The TrainingState (model and optimizer aside) of a run of this shape after global_step steps,
+// positioned at step step_in_epoch of epoch: what the next step starts from.
+dpar::io::TrainingState run_state(const RunShape& run, const RunLabels& labels, int64_t epoch,
+                                  int64_t step_in_epoch, int64_t global_step);
 
 // Resolves --resume on rank 0 and shares the checkpoint with every rank:
 //   ""               no resume; but a --checkpoint-dir that already holds checkpoints is an
@@ -54,6 +73,16 @@ struct ResumePosition {
 };
 ResumePosition resume_position(const dpar::io::TrainingState& state, const RunShape& run,
                                size_t dataset_size);
+
+// After a checkpoint of another epoch length (world size or batch size) was restored: the LR
+// schedule keeps its place in the epochs (the global step counts on as it was), measured in
+// this run's steps.
+void place_schedule(const dpar::io::TrainingState& state, const RunShape& run,
+                    dpar::optim::LRScheduler& scheduler);
+
+// The lines a resumed run prints: where it resumed, and check_resume's note when there is one.
+void print_resumed(const dpar::io::TrainingState& state, const std::string& source,
+                   const std::string& note);
 
 // Puts checkpoint (read from source) back into this run after check_resume (unless test_only):
 // the model; unless test_only, the LR scheduler (kept at its place in the epochs when this

@@ -1,25 +1,49 @@
 #include "train_elastic.h"
 
+#include <bit>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 
 #include "dpar/core/random.h"
 #include "dpar/data/dataloader.h"
 #include "dpar/distributed/elastic.h"
 #include "dpar/dpar.h"
-#include "dpar/nn/weights.h"
+#include "dpar/io/checkpoint.h"
 #include "dpar/optim/clip_grad.h"
 #include "model/mobilenet_v3.h"
 #include "train_checkpoint.h"
 #include "train_data.h"
 #include "train_log.h"
+#include "train_output.h"
 
 namespace mobilenetv3 {
 
 using namespace dpar;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Doubles travel and are kept as the bits of an i64 tensor (exact; tensors have no f64).
+Tensor double_bits(const std::vector<double>& values) {
+  Tensor t = Tensor::zeros({static_cast<int64_t>(values.size())}, DType::i64);
+  for (size_t i = 0; i < values.size(); ++i)
+    t.data<int64_t>()[i] = std::bit_cast<int64_t>(values[i]);
+  return t;
+}
+double double_at(const Tensor& bits, int64_t i) {
+  return std::bit_cast<double>(bits.data<int64_t>()[i]);
+}
+
+// Rank 0's evaluation figures, on every rank of the round.
+Metrics share_metrics(dist::Group& group, const Metrics& m) {
+  Tensor figures = double_bits({m.loss, m.top1, m.top5, static_cast<double>(m.samples)});
+  group.broadcast({figures}, 0, /*async_op=*/false);
+  return Metrics{double_at(figures, 0), double_at(figures, 1), double_at(figures, 2),
+                 static_cast<int64_t>(double_at(figures, 3))};
+}
+
+}  // namespace
 
 int train_elastic(const ElasticTrainSettings& s) {
   const DataSplits splits = load_data(s.data_path, s.img_size, s.limit_train, s.limit_val);
@@ -43,9 +67,35 @@ int train_elastic(const ElasticTrainSettings& s) {
   std::unique_ptr<optim::LRScheduler> sched = s.make_scheduler(*opt, steps_per_epoch);
 
   // Everything the next step depends on; the data order is a function of (seed, epoch), so
-  // the position in the epoch is two counters.
-  int64_t epoch = 0, step_in_epoch = 0, global_step = 0;
+  // the position in the epoch is two counters. epoch_offset: where the epoch's order stands
+  // besides step_in_epoch x global batch (nonzero only in an epoch resumed from a checkpoint
+  // of another shape, whose steps fell elsewhere in the order).
+  int64_t epoch = 0, step_in_epoch = 0, global_step = 0, epoch_offset = 0;
+  double best_top1 = -1;
+  int64_t best_epoch = -1;
   dist::ElasticState state;
+  // The planned job's shape: what its checkpoints record, whatever the world of the moment.
+  const RunShape run{s.model_name, s.seed, planned_world, s.batch_size, steps_per_epoch};
+  const RunLabels labels = run_labels(splits, s.lr_scheduler, s.epochs, s.img_size);
+  if (std::optional<io::Checkpoint> resumed = resolve_resume(s.resume, s.checkpoint_dir)) {
+    const io::TrainingState& st = resumed->state;
+    const auto from = st.extra.find("resumed_from");
+    const std::string source = from != st.extra.end() ? from->second : s.resume;
+    const std::string note = check_resume(st, run, source);
+    io::restore_checkpoint(*resumed, *model, opt.get(), sched.get(), source);
+    place_schedule(st, run, *sched);
+    const ResumePosition position = resume_position(st, run, static_cast<size_t>(train_size));
+    epoch = st.epoch;
+    step_in_epoch = position.first_iter;
+    global_step = st.global_step;
+    if (position.consumed >= 0) epoch_offset = position.consumed - step_in_epoch * global_batch;
+    best_top1 = st.best_top1;
+    best_epoch = st.best_epoch;
+    // The commits an uninterrupted run would have made by now, less run()'s first: a member
+    // that joins the running job with an older checkpoint (or none) gets the live state.
+    state.set_version(global_step + epoch);
+    print_resumed(st, source, note);
+  }
   state.add_module("model", *model);
   state.add_optimizer("optimizer", *opt);
   state.add_scheduler("lr_scheduler", *sched);
@@ -53,6 +103,14 @@ int train_elastic(const ElasticTrainSettings& s) {
   state.add_counter("epoch", epoch);
   state.add_counter("step_in_epoch", step_in_epoch);
   state.add_counter("global_step", global_step);
+  state.add_counter("epoch_offset", epoch_offset);
+  state.add_counter("best_epoch", best_epoch);
+  state.add(
+      "best_top1",
+      [&] {
+        return nn::NamedTensors{{"value", double_bits({best_top1})}};
+      },
+      [&](const nn::NamedTensors& t) { best_top1 = double_at(t.at(0).second, 0); });
 
   data::DataLoader val_loader(
       splits.val, std::make_shared<data::DistributedSampler>(splits.val->size(), 0, 1, false),
@@ -63,6 +121,27 @@ int train_elastic(const ElasticTrainSettings& s) {
        .seed = s.seed});
   Metrics last_eval;
   std::optional<DieAtStepHook> die_hook;  // DPAR_TEST_DIE_AT_STEP, for round 0's ranks
+  // Held while this member is the round's rank 0, the one that writes. Opened anew when it
+  // becomes rank 0 (adopting what the previous writer left); never opened by the others, since
+  // opening tidies the folder (leftovers of interrupted writes) under a writer's feet.
+  std::unique_ptr<io::CheckpointManager> checkpoints;
+  auto checkpoint_at = [&](int64_t epoch_pos, int64_t step_pos) {
+    io::TrainingState st = run_state(run, labels, epoch_pos, step_pos, global_step);
+    st.best_top1 = best_top1;
+    st.best_epoch = best_epoch;
+    if (epoch_offset != 0 && step_pos > 0) {
+      st.extra["epoch_samples_consumed"] = std::to_string(epoch_offset + step_pos * global_batch);
+    }
+    return io::capture_checkpoint(*model, opt.get(), sched.get(), std::move(st));
+  };
+  auto note_saved = [](const std::string& path, Clock::time_point t0) {
+    std::printf("saved checkpoint %s (%.0f ms)\n", path.c_str(),
+                1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
+    std::fflush(stdout);
+  };
+  auto epoch_checkpoint_due = [&](int64_t e) {
+    return (e + 1) % s.epoch_interval == 0 || e + 1 == s.epochs;
+  };
   dist::ElasticJob job(options);
   auto last_commit = Clock::now();
   const auto train_start = Clock::now();
@@ -79,20 +158,28 @@ int train_elastic(const ElasticTrainSettings& s) {
         std::chrono::duration<double>(Clock::now() - last_commit).count(),
         static_cast<long long>(plan.accumulation), static_cast<long long>(plan.micro_batch));
     std::fflush(stdout);
+    if (rank != 0) {
+      checkpoints.reset();
+    } else if (!s.checkpoint_dir.empty() && !checkpoints) {
+      checkpoints = std::make_unique<io::CheckpointManager>(
+          s.checkpoint_dir, io::CheckpointManagerOptions{.on_existing = io::OnExisting::resume,
+                                                         .max_num_checkpoints = s.max_checkpoints});
+    }
     dist::DataParallelOptions dp_options = s.dp_options;
     dp_options.group = job.group_ptr();
     dist::DataParallel dp(model, dp_options);
     while (epoch < s.epochs) {
       auto order = std::make_shared<data::DistributedSampler>(splits.train->size(), rank, world,
                                                               /*shuffle=*/true, s.seed);
-      data::DataLoader loader(splits.train,
-                              std::make_shared<data::EpochRemainderSampler>(
-                                  order, epoch, static_cast<size_t>(step_in_epoch * global_batch)),
-                              {.batch_size = static_cast<size_t>(plan.micro_batch),
-                               .num_workers = s.workers,
-                               .prefetch_batches = 4,
-                               .drop_last = true,
-                               .seed = s.seed});
+      data::DataLoader loader(
+          splits.train,
+          std::make_shared<data::EpochRemainderSampler>(
+              order, epoch, static_cast<size_t>(epoch_offset + step_in_epoch * global_batch)),
+          {.batch_size = static_cast<size_t>(plan.micro_batch),
+           .num_workers = s.workers,
+           .prefetch_batches = 4,
+           .drop_last = true,
+           .seed = s.seed});
       Metrics window;
       int64_t micro = 0;
       for (data::Batch& batch : loader.epoch(epoch)) {
@@ -135,13 +222,21 @@ int train_elastic(const ElasticTrainSettings& s) {
           std::fflush(stdout);
           window = Metrics();
         }
+        // The epoch's last step is covered by the epoch checkpoint when that one is due.
+        const bool step_due = s.step_interval > 0 && global_step % s.step_interval == 0 &&
+                              !(step_in_epoch == steps_per_epoch && epoch_checkpoint_due(epoch));
+        if (checkpoints && step_due) {
+          const auto t0 = Clock::now();
+          note_saved(checkpoints->save_step(checkpoint_at(epoch, step_in_epoch)), t0);
+        }
         job.commit();
         last_commit = Clock::now();
       }
       DPAR_CHECK(step_in_epoch == steps_per_epoch, "train --elastic: epoch ", epoch,
                  " ended after ", step_in_epoch, " of ", steps_per_epoch, " steps");
-      // The round's rank 0 evaluates the whole validation set alone (there is no group beyond
-      // the round's); the others wait for it in the next step's all-reduce.
+      // The round's rank 0 evaluates the whole validation set alone (on the module: the
+      // DataParallel's buffer broadcast would be a collective) and hands the figures on, so
+      // that whichever member is rank 0 later knows the best epoch.
       if (rank == 0) {
         last_eval = evaluate(*model, val_loader, Device::cpu(), /*show_progress=*/false);
         std::printf("[Eval][Epoch %lld][Avg] loss: %.5f, top1: %.5f, top5: %.5f\n",
@@ -149,8 +244,22 @@ int train_elastic(const ElasticTrainSettings& s) {
                     last_eval.acc5());
         std::fflush(stdout);
       }
+      last_eval = share_metrics(group, last_eval);
+      const bool is_best = last_eval.acc1() > best_top1;
+      if (is_best) {
+        best_top1 = last_eval.acc1();
+        best_epoch = epoch;
+      }
+      if (checkpoints && (epoch_checkpoint_due(epoch) || is_best)) {
+        const auto t0 = Clock::now();
+        const io::Checkpoint checkpoint = checkpoint_at(epoch + 1, 0);
+        note_saved(epoch_checkpoint_due(epoch) ? checkpoints->save_epoch(checkpoint, epoch, is_best)
+                                               : checkpoints->save_best(checkpoint),
+                   t0);
+      }
       ++epoch;
       step_in_epoch = 0;
+      epoch_offset = 0;
       job.commit();
       last_commit = Clock::now();
     }
@@ -165,12 +274,12 @@ int train_elastic(const ElasticTrainSettings& s) {
     std::printf("final: top1 %.4f, top5 %.4f on %zu validation images after %lld epochs (%.1f s)\n",
                 last_eval.acc1(), last_eval.acc5(), splits.val->size(),
                 static_cast<long long>(s.epochs), elapsed);
-    if (!s.output_dir.empty()) {
-      std::filesystem::create_directories(s.output_dir);
-      const std::string path = s.output_dir + "/" + s.model_name + ".safetensors";
-      nn::save_weights(*model, path);
-      std::printf("saved weights to %s\n", path.c_str());
-    }
+    write_outputs(*model, splits,
+                  {.dir = s.output_dir,
+                   .model_name = s.model_name,
+                   .img_size = s.img_size,
+                   .num_classes = classes,
+                   .export_inference = s.export_inference});
   }
   std::fflush(stdout);
   return 0;

@@ -7,6 +7,8 @@
 // x DPAR_ELASTIC_MAX members) through gradient accumulation, so the learning-rate schedule and
 // the samples of each step do not depend on how many members there are; the rest of the epoch
 // is re-sharded over the new world (EpochRemainderSampler), no sample skipped or seen twice.
+// Checkpoints on disk are those of the fixed-world trainer (train_checkpoint.h), for a job that
+// loses every member at once: resumed by either trainer at any world size.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,7 +28,19 @@ struct ElasticTrainSettings {
   int workers = 1;
   uint64_t seed = 0;
   double label_smoothing = 0, clip_grad_norm = 0;
+  std::string lr_scheduler;  // its name, recorded in checkpoints
   dpar::dist::DataParallelOptions dp_options;
+  // On-disk checkpoints, as the fixed-world trainer writes them (the round's rank 0 writes):
+  // every step_interval global steps (0: off) and every epoch_interval epochs (and the last),
+  // keeping the newest max_checkpoints. They record the planned job's shape (--batch-size x
+  // DPAR_ELASTIC_MAX), so either trainer resumes them, at any world size.
+  std::string checkpoint_dir;
+  // --resume: "auto"/"latest" (the newest in checkpoint_dir; none: a fresh start), a folder or
+  // a file. Every member resolves it when it starts; a member that joins a running job then
+  // receives the live state, which is newer.
+  std::string resume;
+  int64_t max_checkpoints = 3, epoch_interval = 1, step_interval = 0;
+  bool export_inference = true;  // with output_dir: the ONNX inference model too
   // The optimizer over the model's parameters, and its schedule over the job's steps.
   std::function<std::shared_ptr<dpar::optim::Optimizer>(const std::vector<dpar::Tensor>&)>
       make_optimizer;
@@ -36,7 +50,7 @@ struct ElasticTrainSettings {
 };
 
 // Trains until every epoch is done; the member that is rank 0 at the end writes
-// <output_dir>/<model>.safetensors. Returns the process's exit status.
+// <output_dir>/<model>.safetensors and the inference model. Returns the process's exit status.
 int train_elastic(const ElasticTrainSettings& settings);
 
 }  // namespace mobilenetv3
