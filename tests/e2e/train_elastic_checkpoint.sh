@@ -14,7 +14,8 @@
 #      and end with A's weights, bitwise
 #   H  another shape: a 1-process run (16 steps per epoch) stopped after step 5 is resumed by
 #      train --elastic (note printed; 18 steps in all), whose step-6 checkpoint records where
-#      epoch 0's order stands; the fixed-world trainer resumes that one at that sample
+#      epoch 0's order stands; the fixed-world trainer resumes that one at that sample, and
+#      its own next checkpoint records the sample it reached in turn
 # Also: --elastic --checkpoint-dir without --resume is refused with one line.
 # Usage: train_elastic_checkpoint.sh <train> <dpar-launch>
 set -u
@@ -160,8 +161,12 @@ consumed=$(extra_of "$work/ck_H2/step_6.ckpt" epoch_samples_consumed)
 [ "$consumed" = 112 ] && ok "H: the elastic step-6 checkpoint records sample 112 of epoch 0" ||
   fail "H: step_6.ckpt records epoch_samples_consumed '$consumed', expected 112 (80 + 1 x 32)"
 "$train" "${common[@]}" --resume "$work/ck_H2/step_6.ckpt" --output-dir "$(out H3)" \
-  >"$work/H3.out" 2>&1 || fail "run H3 exited $?"
+  --checkpoint-dir "$work/ck_H3" --step-interval 8 >"$work/H3.out" 2>&1 || fail "run H3 exited $?"
 expect_text "$work/H3.out" "training continues at global step 6 and at sample 112 of epoch 0's order"
+# ... and its own checkpoint two steps of 16 later records sample 144 in turn.
+consumed=$(extra_of "$work/ck_H3/step_8.ckpt" epoch_samples_consumed)
+[ "$consumed" = 144 ] && ok "H: the fixed-world step-8 checkpoint records sample 144 of epoch 0" ||
+  fail "H: step_8.ckpt records epoch_samples_consumed '$consumed', expected 144 (112 + 2 x 16)"
 
 # ---- refused ---------------------------------------------------------------------------------
 "$train" --elastic --checkpoint-dir "$work/ck_bad" >"$work/bad.out" 2>&1
