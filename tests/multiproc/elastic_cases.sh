@@ -16,6 +16,9 @@
 #   rejoin   one node's process is killed and its launcher restarts it (--max_restarts=1): it
 #            joins the running job, the world goes back to 3 without a survivor restarting, and
 #            every member ends with the same state checksum.
+#   kill_connecting  rank 2 of round 0 is SIGKILLed as soon as the round formed, while the
+#            other two connect the round's group to it: they find it by its missing heartbeat
+#            (the connect is cancelled, not waited out to DPAR_TIMEOUT) and finish as a world of 2.
 #   below_min  one node of --nnodes=2:3: waits --elastic_timeout, then fails with one line
 #            saying how many members it had and needed.
 #   etcd_<case>  the case with --rdzv_backend=etcd: an etcd member on loopback (started here)
@@ -94,6 +97,28 @@ case $case_name in
         ok "rejoin: node $name's process never restarted" || fail "rejoin: node $name restarted"
     done
     expect_text "$work/rejoin/$(drilled rejoin).out" "restart" ;;
+  kill_connecting)
+    start=$SECONDS
+    start_nodes connecting -- --kill-connecting --steps 6
+    wait_all connecting 90 a b c
+    victim=$(grep -l "elastic_worker: killed while round 0 connects" "$work"/connecting/[abc]/workerlog.0 |
+      head -1 | xargs -r dirname | xargs -r basename)
+    [ -n "$victim" ] && ok "node $victim's process died as round 0 formed" || fail "no process died while connecting"
+    for name in a b c; do
+      [ "$name" = "$victim" ] && continue
+      line=$(finished_line connecting "$name")
+      case "$line" in
+        *"step=6 world=2"*) ok "connecting: node $name: $line" ;;
+        *) fail "connecting: node $name ended with '$line', expected step=6 world=2"
+           sed 's/^/    /' "$work/connecting/$name/workerlog.0" ;;
+      esac
+      expect_text "$work/connecting/$name/workerlog.0" "stopped connecting to the other ranks: the group was aborted"
+    done
+    cat "$work"/connecting/[abc]/workerlog.0 >"$work/connecting/all.txt"
+    expect_text "$work/connecting/all.txt" "sent no heartbeat for $((3 * slow))"
+    # DPAR_TIMEOUT is 120 s here: a connect waited out would take that long.
+    [ $((SECONDS - start)) -lt $((40 * slow)) ] && ok "the job finished after $((SECONDS - start)) s" ||
+      fail "the job took $((SECONDS - start)) s (a connect waited for the dead member?)" ;;
   below_min)
     start=$SECONDS
     "$launcher" --nnodes=2:3 "${rdzv_flags[@]}" --rdzv_id=job-min --elastic_timeout=2 \

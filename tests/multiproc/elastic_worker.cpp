@@ -14,6 +14,8 @@
 //            off its whole node (network-namespace drills: the launcher, an etcd member),
 //   --leave  leaves on purpose after committing the step before (the planned-schedule
 //            reference: the same membership change without a failure).
+// And --kill-connecting: the member SIGKILLs itself as soon as round 0 has formed with it as
+// rank --drill-rank of 3, before the round's group connects (the others are connecting to it).
 // Every member that finishes prints "elastic_worker: finished" with the step, the world, the
 // state's checksum and the rounds it went through, which the tests compare across runs.
 #include <chrono>
@@ -72,6 +74,8 @@ int main(int argc, char** argv) {
                                 "drill: at --drill-step write <--trace>.held and wait for the "
                                 "test to strike the node");
     auto& leave = flags.add_bool("leave", false, "drill: leave after step --drill-step - 1");
+    auto& kill_connecting = flags.add_bool(
+        "kill-connecting", false, "drill: SIGKILL once round 0 formed, before its group connects");
     auto& drill_rank = flags.add_int("drill-rank", 2, "the drill's rank (in a world of 3)");
     auto& drill_step = flags.add_int("drill-step", 5, "the drill's step");
     auto& policy_flag =
@@ -105,7 +109,19 @@ int main(int argc, char** argv) {
     state.add_counter("epoch", epoch);
     state.add_counter("consumed", consumed);  // samples of the epoch the job has trained on
 
-    ElasticJob job;
+    ElasticOptions options = ElasticOptions::from_env();
+    const std::string doomed =
+        "round 0: rank " + std::to_string(drill_rank) + " of " + std::to_string(kFullWorld) + " ";
+    options.log = [&](const std::string& line) {
+      std::fprintf(stderr, "dpar: %s\n", line.c_str());
+      // The job logs a round's line as it forms, before the round's group connects.
+      if (kill_connecting && line.rfind("elastic: " + doomed, 0) == 0) {
+        std::printf("elastic_worker: killed while round 0 connects\n");
+        std::fflush(stdout);
+        std::raise(SIGKILL);
+      }
+    };
+    ElasticJob job(options);
     auto last_commit = std::chrono::steady_clock::now();
     job.run(state, [&](Group& group) {
       const int rank = group.rank(), world = group.size();

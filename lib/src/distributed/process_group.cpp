@@ -59,50 +59,90 @@ std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int 
 
 // ---- Group ---------------------------------------------------------------------------------
 
+struct Group::AbortState {
+  std::mutex mutex;
+  std::string reason;
+};
+
 Group::Group(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
-    : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      abort_state_(std::make_shared<AbortState>()) {
   DPAR_CHECK(size >= 1 && rank >= 0 && rank < size, "Group: rank ", rank,
              " is outside a world of size ", size);
   DPAR_CHECK(store_ != nullptr || size == 1, "Group: a world of ", size, " needs a store");
   check_cuda_backend(options_.cuda_backend, "Group");
+  // The backends' connect stops when the group is aborted (or the caller's own hook says so).
+  options_.cancel_connect = [state = abort_state_, outer = options_.cancel_connect] {
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      if (!state->reason.empty()) return "the group was aborted: " + state->reason;
+    }
+    return outer ? outer() : std::string();
+  };
+}
+
+std::string Group::abort_reason() const {
+  std::lock_guard<std::mutex> lock(abort_state_->mutex);
+  return abort_state_->reason;
+}
+
+void Group::adopt(DeviceType type, const std::shared_ptr<ProcessGroup>& backend) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    backends_[static_cast<int>(type)] = backend;
+  }
+  // An abort that came while it connected may have missed it (abort() aborts what backends_
+  // holds): abort it here too (aborting twice is harmless).
+  const std::string why = abort_reason();
+  if (why.empty()) return;
+  backend->abort(why);
+  DPAR_FAIL("Group (rank ", rank_, " of ", size_, "): the group was aborted: ", why);
 }
 
 std::shared_ptr<ProcessGroup> Group::backend_ptr_for(Device device) {
   // Backends are created on first use, possibly from several threads (e.g. a data loader and
-  // the training loop); creation rendezvouses with the other ranks, so it runs exactly once.
-  std::lock_guard<std::mutex> lock(mutex_);
-  DPAR_CHECK(aborted_.empty(), "Group (rank ", rank_, " of ", size_,
-             "): the group was aborted: ", aborted_);
-  auto& cpu = backends_[static_cast<int>(DeviceType::CPU)];
-  auto make_cpu = [&] {
-    if (!cpu) cpu = make_gloo_group(store_, rank_, size_, options_);
-    return cpu;
+  // the training loop); creation rendezvouses with the other ranks, so it runs exactly once,
+  // under create_mutex_ (abort() does not take it: it stops the connect through
+  // cancel_connect instead of waiting for it).
+  std::lock_guard<std::mutex> creating(create_mutex_);
+  auto created = [&](DeviceType type) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return backends_[static_cast<int>(type)];
   };
-  auto& slot = backends_[static_cast<int>(device.type)];
-  if (slot) return slot;
-  switch (device.type) {
-    case DeviceType::CPU:
-      return make_cpu();
-    case DeviceType::CUDA:
-      if (options_.cuda_backend == "gloo") {
-        slot = detail::make_staged_gloo_group(make_cpu());
-      } else {
-        DPAR_CHECK(built_with_cuda(), "Group: cannot run collectives on ", device.str(),
-                   " tensors: dpar was built without CUDA, so there is no NCCL backend");
-        slot = detail::make_nccl_group(store_, rank_, size_, options_);
-      }
-      break;
+  const std::string why = abort_reason();
+  DPAR_CHECK(why.empty(), "Group (rank ", rank_, " of ", size_, "): the group was aborted: ", why);
+  if (auto slot = created(device.type)) return slot;
+  auto cpu = created(DeviceType::CPU);
+  if (!cpu && (device.type == DeviceType::CPU || options_.cuda_backend == "gloo")) {
+    cpu = make_gloo_group(store_, rank_, size_, options_);
+    adopt(DeviceType::CPU, cpu);
   }
-  return slot;
+  if (device.type == DeviceType::CPU) return cpu;
+  std::shared_ptr<ProcessGroup> made;
+  if (options_.cuda_backend == "gloo") {
+    made = detail::make_staged_gloo_group(cpu);
+  } else {
+    DPAR_CHECK(built_with_cuda(), "Group: cannot run collectives on ", device.str(),
+               " tensors: dpar was built without CUDA, so there is no NCCL backend");
+    made = detail::make_nccl_group(store_, rank_, size_, options_);
+  }
+  adopt(device.type, made);
+  return made;
 }
 
 ProcessGroup& Group::backend_for(Device device) { return *backend_ptr_for(device); }
 
 void Group::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_state_->mutex);
+    if (abort_state_->reason.empty()) abort_state_->reason = why.empty() ? "aborted" : why;
+  }
   std::vector<std::shared_ptr<ProcessGroup>> created;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (aborted_.empty()) aborted_ = why.empty() ? "aborted" : why;
     for (const auto& backend : backends_) {
       if (backend) created.push_back(backend);
     }

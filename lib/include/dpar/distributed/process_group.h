@@ -56,6 +56,11 @@ struct ProcessGroupOptions {
   // Where the group's warnings go (a stranger that connected to a rendezvous port, a retried
   // rendezvous); empty: stderr, as "dpar: <line>".
   std::function<void(const std::string&)> log;
+  // Asked every fraction of a second while the Gloo transport connects: a non-empty answer
+  // ends the connect with an error naming it, instead of waiting out the timeout for a peer
+  // that will not come. Group sets it for the backends it creates, so Group::abort (e.g. an
+  // elastic job's, after a member's heartbeat stopped) stops a connect in progress too.
+  std::function<std::string()> cancel_connect;
   // Reads DPAR_TIMEOUT and DPAR_STALL_WARNING (seconds), DPAR_DEBUG and DPAR_DIST_BACKEND
   // (nccl or gloo: the cuda_backend) from the environment into these options.
   static ProcessGroupOptions from_env();
@@ -133,8 +138,9 @@ class Group {
   std::shared_ptr<Work> reduce_scatter(Tensor output, std::vector<Tensor> inputs,
                                        ReduceOp op = ReduceOp::Sum, bool async_op = true);
   void barrier();  // on the CPU backend
-  // Aborts every backend created so far (ProcessGroup::abort) and fails backends created
-  // afterwards: the group is unusable. Safe from any thread.
+  // Aborts every backend created so far (ProcessGroup::abort), stops one being connected, and
+  // fails backends created afterwards: the group is unusable. Safe from any thread; does not
+  // wait for a connect in progress.
   void abort(const std::string& why);
   const std::shared_ptr<Store>& store() const { return store_; }
   Millis timeout() const { return options_.timeout; }  // of every collective
@@ -143,9 +149,20 @@ class Group {
   std::shared_ptr<Store> store_;
   int rank_;
   int size_;
+  // Stores a backend just created; throws (after aborting it) when the group was aborted
+  // meanwhile.
+  void adopt(DeviceType type, const std::shared_ptr<ProcessGroup>& backend);
+  std::string abort_reason() const;
+
   ProcessGroupOptions options_;
-  std::mutex mutex_;  // guards backends_ (lazy creation) and aborted_
-  std::string aborted_;
+  // Held while a backend is created (a rendezvous with the other ranks: it may take long), so
+  // each is created once. abort() never takes it.
+  std::mutex create_mutex_;
+  std::mutex mutex_;  // guards backends_; held only briefly
+  // Why the group was aborted ("" until then), shared with the backends' cancel_connect,
+  // which may outlive the group.
+  struct AbortState;
+  std::shared_ptr<AbortState> abort_state_;
   std::shared_ptr<ProcessGroup> backends_[kNumDeviceTypes];
 };
 

@@ -10,8 +10,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -139,14 +141,49 @@ std::string remote_address(gloo::transport::Pair& pair) {
   return found;
 }
 
+void throw_if_cancelled(const MeshOptions& options) {
+  if (!options.cancelled) return;
+  const std::string why = options.cancelled();
+  if (!why.empty()) DPAR_FAIL("connecting was cancelled: ", why);
+}
+
+// store.wait for the connect's timeout; with options.cancelled, in slices between which the
+// cancellation is looked at, so that an abort (a peer found dead meanwhile) ends the connect
+// within a slice instead of at the timeout.
+void wait_keys(Store& store, const std::vector<std::string>& keys, const MeshOptions& options) {
+  if (!options.cancelled) {
+    store.wait(keys, options.timeout);
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  for (;;) {
+    throw_if_cancelled(options);
+    const auto left =
+        std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+    try {
+      store.wait(keys, std::clamp(left, Millis(1), kCancelPoll));
+      return;
+    } catch (const Error&) {
+      // A slice ran out (a store that failed throws again from check).
+      if (store.check(keys)) return;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::string names;
+        for (const std::string& k : keys) names += (names.empty() ? "'" : ", '") + k + "'";
+        DPAR_FAIL("timed out after ", format_seconds(options.timeout), " s waiting for ", names);
+      }
+    }
+  }
+}
+
 // Waits for "<prefix><r>" of every rank; a timeout names the ranks whose key never came.
-void wait_for_ranks(Store& store, const std::string& prefix, int size, Millis timeout,
+void wait_for_ranks(Store& store, const std::string& prefix, int size, const MeshOptions& options,
                     const std::string& what) {
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
   try {
-    store.wait(keys, timeout);
+    wait_keys(store, keys, options);
   } catch (const Error& e) {
+    throw_if_cancelled(options);
     std::string missing;
     for (int r = 0; r < size; ++r) {
       if (!store.check({keys[static_cast<size_t>(r)]}))
@@ -211,7 +248,7 @@ class MeshAttempt {
     const int rank = options_.rank;
     const int size = options_.size;
     store_->set(cat("joined/", rank), Bytes{'1'});
-    wait_for_ranks(*store_, "joined/", size, options_.timeout, "join");
+    wait_for_ranks(*store_, "joined/", size, options_, "join");
     if (rank == 0) store_->set("nonce", draw_nonce());
 
     transport_ = device_->createContext(rank, size);
@@ -233,7 +270,7 @@ class MeshAttempt {
         mine += cat(peer, " ", static_cast<char>(s.outcome), " ", s.detail, "\n");
     }
     store_->set(cat("outcome/", rank), to_bytes(mine));
-    wait_for_ranks(*store_, "outcome/", size, options_.timeout, "finish connecting");
+    wait_for_ranks(*store_, "outcome/", size, options_, "finish connecting");
 
     AttemptResult result;
     for (int other = 0; other < size; ++other) {
@@ -297,7 +334,7 @@ class MeshAttempt {
     const std::string who = cat("rank ", peer);
     try {
       const std::string key = cat("addr/", peer);
-      store_->wait({key}, options_.timeout);
+      wait_keys(*store_, {key}, options_);
       const std::vector<char> address = find_address(store_->get(key), options_.rank, peer);
       remote_[static_cast<size_t>(peer)] = gloo::transport::tcp::Address(address).getSockaddr();
       transport_->getPair(peer)->connect(address);
@@ -311,7 +348,7 @@ class MeshAttempt {
   void handshake() {
     const int rank = options_.rank;
     const int size = options_.size;
-    store_->wait({"nonce"}, options_.timeout);
+    wait_keys(*store_, {"nonce"}, options_);
     nonce_ = store_->get("nonce");
     const uint64_t slot = gloo::Slot::build(kHandshakeSlotPrefix, static_cast<uint32_t>(attempt_));
     sent_.resize(static_cast<size_t>(size));
@@ -331,11 +368,13 @@ class MeshAttempt {
         fail(peer, PairOutcome::NoHandshake, pair_failure(peer, e.what()));
       }
     }
-    // A rank that failed says so in the store; then nobody waits for the rest.
+    // A rank that failed says so in the store; then nobody waits for the rest. Nor after a
+    // cancellation.
     std::atomic<bool> done{false};
     std::thread watcher([&] {
       while (!done.load()) {
-        if (store_->check({"failed"})) {
+        const bool cancelled = options_.cancelled && !options_.cancelled().empty();
+        if (cancelled || store_->check({"failed"})) {
           for (auto& b : recv_)
             if (b) b->abortWaitRecv();
           for (auto& b : send_)
@@ -348,6 +387,7 @@ class MeshAttempt {
     for (int peer = 0; peer < size; ++peer) wait_for_handshake(peer);
     done = true;
     watcher.join();
+    throw_if_cancelled(options_);
   }
 
   void wait_for_handshake(int peer) {
@@ -454,6 +494,7 @@ std::shared_ptr<gloo::Context> connect_gloo_mesh(
   auto log = [&](const std::string& line) { log_line(options.log, line); };
   std::string failures;
   for (int attempt = 0; attempt < kMaxMeshAttempts; ++attempt) {
+    throw_if_cancelled(options);  // not another attempt after a cancellation
     AttemptResult result = MeshAttempt(store, device, options, attempt).run();
     for (const std::string& line : result.strangers) log(line);
     if (result.transport) {

@@ -47,7 +47,13 @@ struct MeshOptions {
   Millis timeout{std::chrono::minutes(30)};  // for each wait: peers joining, connect, handshake
   // Where the line about a stranger (or a retried attempt) goes; empty: stderr as "dpar: ...".
   std::function<void(const std::string&)> log;
+  // Asked between slices of every wait (kCancelPoll): a non-empty answer ends the connect with
+  // an error naming it (ProcessGroupOptions::cancel_connect). Empty: waits last the timeout.
+  std::function<std::string()> cancelled;
 };
+
+// How often a cancellable connect looks at MeshOptions::cancelled while it waits.
+inline constexpr Millis kCancelPoll{200};
 
 // Rank `owner`'s published Gloo addresses (the store key "addr/<owner>" of an attempt) are
 // repeated entries (int32 peer, uint32 length, Gloo's tcp::Address bytes, which start with the
@@ -64,8 +70,9 @@ std::string clean_gloo_message(const std::string& what);
 
 // Returns a context whose pairs to every other rank are connected and authenticated. store is
 // the group's own prefixed view. Throws dpar::Error naming the ranks that did not join, or what
-// failed in the last attempt. pair_sockets (optional) receives the descriptors of the pairs'
-// connected sockets, for an abort that shuts them down (ProcessGroupGloo::abort).
+// failed in the last attempt, or (options.cancelled) why the connect was cancelled. pair_sockets
+// (optional) receives the descriptors of the pairs' connected sockets, for an abort that shuts them
+// down (ProcessGroupGloo::abort).
 std::shared_ptr<gloo::Context> connect_gloo_mesh(
     const std::shared_ptr<Store>& store, const std::shared_ptr<gloo::transport::Device>& device,
     const MeshOptions& options, std::vector<int>* pair_sockets = nullptr);

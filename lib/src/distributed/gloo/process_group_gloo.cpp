@@ -58,9 +58,15 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     mesh.size = size;
     mesh.timeout = options_.timeout;
     mesh.log = options_.log;
+    mesh.cancelled = options_.cancel_connect;
     try {
       context_ = connect_gloo_mesh(store_, device_, mesh, &pair_sockets_);
     } catch (const std::exception& e) {
+      const std::string cancelled = mesh.cancelled ? mesh.cancelled() : std::string();
+      if (!cancelled.empty()) {
+        DPAR_FAIL("make_gloo_group: rank ", rank, " (world size ", size,
+                  ") stopped connecting to the other ranks: ", cancelled);
+      }
       DPAR_FAIL("make_gloo_group: rank ", rank, " (world size ", size,
                 ") could not connect to the other ranks within ", format_duration(options_.timeout),
                 " (listening on ", bind_address_, "): ", clean_gloo_message(e.what()));
