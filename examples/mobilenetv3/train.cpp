@@ -206,8 +206,7 @@ int main(int argc, char** argv) {
           {dp_options.shard != dist::ShardMode::none, "--shard"},
           {test_only, "--test-only"},
           {on_gpu || !amp.empty(), "--device gpu and --amp"},
-          {!tensorboard.empty() || !loss_log.empty(), "--tensorboard and --loss-log"},
-          {!pretrained.empty(), "--pretrained"}};
+          {!loss_log.empty(), "--loss-log"}};
       for (const auto& [given, what] : unsupported) {
         if (given) {
           throw FlagError(std::string("train --elastic: ") + what +
@@ -240,6 +239,8 @@ int main(int argc, char** argv) {
       settings.clip_grad_norm = clip_grad_norm;
       settings.dp_options = dp_options;
       settings.lr_scheduler = scheduler;
+      settings.pretrained = pretrained;
+      settings.tensorboard = tensorboard;
       settings.checkpoint_dir = checkpoint_dir;
       settings.resume = resume;
       settings.max_checkpoints = max_checkpoints;

@@ -24,6 +24,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
 // Doubles travel and are kept as the bits of an i64 tensor (exact; tensors have no f64).
 Tensor double_bits(const std::vector<double>& values) {
   Tensor t = Tensor::zeros({static_cast<int64_t>(values.size())}, DType::i64);
@@ -50,6 +54,11 @@ int train_elastic(const ElasticTrainSettings& s) {
   const int64_t classes =
       s.num_classes > 0 ? s.num_classes : static_cast<int64_t>(splits.train->class_names().size());
   auto model = models::mobilenet_v3(s.model_name, classes);
+  if (!s.pretrained.empty()) {
+    // Every member loads it; a member that joins a running job then receives the live state.
+    io::load_model_weights(*model, s.pretrained, /*strict=*/true);
+    std::printf("loaded pretrained weights from %s\n", s.pretrained.c_str());
+  }
   model->train();
   std::shared_ptr<optim::Optimizer> opt = s.make_optimizer(model->parameters());
 
@@ -121,6 +130,10 @@ int train_elastic(const ElasticTrainSettings& s) {
        .seed = s.seed});
   Metrics last_eval;
   std::optional<DieAtStepHook> die_hook;  // DPAR_TEST_DIE_AT_STEP, for round 0's ranks
+  // Held while this member is the round's rank 0, the one that logs and writes: its log lines
+  // and TensorBoard event file (each rank 0 its own file in the folder; TensorBoard merges a
+  // folder's files into one run).
+  std::unique_ptr<TrainLog> log;
   // Held while this member is the round's rank 0, the one that writes. Opened anew when it
   // becomes rank 0 (adopting what the previous writer left); never opened by the others, since
   // opening tidies the folder (leftovers of interrupted writes) under a writer's feet.
@@ -160,10 +173,16 @@ int train_elastic(const ElasticTrainSettings& s) {
     std::fflush(stdout);
     if (rank != 0) {
       checkpoints.reset();
-    } else if (!s.checkpoint_dir.empty() && !checkpoints) {
-      checkpoints = std::make_unique<io::CheckpointManager>(
-          s.checkpoint_dir, io::CheckpointManagerOptions{.on_existing = io::OnExisting::resume,
-                                                         .max_num_checkpoints = s.max_checkpoints});
+      log.reset();
+    } else {
+      if (!s.checkpoint_dir.empty() && !checkpoints) {
+        checkpoints = std::make_unique<io::CheckpointManager>(
+            s.checkpoint_dir,
+            io::CheckpointManagerOptions{.on_existing = io::OnExisting::resume,
+                                         .max_num_checkpoints = s.max_checkpoints});
+      }
+      // Without the default group's gather: this member's own images/s (rank0/ips).
+      if (!log) log = std::make_unique<TrainLog>(s.tensorboard, 0, /*gather_ranks=*/false);
     }
     dist::DataParallelOptions dp_options = s.dp_options;
     dp_options.group = job.group_ptr();
@@ -181,9 +200,12 @@ int train_elastic(const ElasticTrainSettings& s) {
            .drop_last = true,
            .seed = s.seed});
       Metrics window;
+      double reader_s = 0, batch_s = 0;
+      auto t_prev = Clock::now();
       int64_t micro = 0;
       for (data::Batch& batch : loader.epoch(epoch)) {
         if (step_in_epoch == steps_per_epoch) break;
+        reader_s += seconds_since(t_prev);
         if (micro == 0) opt->zero_grad();
         const bool last_micro = micro + 1 == plan.accumulation;
         Tensor logits = dp.forward(batch.images);
@@ -200,6 +222,8 @@ int train_elastic(const ElasticTrainSettings& s) {
           NoGradGuard no_grad;
           window.add(loss.item(), logits.detach(), batch.labels);
         }
+        batch_s += seconds_since(t_prev);
+        t_prev = Clock::now();
         if (!last_micro) {
           ++micro;
           continue;
@@ -212,15 +236,19 @@ int train_elastic(const ElasticTrainSettings& s) {
         ++step_in_epoch;
         ++global_step;
         die_hook->after_step(global_step);
-        if (rank == 0 && (step_in_epoch % s.print_freq == 0 || step_in_epoch == steps_per_epoch)) {
-          // The fixed-world trainer's line (PaddlePaddle's format), with the world size.
-          std::printf(
-              "[Epoch %lld, iter: %lld] top1: %.5f, top5: %.5f, lr: %.6f, loss: %.5f, world "
-              "size: %d\n",
-              static_cast<long long>(epoch), static_cast<long long>(step_in_epoch), window.acc1(),
-              window.acc5(), lr, window.avg_loss(), world);
-          std::fflush(stdout);
+        if (log && (step_in_epoch % s.print_freq == 0 || step_in_epoch == steps_per_epoch)) {
+          // The fixed-world trainer's line (PaddlePaddle's format) and TensorBoard scalars.
+          log->step({.epoch = epoch,
+                     .iter = step_in_epoch,
+                     .global_step = global_step,
+                     .window = window,
+                     .lr = lr,
+                     .reader_seconds = reader_s,
+                     .batch_seconds = batch_s,
+                     .batch_size = plan.micro_batch * plan.accumulation,
+                     .memory = dp.memory_stats()});
           window = Metrics();
+          reader_s = batch_s = 0;
         }
         // The epoch's last step is covered by the epoch checkpoint when that one is due.
         const bool step_due = s.step_interval > 0 && global_step % s.step_interval == 0 &&
@@ -237,12 +265,9 @@ int train_elastic(const ElasticTrainSettings& s) {
       // The round's rank 0 evaluates the whole validation set alone (on the module: the
       // DataParallel's buffer broadcast would be a collective) and hands the figures on, so
       // that whichever member is rank 0 later knows the best epoch.
-      if (rank == 0) {
+      if (log) {
         last_eval = evaluate(*model, val_loader, Device::cpu(), /*show_progress=*/false);
-        std::printf("[Eval][Epoch %lld][Avg] loss: %.5f, top1: %.5f, top5: %.5f\n",
-                    static_cast<long long>(epoch), last_eval.avg_loss(), last_eval.acc1(),
-                    last_eval.acc5());
-        std::fflush(stdout);
+        log->eval(epoch, global_step, last_eval, seconds_since(train_start));
       }
       last_eval = share_metrics(group, last_eval);
       const bool is_best = last_eval.acc1() > best_top1;
@@ -264,7 +289,8 @@ int train_elastic(const ElasticTrainSettings& s) {
       last_commit = Clock::now();
     }
   });
-  const double elapsed = std::chrono::duration<double>(Clock::now() - train_start).count();
+  if (log) log->close();
+  const double elapsed = seconds_since(train_start);
   std::printf("elastic: finished %lld steps of %lld epochs as rank %d of %d after %zu rounds\n",
               static_cast<long long>(global_step), static_cast<long long>(s.epochs), job.rank(),
               job.world_size(), job.history().size());

@@ -23,6 +23,8 @@ namespace mobilenetv3 {
 
 struct ElasticTrainSettings {
   std::string model_name, data_path, output_dir;
+  std::string pretrained;   // weights every member starts from (--pretrained)
+  std::string tensorboard;  // the round's rank 0 writes event files here (--tensorboard)
   int64_t img_size = 32, num_classes = 0, limit_train = 0, limit_val = 0;
   int64_t epochs = 1, batch_size = 64, print_freq = 50;
   int workers = 1;

@@ -16,6 +16,7 @@
 #      train --elastic (note printed; 18 steps in all), whose step-6 checkpoint records where
 #      epoch 0's order stands; the fixed-world trainer resumes that one at that sample, and
 #      its own next checkpoint records the sample it reached in turn
+#   P  one epoch from A's weights (--pretrained) in either trainer: the same weights, bitwise
 # Also: --elastic --checkpoint-dir without --resume is refused with one line.
 # Usage: train_elastic_checkpoint.sh <train> <dpar-launch>
 set -u
@@ -167,6 +168,18 @@ expect_text "$work/H3.out" "training continues at global step 6 and at sample 11
 consumed=$(extra_of "$work/ck_H3/step_8.ckpt" epoch_samples_consumed)
 [ "$consumed" = 144 ] && ok "H: the fixed-world step-8 checkpoint records sample 144 of epoch 0" ||
   fail "H: step_8.ckpt records epoch_samples_consumed '$consumed', expected 144 (112 + 2 x 16)"
+
+# ---- P: --pretrained, in either trainer ------------------------------------------------------
+pre=(--pretrained "$(weights A)" --epochs 1)
+fixed P1 2 "${pre[@]}"
+elastic_start P2 $((port + 7)) "${pre[@]}" -- "${pre[@]}"
+elastic_wait P2
+expect_text "$work/P2_b/workerlog.0" "loaded pretrained weights from $(weights A)"
+if [ -f "$(weights P2)" ] && cmp -s "$(weights P1)" "$(weights P2)"; then
+  ok "P: an epoch from A's weights (--pretrained): the elastic job's weights equal the fixed-world run's"
+else
+  fail "P: --pretrained: the elastic job's weights differ from the fixed-world run's (or are missing)"
+fi
 
 # ---- refused ---------------------------------------------------------------------------------
 "$train" --elastic --checkpoint-dir "$work/ck_bad" >"$work/bad.out" 2>&1
