@@ -480,13 +480,8 @@ int main(int argc, char** argv) {
       return io::capture_checkpoint(*model, shards.empty() ? opt.get() : nullptr, sched.get(),
                                     std::move(s));
     };
-    auto note_saved = [](const std::string& path, Clock::time_point t0) {
-      std::printf("saved checkpoint %s (%.0f ms)\n", path.c_str(), 1e3 * seconds(t0, Clock::now()));
-      std::fflush(stdout);
-    };
-    auto epoch_checkpoint_due = [&](int64_t e) {
-      return (e + 1) % epoch_interval == 0 || e + 1 == epochs;
-    };
+    const mobilenetv3::CheckpointSchedule saving{epoch_interval, step_interval, epochs};
+    using mobilenetv3::note_saved;
     const mobilenetv3::DieAtStepHook die_hook(rank);
 
     FILE* loss_file = nullptr;
@@ -586,10 +581,7 @@ int main(int argc, char** argv) {
           window = Metrics();
           reader_s = batch_s = 0;
         }
-        // The epoch's last step is covered by the epoch checkpoint when that one is due.
-        const bool step_due = step_interval > 0 && global_step % step_interval == 0 &&
-                              !(iter == steps_per_epoch && epoch_checkpoint_due(epoch));
-        if (checkpoints && step_due) {
+        if (checkpoints && saving.step_due(epoch, iter, steps_per_epoch, global_step)) {
           const auto t0 = Clock::now();
           const std::string shards = optimizer_shards();
           if (rank == 0) note_saved(checkpoints->save_step(checkpoint_at(epoch, iter, shards)), t0);
@@ -607,10 +599,10 @@ int main(int argc, char** argv) {
         best_top1 = last_eval.acc1();
         best_epoch = epoch;
       }
-      if (checkpoints && (epoch_checkpoint_due(epoch) || is_best)) {
+      if (checkpoints && (saving.epoch_due(epoch) || is_best)) {
         const auto t0 = Clock::now();
         const std::string shards = optimizer_shards();
-        if (rank == 0 && epoch_checkpoint_due(epoch)) {
+        if (rank == 0 && saving.epoch_due(epoch)) {
           note_saved(checkpoints->save_epoch(checkpoint_at(epoch + 1, 0, shards), epoch, is_best),
                      t0);
         } else if (rank == 0) {

@@ -64,6 +64,23 @@ io::TrainingState run_state(const RunShape& run, const RunLabels& labels, int64_
   return s;
 }
 
+bool CheckpointSchedule::epoch_due(int64_t epoch) const {
+  return (epoch + 1) % epoch_interval == 0 || epoch + 1 == epochs;
+}
+
+bool CheckpointSchedule::step_due(int64_t epoch, int64_t iter, int64_t steps_per_epoch,
+                                  int64_t global_step) const {
+  return step_interval > 0 && global_step % step_interval == 0 &&
+         !(iter == steps_per_epoch && epoch_due(epoch));
+}
+
+void note_saved(const std::string& path, std::chrono::steady_clock::time_point t0) {
+  const double ms =
+      1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("saved checkpoint %s (%.0f ms)\n", path.c_str(), ms);
+  std::fflush(stdout);
+}
+
 std::optional<io::Checkpoint> resolve_resume(const std::string& resume,
                                              const std::string& checkpoint_dir) {
   return io::load_on_rank0_and_broadcast([&]() -> std::optional<io::Checkpoint> {

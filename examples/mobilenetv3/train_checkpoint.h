@@ -2,6 +2,7 @@
 // Checkpoint and resume support for the training program: where --resume points, whether a
 // checkpoint can continue this run exactly, and the DPAR_TEST_DIE_AT_STEP test hook. (The rest
 // of an interrupted epoch is replayed by the library's data::SkipSampler.)
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -42,6 +43,19 @@ RunLabels run_labels(const DataSplits& splits, const std::string& lr_scheduler, 
 // positioned at step step_in_epoch of epoch: what the next step starts from.
 dpar::io::TrainingState run_state(const RunShape& run, const RunLabels& labels, int64_t epoch,
                                   int64_t step_in_epoch, int64_t global_step);
+
+// When the trainers write checkpoints (--epoch-interval, --step-interval, --epochs).
+struct CheckpointSchedule {
+  int64_t epoch_interval = 1, step_interval = 0, epochs = 1;
+  // Epoch `epoch` (from 0) ends with an epoch checkpoint: every epoch_interval-th, and the last.
+  bool epoch_due(int64_t epoch) const;
+  // A step checkpoint after global_step, step `iter` of steps_per_epoch in `epoch`: every
+  // step_interval steps, unless the epoch's checkpoint right after covers it.
+  bool step_due(int64_t epoch, int64_t iter, int64_t steps_per_epoch, int64_t global_step) const;
+};
+
+// Prints "saved checkpoint <path> (<ms since t0> ms)".
+void note_saved(const std::string& path, std::chrono::steady_clock::time_point t0);
 
 // Resolves --resume on rank 0 and shares the checkpoint with every rank:
 //   ""               no resume; but a --checkpoint-dir that already holds checkpoints is an

@@ -147,14 +147,7 @@ int train_elastic(const ElasticTrainSettings& s) {
     }
     return io::capture_checkpoint(*model, opt.get(), sched.get(), std::move(st));
   };
-  auto note_saved = [](const std::string& path, Clock::time_point t0) {
-    std::printf("saved checkpoint %s (%.0f ms)\n", path.c_str(),
-                1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
-    std::fflush(stdout);
-  };
-  auto epoch_checkpoint_due = [&](int64_t e) {
-    return (e + 1) % s.epoch_interval == 0 || e + 1 == s.epochs;
-  };
+  const CheckpointSchedule saving{s.epoch_interval, s.step_interval, s.epochs};
   dist::ElasticJob job(options);
   auto last_commit = Clock::now();
   const auto train_start = Clock::now();
@@ -250,10 +243,7 @@ int train_elastic(const ElasticTrainSettings& s) {
           window = Metrics();
           reader_s = batch_s = 0;
         }
-        // The epoch's last step is covered by the epoch checkpoint when that one is due.
-        const bool step_due = s.step_interval > 0 && global_step % s.step_interval == 0 &&
-                              !(step_in_epoch == steps_per_epoch && epoch_checkpoint_due(epoch));
-        if (checkpoints && step_due) {
+        if (checkpoints && saving.step_due(epoch, step_in_epoch, steps_per_epoch, global_step)) {
           const auto t0 = Clock::now();
           note_saved(checkpoints->save_step(checkpoint_at(epoch, step_in_epoch)), t0);
         }
@@ -275,11 +265,11 @@ int train_elastic(const ElasticTrainSettings& s) {
         best_top1 = last_eval.acc1();
         best_epoch = epoch;
       }
-      if (checkpoints && (epoch_checkpoint_due(epoch) || is_best)) {
+      if (checkpoints && (saving.epoch_due(epoch) || is_best)) {
         const auto t0 = Clock::now();
         const io::Checkpoint checkpoint = checkpoint_at(epoch + 1, 0);
-        note_saved(epoch_checkpoint_due(epoch) ? checkpoints->save_epoch(checkpoint, epoch, is_best)
-                                               : checkpoints->save_best(checkpoint),
+        note_saved(saving.epoch_due(epoch) ? checkpoints->save_epoch(checkpoint, epoch, is_best)
+                                           : checkpoints->save_best(checkpoint),
                    t0);
       }
       ++epoch;
