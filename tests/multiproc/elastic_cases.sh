@@ -19,6 +19,9 @@
 #   kill_connecting  rank 2 of round 0 is SIGKILLed as soon as the round formed, while the
 #            other two connect the round's group to it: they find it by its missing heartbeat
 #            (the connect is cancelled, not waited out to DPAR_TIMEOUT) and finish as a world of 2.
+#   join_stopped  rank 2 of round 0 is killed and its launcher restarts it; the restarted
+#            process SIGSTOPs itself as the round it joins forms, before the state reaches it: the
+#            other two drop it (no heartbeat) instead of waiting, and finish as a world of 2.
 #   below_min  one node of --nnodes=2:3: waits --elastic_timeout, then fails with one line
 #            saying how many members it had and needed.
 #   etcd_<case>  the case with --rdzv_backend=etcd: an etcd member on loopback (started here)
@@ -119,6 +122,35 @@ case $case_name in
     # DPAR_TIMEOUT is 120 s here: a connect waited out would take that long.
     [ $((SECONDS - start)) -lt $((40 * slow)) ] && ok "the job finished after $((SECONDS - start)) s" ||
       fail "the job took $((SECONDS - start)) s (a connect waited for the dead member?)" ;;
+  join_stopped)
+    start=$SECONDS
+    start_nodes joinstop --max_restarts=1 -- --kill --stop-joining --steps 30 --step-ms 100
+    for _ in $(seq $((100 * slow))); do
+      [ -n "$(drilled joinstop 2>/dev/null)" ] && break
+      sleep 0.2
+    done
+    victim=$(drilled joinstop)
+    wait_all joinstop 120 $(survivors joinstop)
+    # The stopped process is kept by its launcher until the test ends it.
+    pkill -KILL -f -- "$marker" 2>/dev/null
+    expect_text "$work/joinstop/$victim/workerlog.0" "elastic_worker: stopped as it joins"
+    for name in $(survivors joinstop); do
+      line=$(finished_line joinstop "$name")
+      case "$line" in
+        *"step=30 world=2"*) ok "join_stopped: node $name: $line" ;;
+        *) fail "join_stopped: node $name ended with '$line', expected step=30 world=2"
+           sed 's/^/    /' "$work/joinstop/$name/workerlog.0" ;;
+      esac
+      # A round of 3 with the joiner formed, then one without it.
+      grep -q "elastic: round [1-9][0-9]*: rank [0-2] of 3 (join" "$work/joinstop/$name/workerlog.0" &&
+        ok "join_stopped: node $name saw the joiner's round" || fail "join_stopped: node $name never saw the joiner's round"
+      [ "$(grep -c "elastic_worker: round 0:" "$work/joinstop/$name/workerlog.0")" = 1 ] &&
+        ok "join_stopped: node $name's process never restarted" || fail "join_stopped: node $name restarted"
+    done
+    cat "$work"/joinstop/[abc]/workerlog.0 >"$work/joinstop/all.txt"
+    expect_text "$work/joinstop/all.txt" "sent no heartbeat for $((3 * slow))"
+    [ $((SECONDS - start)) -lt $((60 * slow)) ] && ok "the job finished after $((SECONDS - start)) s" ||
+      fail "the job took $((SECONDS - start)) s (DPAR_TIMEOUT is 120 s)" ;;
   below_min)
     start=$SECONDS
     "$launcher" --nnodes=2:3 "${rdzv_flags[@]}" --rdzv_id=job-min --elastic_timeout=2 \

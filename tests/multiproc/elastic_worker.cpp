@@ -15,12 +15,15 @@
 //   --leave  leaves on purpose after committing the step before (the planned-schedule
 //            reference: the same membership change without a failure).
 // And --kill-connecting: the member SIGKILLs itself as soon as round 0 has formed with it as
-// rank --drill-rank of 3, before the round's group connects (the others are connecting to it).
+// rank --drill-rank of 3, before the round's group connects (the others are connecting to it);
+// --stop-joining: a restarted process (DPAR_RESTART_COUNT >= 1) SIGSTOPs itself as soon as the
+// round it joins has formed, before it receives the committed state.
 // Every member that finishes prints "elastic_worker: finished" with the step, the world, the
 // state's checksum and the rounds it went through, which the tests compare across runs.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "dpar/distributed/data_parallel.h"
@@ -76,6 +79,9 @@ int main(int argc, char** argv) {
     auto& leave = flags.add_bool("leave", false, "drill: leave after step --drill-step - 1");
     auto& kill_connecting = flags.add_bool(
         "kill-connecting", false, "drill: SIGKILL once round 0 formed, before its group connects");
+    auto& stop_joining = flags.add_bool(
+        "stop-joining", false,
+        "drill: a restarted process SIGSTOPs once its first round formed, before the state comes");
     auto& drill_rank = flags.add_int("drill-rank", 2, "the drill's rank (in a world of 3)");
     auto& drill_step = flags.add_int("drill-step", 5, "the drill's step");
     auto& policy_flag =
@@ -112,13 +118,21 @@ int main(int argc, char** argv) {
     ElasticOptions options = ElasticOptions::from_env();
     const std::string doomed =
         "round 0: rank " + std::to_string(drill_rank) + " of " + std::to_string(kFullWorld) + " ";
+    const char* restarts = std::getenv("DPAR_RESTART_COUNT");
+    const bool restarted = restarts != nullptr && std::string(restarts) != "0";
     options.log = [&](const std::string& line) {
       std::fprintf(stderr, "dpar: %s\n", line.c_str());
-      // The job logs a round's line as it forms, before the round's group connects.
+      // The job logs a round's line as it forms, before the round's group connects and the
+      // state is synced.
       if (kill_connecting && line.rfind("elastic: " + doomed, 0) == 0) {
         std::printf("elastic_worker: killed while round 0 connects\n");
         std::fflush(stdout);
         std::raise(SIGKILL);
+      }
+      if (stop_joining && restarted && line.rfind("elastic: round ", 0) == 0) {
+        std::printf("elastic_worker: stopped as it joins\n");
+        std::fflush(stdout);
+        std::raise(SIGSTOP);
       }
     };
     ElasticJob job(options);
