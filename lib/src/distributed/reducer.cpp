@@ -420,11 +420,15 @@ void Reducer::complete(size_t k) {
   try {
     bucket.work->wait();
   } catch (const std::exception& e) {
+    // A rank that never ran backward leaves the others waiting until the timeout: say so then.
+    // A peer that died or a group that was aborted is another story, which the hint would hide.
+    const std::string what = e.what();
+    const bool timed_out = what.find("timed out") != std::string::npos;
     DPAR_FAIL("DataParallel's gradient ", sharded() && rebuilt_ ? "reduce-scatter" : "all-reduce",
               " of bucket ", k, " (", bucket.params.size(), " parameters, ", bucket.numel,
-              " elements) in backward failed (every rank must run backward on its DataParallel "
-              "output): ",
-              e.what());
+              " elements) in backward failed",
+              timed_out ? " (every rank must run backward on its DataParallel output)" : "", ": ",
+              what);
   }
   bucket.done = true;
   bucket.completed = Clock::now();
