@@ -107,14 +107,15 @@ std::shared_ptr<ProcessGroup> Group::backend_ptr_for(Device device) {
   // the training loop); creation rendezvouses with the other ranks, so it runs exactly once,
   // under create_mutex_ (abort() does not take it: it stops the connect through
   // cancel_connect instead of waiting for it).
-  std::lock_guard<std::mutex> creating(create_mutex_);
   auto created = [&](DeviceType type) {
     std::lock_guard<std::mutex> lock(mutex_);
     return backends_[static_cast<int>(type)];
   };
   const std::string why = abort_reason();
   DPAR_CHECK(why.empty(), "Group (rank ", rank_, " of ", size_, "): the group was aborted: ", why);
-  if (auto slot = created(device.type)) return slot;
+  if (auto slot = created(device.type)) return slot;  // every collective after the first
+  std::lock_guard<std::mutex> creating(create_mutex_);
+  if (auto slot = created(device.type)) return slot;  // another thread created it meanwhile
   auto cpu = created(DeviceType::CPU);
   if (!cpu && (device.type == DeviceType::CPU || options_.cuda_backend == "gloo")) {
     cpu = make_gloo_group(store_, rank_, size_, options_);
