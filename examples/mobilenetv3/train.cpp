@@ -380,9 +380,9 @@ int main(int argc, char** argv) {
     // Model, optimizer (momentum), scheduler step, BN buffers and the dropout generator come
     // from the checkpoint; the data order is a pure function of (seed, epoch), so skipping the
     // batches already trained in the interrupted epoch replays the rest exactly.
-    int64_t start_epoch = 0, start_step = 0, global_step = 0, best_epoch = -1;
+    int64_t start_epoch = 0, start_step = 0, global_step = 0;
     int64_t start_consumed = -1;  // >= 0: the resumed epoch's samples a job of another shape took
-    double best_top1 = -1;
+    mobilenetv3::BestEpoch best;
     const mobilenetv3::RunShape run_shape{model_name, static_cast<uint64_t>(seed), world,
                                           batch_size, steps_per_epoch};
     std::optional<io::Checkpoint> resumed = mobilenetv3::resolve_resume(resume, checkpoint_dir);
@@ -397,8 +397,7 @@ int main(int argc, char** argv) {
       start_step = position.first_iter;
       start_consumed = position.consumed;
       global_step = st.global_step;
-      best_top1 = st.best_top1;
-      best_epoch = st.best_epoch;
+      best = {st.best_top1, st.best_epoch};
       resumed.reset();  // the tensors were copied into the model and optimizer
     }
     if (test_only) {
@@ -465,8 +464,8 @@ int main(int argc, char** argv) {
       }
       io::TrainingState s =
           mobilenetv3::run_state(run_shape, run_labels, epoch_pos, step_pos, global_step);
-      s.best_top1 = best_top1;
-      s.best_epoch = best_epoch;
+      s.best_top1 = best.top1;
+      s.best_epoch = best.epoch;
       if (epoch_pos == start_epoch && start_consumed >= 0 && step_pos > 0) {
         // An epoch resumed with another world size: its samples so far, over all ranks (the
         // next resume continues from there, whatever its world size).
@@ -594,11 +593,7 @@ int main(int argc, char** argv) {
       last_eval = evaluate(dp, val_loader, train_device, rank == 0);
       evaluated = true;
       log.eval(epoch, global_step, last_eval, seconds(train_start, Clock::now()));
-      const bool is_best = last_eval.acc1() > best_top1;
-      if (is_best) {
-        best_top1 = last_eval.acc1();
-        best_epoch = epoch;
-      }
+      const bool is_best = best.update(last_eval, epoch);
       if (checkpoints && (saving.epoch_due(epoch) || is_best)) {
         const auto t0 = Clock::now();
         const std::string shards = optimizer_shards();

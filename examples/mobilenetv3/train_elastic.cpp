@@ -80,8 +80,7 @@ int train_elastic(const ElasticTrainSettings& s) {
   // besides step_in_epoch x global batch (nonzero only in an epoch resumed from a checkpoint
   // of another shape, whose steps fell elsewhere in the order).
   int64_t epoch = 0, step_in_epoch = 0, global_step = 0, epoch_offset = 0;
-  double best_top1 = -1;
-  int64_t best_epoch = -1;
+  BestEpoch best;
   dist::ElasticState state;
   // The planned job's shape: what its checkpoints record, whatever the world of the moment.
   const RunShape run{s.model_name, s.seed, planned_world, s.batch_size, steps_per_epoch};
@@ -98,8 +97,7 @@ int train_elastic(const ElasticTrainSettings& s) {
     step_in_epoch = position.first_iter;
     global_step = st.global_step;
     if (position.consumed >= 0) epoch_offset = position.consumed - step_in_epoch * global_batch;
-    best_top1 = st.best_top1;
-    best_epoch = st.best_epoch;
+    best = {st.best_top1, st.best_epoch};
     // The commits an uninterrupted run would have made by now, less run()'s first: a member
     // that joins the running job with an older checkpoint (or none) gets the live state.
     state.set_version(global_step + epoch);
@@ -113,13 +111,13 @@ int train_elastic(const ElasticTrainSettings& s) {
   state.add_counter("step_in_epoch", step_in_epoch);
   state.add_counter("global_step", global_step);
   state.add_counter("epoch_offset", epoch_offset);
-  state.add_counter("best_epoch", best_epoch);
+  state.add_counter("best_epoch", best.epoch);
   state.add(
       "best_top1",
       [&] {
-        return nn::NamedTensors{{"value", double_bits({best_top1})}};
+        return nn::NamedTensors{{"value", double_bits({best.top1})}};
       },
-      [&](const nn::NamedTensors& t) { best_top1 = double_at(t.at(0).second, 0); });
+      [&](const nn::NamedTensors& t) { best.top1 = double_at(t.at(0).second, 0); });
 
   data::DataLoader val_loader(
       splits.val, std::make_shared<data::DistributedSampler>(splits.val->size(), 0, 1, false),
@@ -140,8 +138,8 @@ int train_elastic(const ElasticTrainSettings& s) {
   std::unique_ptr<io::CheckpointManager> checkpoints;
   auto checkpoint_at = [&](int64_t epoch_pos, int64_t step_pos) {
     io::TrainingState st = run_state(run, labels, epoch_pos, step_pos, global_step);
-    st.best_top1 = best_top1;
-    st.best_epoch = best_epoch;
+    st.best_top1 = best.top1;
+    st.best_epoch = best.epoch;
     if (epoch_offset != 0 && step_pos > 0) {
       st.extra["epoch_samples_consumed"] = std::to_string(epoch_offset + step_pos * global_batch);
     }
@@ -260,11 +258,7 @@ int train_elastic(const ElasticTrainSettings& s) {
         log->eval(epoch, global_step, last_eval, seconds_since(train_start));
       }
       last_eval = share_metrics(group, last_eval);
-      const bool is_best = last_eval.acc1() > best_top1;
-      if (is_best) {
-        best_top1 = last_eval.acc1();
-        best_epoch = epoch;
-      }
+      const bool is_best = best.update(last_eval, epoch);
       if (checkpoints && (saving.epoch_due(epoch) || is_best)) {
         const auto t0 = Clock::now();
         const io::Checkpoint checkpoint = checkpoint_at(epoch + 1, 0);

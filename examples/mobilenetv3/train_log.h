@@ -29,6 +29,19 @@ struct Metrics {
   double acc5() const { return samples ? top5 / static_cast<double>(samples) : 0; }
 };
 
+// The best evaluation so far (top-1), as checkpoints record it (TrainingState::best_*).
+struct BestEpoch {
+  double top1 = -1;
+  int64_t epoch = -1;
+  // Takes epoch's figures; true when they are the best so far (best.ckpt is due).
+  bool update(const Metrics& m, int64_t e) {
+    if (m.acc1() <= top1) return false;
+    top1 = m.acc1();
+    epoch = e;
+    return true;
+  }
+};
+
 // Each rank evaluates its shard of the validation set; the sums are all-reduced over the
 // default group so every rank reports the same figures (padding of the last shard counts a few
 // images twice, as in DDP). Without a default group (one process, or an elastic member that

@@ -115,12 +115,7 @@ case $case_name in
     [ -n "$victim" ] && ok "node $victim's process died as round 0 formed" || fail "no process died while connecting"
     for name in a b c; do
       [ "$name" = "$victim" ] && continue
-      line=$(finished_line connecting "$name")
-      case "$line" in
-        *"step=6 world=2"*) ok "connecting: node $name: $line" ;;
-        *) fail "connecting: node $name ended with '$line', expected step=6 world=2"
-           sed 's/^/    /' "$work/connecting/$name/workerlog.0" ;;
-      esac
+      finished_as_two connecting 6 "$name"
       expect_text "$work/connecting/$name/workerlog.0" "stopped connecting to the other ranks: the group was aborted"
     done
     cat "$work"/connecting/[abc]/workerlog.0 >"$work/connecting/all.txt"
@@ -141,12 +136,7 @@ case $case_name in
     pkill -KILL -f -- "$marker" 2>/dev/null
     expect_text "$work/joinstop/$victim/workerlog.0" "elastic_worker: stopped as it joins"
     for name in $(survivors joinstop); do
-      line=$(finished_line joinstop "$name")
-      case "$line" in
-        *"step=30 world=2"*) ok "join_stopped: node $name: $line" ;;
-        *) fail "join_stopped: node $name ended with '$line', expected step=30 world=2"
-           sed 's/^/    /' "$work/joinstop/$name/workerlog.0" ;;
-      esac
+      finished_as_two joinstop 30 "$name"
       # A round of 3 with the joiner formed, then one without it.
       grep -q "elastic: round [1-9][0-9]*: rank [0-2] of 3 (join" "$work/joinstop/$name/workerlog.0" &&
         ok "join_stopped: node $name saw the joiner's round" || fail "join_stopped: node $name never saw the joiner's round"

@@ -135,6 +135,20 @@ survivors_match() {
   done
 }
 
+# finished_as_two <run> <steps> <node...>: those nodes finished all steps as a world of 2.
+finished_as_two() {
+  local run=$1 steps=$2 name line
+  shift 2
+  for name in "$@"; do
+    line=$(finished_line "$run" "$name")
+    case "$line" in
+      *"step=$steps world=2"*) ok "$run: node $name: $line" ;;
+      *) fail "$run: node $name ended with '$line', expected step=$steps world=2"
+         sed 's/^/    /' "$work/$run/$name/workerlog.0" ;;
+    esac
+  done
+}
+
 # detection_seconds <run>: from node a's log, the time between its last commit and round 1.
 detection_seconds() {
   grep -h "elastic_worker: round 1:" "$work/$1/$(survivors "$1" | head -1)/workerlog.0" | sed -n 's/.*(\([0-9.]*\) s after the last commit).*/\1/p'
