@@ -112,6 +112,31 @@ TEST_CASE("linear with a bias on a large batch: values, bias gradient, any threa
   CHECK(bias_grad(2) == one);
 }
 
+TEST_CASE("linear on a tall input: weights in oneDNN's blocked layout, forward and dX",
+          "[linear]") {
+  // Many rows against small weights: the products whose weights are reordered into the
+  // matmul's blocked layout first (forward with and without bias; dX = G W, narrow and wide).
+  Generator gen(25);
+  const Tensor x = random_tensor({1200, 48}, gen);
+  for (const int64_t out : {20, 144}) {
+    INFO("weight [" << out << ", 48]");
+    const Tensor w = random_tensor({out, 48}, gen), bias = random_tensor({out}, gen);
+    const Tensor wt = w.transpose(0, 1).contiguous();
+    std::vector<float> want = naive_matmul(x, wt);
+    check_close(linear(x, w).to_float_vector(), want, 1e-4);
+    const auto bv = bias.to_float_vector();
+    for (size_t i = 0; i < want.size(); ++i) want[i] += bv[i % static_cast<size_t>(out)];
+    check_close(linear(x, w, bias).to_float_vector(), want, 1e-4);
+    CHECK(linear(x, w, bias).to_float_vector() == linear(x, w, bias).to_float_vector());
+
+    // dX = G W: [1200, out] x [out, 48] (out = 20: a wide W, which sgemm takes as it is).
+    const Tensor g = random_tensor({1200, out}, gen);
+    Tensor xg = x.detach().set_requires_grad();
+    sum(mul(linear(xg, w, bias), g)).backward();
+    check_close(xg.grad().to_float_vector(), naive_matmul(g, w), 1e-4);
+  }
+}
+
 TEST_CASE("matmul and linear gradients", "[linear][gradcheck]") {
   Generator gen(23);
   Tensor a = random_tensor({3, 4}, gen).set_requires_grad();

@@ -51,8 +51,8 @@ const char* kind_name(Kind kind) {
       return "batch_norm forward";
     case Kind::batch_norm_backward:
       return "batch_norm backward";
-    case Kind::matmul_bias:
-      return "linear (matmul with bias)";
+    case Kind::matmul:
+      return "linear (matmul)";
   }
   return "unknown";
 }

@@ -25,7 +25,7 @@ enum class Kind : int64_t {
   conv_backward_weights,
   batch_norm_forward,
   batch_norm_backward,
-  matmul_bias,
+  matmul,
 };
 
 class Key {
