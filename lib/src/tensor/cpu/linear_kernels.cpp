@@ -64,7 +64,7 @@ void matmul_primitive(char ta, const float* a, int64_t lda, char tb, const float
     };
     entry.pd = describe(pack ? memory::desc({k, n}, memory::data_type::f32, memory::format_tag::any)
                              : b_md);
-    // Without a blocked layout for this ISA (oneDNN 2.x blocks only for AVX-512), a reorder
+    // Where the ISA has no blocked layout (oneDNN 2.6 picks a plain one under AVX2), a reorder
     // would only transpose: take the weights as they are.
     if (pack && entry.pd.weights_desc().data.format_desc.blocking.inner_nblks == 0) {
       entry.pd = describe(b_md);
