@@ -263,12 +263,20 @@ int main(int argc, char** argv) {
       std::ofstream(path) << r.seconds_per_step << " " << r.comm_seconds << "\n";
       return 0;
     }
-    if (solo) {  // one of <world> independent processes: no init_parallel_env, no DataParallel
-      const char* rank = std::getenv("DPAR_RANK");
+    if (solo) {  // one of <world> independent processes: no init_parallel_env, no collectives
+      const char* rank_variable = std::getenv("DPAR_RANK");
+      const std::string rank = rank_variable ? rank_variable : "0";
+      // dpar-launch started this process as a rank, but it trains alone (a world-of-one
+      // DataParallel, so that its step costs what a rank's does less the communication):
+      // forget the launcher's rank variables, or DataParallel takes it for a rank that forgot
+      // init_parallel_env() and refuses to train.
+      for (const char* name : {"DPAR_RANK", "DPAR_WORLD_SIZE", "RANK", "WORLD_SIZE",
+                               "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM"}) {
+        unsetenv(name);
+      }
       const StepResult r =
           run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype, this_device(), setup);
-      std::ofstream(result + ".solo" + (rank ? rank : "0"))
-          << r.seconds_per_step << " " << r.cpu_seconds << "\n";
+      std::ofstream(result + ".solo" + rank) << r.seconds_per_step << " " << r.cpu_seconds << "\n";
       return 0;
     }
     if (worker) {
