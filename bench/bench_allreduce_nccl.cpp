@@ -118,9 +118,23 @@ int run_gpu_allreduce_worker(const GpuAllreduceOptions& opt) {
     }
     t.zero_();  // zeros stay zeros under repeated sums
     synchronize(device);
-    // Large messages need few calls; small ones many, so the launch overhead is visible.
-    const int64_t iters = std::clamp<int64_t>(static_cast<int64_t>((64.0 * (1 << 20)) / bytes), 5,
-                                              std::max<int64_t>(5, opt.max_iters));
+    // Large messages need few calls; small ones many, so the launch overhead is visible. But
+    // never more than about 0.2 s a repetition: ranks time-slicing one GPU take milliseconds a
+    // call even at 1 KB (each waits out the other's time slice), and 2000 such calls would take
+    // the whole run. Rank 0's count for all, or the ranks' calls would not pair up.
+    const auto c0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 3; ++i) group.allreduce({t})->wait();
+    synchronize(device);
+    const double per_call = seconds_since(c0) / 3.0;
+    const int64_t by_size = static_cast<int64_t>((64.0 * (1 << 20)) / static_cast<double>(bytes));
+    const int64_t by_time = static_cast<int64_t>(0.2 / std::max(per_call, 1e-7));
+    Tensor agreed =
+        Tensor::full({1},
+                     static_cast<double>(std::clamp<int64_t>(std::min(by_size, by_time), 5,
+                                                             std::max<int64_t>(5, opt.max_iters))),
+                     DType::f32, device);
+    group.broadcast({agreed}, 0)->wait();
+    const auto iters = static_cast<int64_t>(agreed.to_float_vector()[0]);
     auto ours = [&] {
       for (int64_t i = 0; i < iters; ++i) group.allreduce({t})->wait();
       synchronize(device);
@@ -172,8 +186,8 @@ int run_gpu_allreduce_worker(const GpuAllreduceOptions& opt) {
       const nlohmann::json peer =
           run_peer("torch_allreduce_gpu.py",
                    "--world " + std::to_string(world) + " --max-mb " + std::to_string(opt.max_mb) +
-                       " --reps " + std::to_string(opt.reps) +
-                       " --max-iters " + std::to_string(opt.max_iters) +
+                       " --reps " + std::to_string(opt.reps) + " --max-iters " +
+                       std::to_string(opt.max_iters) +
                        (opt.gpu_index >= 0 ? " --shared-gpu " + std::to_string(opt.gpu_index) : ""),
                    4);
       std::printf("\n  torch.distributed (nccl), %s:\n", peer.value("torch", "?").c_str());

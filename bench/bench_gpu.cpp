@@ -39,7 +39,9 @@ TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t war
   model->to(gpu);
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
   auto [xc, yc] = bench::random_batch(batch, img, 1000, 1);
-  const Tensor x = xc.to(gpu), y = yc.to(gpu);
+  // Channels-last images, as the peer gives its model (the layout dpar's GPU convolutions run
+  // in): an NCHW batch would be laid out again at every step, and that copy kept for backward.
+  const Tensor x = xc.to(gpu).contiguous(MemoryFormat::ChannelsLast), y = yc.to(gpu);
   const bool amp = precision != "fp32";
   amp::GradScaler scaler({.enabled = precision == "fp16"});
   auto step = [&] {
@@ -82,7 +84,9 @@ double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup
   model->eval();
   model->to(gpu);
   NoGradGuard no_grad;
-  const Tensor x = bench::random_batch(batch, img, 1000, 2).images.to(gpu);
+  const Tensor x = bench::random_batch(batch, img, 1000, 2)
+                       .images.to(gpu)
+                       .contiguous(MemoryFormat::ChannelsLast);
   for (int64_t i = 0; i < warmup; ++i) model->forward(x);
   synchronize(gpu);
   const auto t0 = std::chrono::steady_clock::now();

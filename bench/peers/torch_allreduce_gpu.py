@@ -38,11 +38,22 @@ def rank_main(rank, a, port, queue):
     size = 1024
     while size <= a.max_mb * (1 << 20):
         t = torch.zeros(size // 4, dtype=torch.float32, device=device)
-        iters = min(max(5, int(64 * (1 << 20) / size)), max(5, a.max_iters))
-        for _ in range(2):  # warm-up
-            for _ in range(iters):
-                dist.all_reduce(t)
-            torch.cuda.synchronize()
+        # As dpar's side: by size, but no more than about 0.2 s a repetition (ranks sharing one
+        # GPU take milliseconds a call), rank 0's count for both.
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        per_call = (time.perf_counter() - t0) / 3
+        by_time = int(0.2 / max(per_call, 1e-7))
+        agreed = torch.tensor([min(max(5, min(int(64 * (1 << 20) / size), by_time)),
+                                   max(5, a.max_iters))], dtype=torch.float32, device=device)
+        dist.broadcast(agreed, 0)
+        iters = int(agreed.item())
+        for _ in range(iters):  # warm-up
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
         runs = []
         for _ in range(a.reps):
             dist.barrier()
