@@ -75,6 +75,8 @@ cp tests/gpu/gpu_mp.sh tests/gpu/onnxruntime_parity.sh tests/gpu/onnxruntime_par
   "$root/src/tests/gpu/"
 cp tests/multiproc/mp_cases.sh "$root/src/tests/multiproc/"
 cp tests/launch/common.sh tests/launch/checks.sh "$root/src/tests/launch/"
+# Sourced by tests/launch/common.sh (the drills) and the TIPC chain.
+cp tests/port_block.sh "$root/src/tests/"
 cp -r bench/peers "$root/bench/"
 # The TIPC chain (scripts, params files, expected results) with its lite data made here: the
 # GPU machine has no Fashion-MNIST. Run there with DPAR_BUILD_DIR=<bundle root>.
@@ -100,7 +102,7 @@ done | sort -u | while read -r name path; do
   strip --strip-unneeded "$root/lib/$name" 2>/dev/null || true
 done
 [ -e "$root/lib/libdpar.so.0" ] || { echo "gpu-bundle: libdpar.so.0 was not packed" >&2; exit 1; }
-cp scripts/gpu-run.sh scripts/gpu-probe.sh "$root/"
+cp scripts/gpu-run.sh scripts/gpu-probe.sh scripts/gpu-call.sh "$root/"
 
 mkdir -p "$(dirname "$out")"
 tar -C "$stage" -cf - dpar-gpu | xz -T0 -6 >"$out"

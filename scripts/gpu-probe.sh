@@ -187,6 +187,8 @@ stage test_cuda_train 180 "$out/tests.log" cudnn_logged train catch_test test_cu
 stage mp_collectives2 150 "$out/drills.log" nccl_verbose mp collectives2
 stage test_cuda_infer 120 "$out/tests.log" catch_test test_cuda_infer
 stage test_cuda_autocast 180 "$out/tests.log" cudnn_logged autocast catch_test test_cuda_autocast
+stage onnxruntime_parity 120 "$out/tests.log" "$root/src/tests/gpu/onnxruntime_parity.sh" \
+  "$root/tests/gpu/test_cuda_infer"
 stage mp_ddp 120 "$out/drills.log" mp ddp
 stage mp_kill9 120 "$out/drills.log" mp kill9
 stage mp_gloo_collectives2 120 "$out/drills.log" mp gloo_collectives2
