@@ -48,5 +48,22 @@ if LD_LIBRARY_PATH=$work/run/dpar-gpu/lib "$work/run/dpar-gpu/tests/gpu/test_cud
 else
   echo "FAIL: the bundled test_cuda_train did not run or gave no reason"; cat "$work/one"; fail=1
 fi
+# gpu-call.sh: two probe lanes at once, then the benchmark lane; one summary, one archive. Here
+# the stages fail or skip (no GPU), but each must run from the bundle: the TIPC chain once
+# stopped at a script the bundle lacked.
+DPAR_CALL_TESTS="tipc_gpu" DPAR_CALL_DRILLS="mp_gloo_ddp" DPAR_CALL_BENCH="bench_gpu_short" \
+  DPAR_GPU_SKIP_TESTS=1 PYTHON=$python "$src/scripts/gpu-run.sh" "$work/b/dpar-gpu.tar.gz" \
+  "$work/run" -- ./gpu-call.sh "$work/call" 60 20 >"$work/call.out" 2>&1
+mkdir -p "$work/call/logs"
+tar -C "$work/call/logs" -xzf "$work/call/probe-logs.tar.gz" 2>/dev/null
+rows=$(grep -cE '^(tipc_gpu|mp_gloo_ddp|bench_gpu_short) ' "$work/call/summary.txt" 2>/dev/null)
+if [ "$rows" = 3 ] && [ -s "$work/call/logs/tests/tests.log" ] && [ -s "$work/call/logs/drills/drills.log" ]; then
+  echo "ok: gpu-call.sh ran its three lanes"
+else
+  echo "FAIL: gpu-call.sh: expected a summary row per lane and their logs"; cat "$work/call.out"; fail=1
+fi
+if grep -rq "No such file" "$work/call/logs"; then
+  echo "FAIL: a stage ran something the bundle lacks:"; grep -rh "No such file" "$work/call/logs"; fail=1
+fi
 [ "$fail" = 0 ] || cat "$work/out"
 exit $fail
