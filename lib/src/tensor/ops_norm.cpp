@@ -129,9 +129,14 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // The weight check reads the weights on the host: free on the CPU, a synchronisation per
   // layer and step on a GPU, so there the input is kept, as PyTorch always does.
   const bool from_output = device.is_cpu() && weights_invertible(wc);
+  // Where the input is kept, the activation's backward needs its own input y, except ReLU's:
+  // its mask (y > 0) is its output's (z > 0), and z is kept by whatever reads it next. So y is
+  // freed after this forward, as in PyTorch (BatchNorm keeps x, ReLU its output): on the GPU,
+  // which always keeps x, that is one activation less per BatchNorm + ReLU.
+  const Tensor act_saved = !from_output && act == Activation::relu ? z : y;
   autograd::record(
       act == Activation::none ? "batch_norm" : "batch_norm_act", {x, weight, bias}, {z},
-      [ys = y.detach(), xs = from_output ? Tensor() : xc.detach(), act,
+      [ys = act_saved.detach(), xs = from_output ? Tensor() : xc.detach(), act,
        ws = wc.defined() ? wc.detach() : Tensor(), bs = bc.defined() ? bc.detach() : Tensor(), mean,
        var, use_batch_stats, eps,
        format](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
