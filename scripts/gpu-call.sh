@@ -6,7 +6,7 @@
 # From the root of an unpacked bundle, inside scripts/gpu-run.sh's environment:
 #
 #   DPAR_GPU_SKIP_TESTS=1 scripts/gpu-run.sh gpu-bundle/dpar-gpu.tar.gz /tmp/d -- \
-#     ./gpu-call.sh OUT_DIR [LANES_SECONDS] [BENCH_SECONDS]      (defaults 270 and 120)
+#     ./gpu-call.sh OUT_DIR [LANES_SECONDS] [BENCH_SECONDS]      (defaults 270 and 240)
 #   DPAR_CALL_TESTS="test_cuda_ops" DPAR_CALL_DRILLS="mp_ddp" DPAR_CALL_BENCH="" ...
 #                                          other stage lists (gpu-probe.sh's stage names)
 #
@@ -15,7 +15,7 @@
 set -u
 out=${1:?usage: gpu-call.sh OUT_DIR [LANES_SECONDS] [BENCH_SECONDS]}
 lanes_budget=${2:-270}
-bench_budget=${3:-120}
+bench_budget=${3:-240}
 mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -26,7 +26,8 @@ test_cuda_pinned memcheck_ops tipc_gpu}
 drills=${DPAR_CALL_DRILLS-mp_collectives2 mp_gloo_collectives2 mp_ddp mp_kill9 mp_collectives4 \
 mp_gloo_collectives4 mp_ddp_no_sync mp_ddp_unequal mp_ddp_buckets mp_ddp_bf16 mp_gloo_ddp \
 mp_timeout mp_detail_mismatch tipc_gpu_2rank}
-bench=${DPAR_CALL_BENCH-peer_imports bench_gpu_short}
+# The op-by-op profile first: where a step's device time goes is what the next change needs.
+bench=${DPAR_CALL_BENCH-peer_imports bench_gpu_profile bench_gpu_short}
 
 status=0
 lane() {  # lane NAME BUDGET STAGES: one probe run on the named stages (none named: nothing)
