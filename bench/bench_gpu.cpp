@@ -27,6 +27,18 @@ std::vector<int64_t> parse_list(const std::string& text) {
   return out;
 }
 
+// Runs fn once with every op timed on the device (the profiler waits for the GPU at each op's
+// start and end) and prints where that time went, op by op.
+template <typename Fn>
+void print_op_profile(const std::string& title, Fn&& fn) {
+  profiler::reset();
+  profiler::set_enabled(true);
+  fn();
+  profiler::set_enabled(false);
+  std::printf("  profile of one %s (device time per op, synchronised):\n%s", title.c_str(),
+              profiler::report().c_str());
+}
+
 struct TrainResult {
   double img_per_s = 0, ms_per_step = 0, peak_mb = 0;
 };
@@ -65,20 +77,12 @@ TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t war
   const double s = bench::seconds_since(t0) / static_cast<double>(steps);
   const TrainResult result{static_cast<double>(batch) / s, s * 1e3,
                            static_cast<double>(alloc.stats().peak_allocated_bytes) / 1048576.0};
-  if (profile) {
-    // One more step with every op timed on the device (the profiler waits for the GPU at each
-    // op's start and end): where the step's time goes, op by op.
-    profiler::reset();
-    profiler::set_enabled(true);
-    step();
-    profiler::set_enabled(false);
-    std::printf("  profile of one %s step at batch %lld (device time per op, synchronised):\n%s",
-                precision.c_str(), static_cast<long long>(batch), profiler::report().c_str());
-  }
+  if (profile) print_op_profile(precision + " step at batch " + std::to_string(batch), step);
   return result;
 }
 
-double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup, int64_t steps) {
+double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup, int64_t steps,
+                          bool profile) {
   manual_seed(0);
   auto model = models::mobilenet_v3_small(1000);
   model->eval();
@@ -92,7 +96,11 @@ double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) model->forward(x);
   synchronize(gpu);
-  return bench::seconds_since(t0) / static_cast<double>(steps) * 1e3;
+  const double ms = bench::seconds_since(t0) / static_cast<double>(steps) * 1e3;
+  if (profile) {
+    print_op_profile("eval forward at batch " + std::to_string(batch), [&] { model->forward(x); });
+  }
+  return ms;
 }
 
 // Milliseconds per optimizer step over MobileNetV3-small's parameters (gradients set once),
@@ -138,7 +146,7 @@ int main(int argc, char** argv) {
         "optim", true, "time the optimizer step alone: multi-tensor vs per parameter");
     auto& profile =
         flags.add_bool("profile", false,
-                       "after each training measurement, one step timed op by op (DPAR_PROFILE)");
+                       "after each measurement, one step or forward timed op by op (DPAR_PROFILE)");
     flags.parse(argc, argv);
     const Device gpu = Device::parse(device);
     check_device_available(gpu);
@@ -188,7 +196,7 @@ int main(int argc, char** argv) {
       }
     }
     for (int64_t batch : parse_list(infer_batches)) {
-      const double ours = forward_latency_ms(gpu, batch, img, warmup, steps);
+      const double ours = forward_latency_ms(gpu, batch, img, warmup, steps, profile);
       std::printf("infer batch %lld\n  dpar     %8.3f ms\n", static_cast<long long>(batch), ours);
       if (!peer) continue;
       const auto p = bench::run_peer("torch_gpu.py",

@@ -24,6 +24,30 @@ def timed(fn, warmup, steps):
     return (time.perf_counter() - t0) / steps
 
 
+def print_kernel_profile(fn, title):
+    """One call of fn under torch.profiler (no synchronisation between kernels): each kernel's
+    total device time, and the step's sum, on stderr so that stdout stays one JSON line."""
+    import sys
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+
+    def device_us(e):  # the attribute's name changed across PyTorch releases
+        for name in ("self_device_time_total", "self_cuda_time_total"):
+            if getattr(e, name, None) is not None:
+                return getattr(e, name)
+        return 0
+
+    events = [(device_us(e), e) for e in prof.key_averages()]
+    events = sorted([t for t in events if t[0] > 0], key=lambda t: t[0], reverse=True)
+    total = sum(t for t, _ in events)
+    print(f"== {title}: {total / 1e3:.2f} ms of kernels", file=sys.stderr)
+    for us, e in events[:60]:
+        print(f"{us / 1e3:8.3f} ms {e.count:5d}x  {e.key[:150]}", file=sys.stderr)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=["train", "infer"], default="train")
@@ -33,6 +57,9 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, one step under torch.profiler: its kernels by CUDA time "
+                        "on stderr (to set beside bench_gpu --profile)")
     a = p.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
@@ -70,6 +97,8 @@ def main():
         dt = timed(step, 0, a.steps)
         out.update(img_per_s=a.batch / dt, ms_per_step=dt * 1e3,
                    peak_mb=torch.cuda.max_memory_allocated() / 2**20)
+        if a.profile:
+            print_kernel_profile(step, f"PyTorch {a.precision} step at batch {a.batch}")
         if a.compile:
             try:
                 out["compiled_img_per_s"] = a.batch / timed(make_step(torch.compile(model)),
@@ -86,6 +115,8 @@ def main():
             return fwd
 
         out["ms"] = timed(make_fwd(model), a.warmup, a.steps) * 1e3
+        if a.profile:
+            print_kernel_profile(make_fwd(model), f"PyTorch eval forward at batch {a.batch}")
         if a.compile:
             try:
                 out["compiled_ms"] = timed(make_fwd(torch.compile(model)), a.warmup + 3,
