@@ -47,53 +47,54 @@ std::pair<Tensor, Tensor> synthetic_batch(uint64_t seed, int64_t n) {
   return {Tensor::from_vector(x, {n, 3, 16, 16}).to(kGpu), Tensor::from_vector(y, {n}).to(kGpu)};
 }
 
+// conv2d of x [x_shape] with w [w_shape] and a bias under autocast against f32, forward and
+// backward (the backward runs in dtype outside the autocast scope too).
+void check_conv_under_autocast(DType dtype, const Shape& x_shape, const Shape& w_shape,
+                               const Conv2dOptions& options, bool channels_last, uint64_t seed) {
+  INFO("conv2d x " << shape_str(x_shape) << " w " << shape_str(w_shape) << " channels-last "
+                   << channels_last);
+  Tensor x0 = random_tensor(x_shape, seed);
+  if (channels_last) x0 = x0.contiguous(MemoryFormat::ChannelsLast);
+  Tensor x = leaf_on(x0, kGpu);
+  Tensor w = leaf_on(random_tensor(w_shape, seed + 1, -0.2f, 0.2f), kGpu);
+  Tensor b = leaf_on(random_tensor({w_shape[0]}, seed + 2), kGpu);
+  const Tensor ref = conv2d(x, w, b, options);
+  sum(mul(ref, ref)).backward();
+  const Tensor ref_dx = x.grad().clone(), ref_dw = w.grad().clone(), ref_db = b.grad().clone();
+  x.set_grad({});
+  w.set_grad({});
+  b.set_grad({});
+  Tensor y;
+  {
+    amp::Autocast autocast(dtype);
+    y = conv2d(x, w, b, options);
+  }
+  CHECK(y.dtype() == DType::f32);
+  CHECK(relative_error(ref, y) <= bound(dtype));
+  sum(mul(y, y)).backward();
+  CHECK(x.grad().dtype() == DType::f32);
+  CHECK(relative_error(ref_dx, x.grad()) <= 2 * bound(dtype));
+  CHECK(relative_error(ref_dw, w.grad()) <= 2 * bound(dtype));
+  CHECK(relative_error(ref_db, b.grad()) <= 2 * bound(dtype));
+}
+
 }  // namespace
 
 TEST_CASE("conv2d, linear and matmul under autocast match f32 within the dtype's precision") {
   DPAR_REQUIRE_GPU();
   for (DType dtype : {DType::f16, DType::bf16}) {
     INFO(dtype_name(dtype));
-    Tensor x = leaf_on(random_tensor({4, 8, 12, 12}, 1), kGpu);
-    Tensor w = leaf_on(random_tensor({16, 8, 3, 3}, 2, -0.2f, 0.2f), kGpu);
-    Tensor b = leaf_on(random_tensor({16}, 3), kGpu);
-    const Conv2dOptions conv_options{.stride = {2, 2}, .padding = {1, 1}};
-    const Tensor ref = conv2d(x, w, b, conv_options);
-    sum(mul(ref, ref)).backward();
-    const Tensor ref_dx = x.grad().clone(), ref_dw = w.grad().clone(), ref_db = b.grad().clone();
-    x.set_grad({});
-    w.set_grad({});
-    b.set_grad({});
-    Tensor y;
-    {
-      amp::Autocast autocast(dtype);
-      y = conv2d(x, w, b, conv_options);
-    }
-    CHECK(y.dtype() == DType::f32);
-    CHECK(relative_error(ref, y) <= bound(dtype));
-    sum(mul(y, y)).backward();  // outside the scope: the backward still runs in dtype
-    CHECK(x.grad().dtype() == DType::f32);
-    CHECK(relative_error(ref_dx, x.grad()) <= 2 * bound(dtype));
-    CHECK(relative_error(ref_dw, w.grad()) <= 2 * bound(dtype));
-    CHECK(relative_error(ref_db, b.grad()) <= 2 * bound(dtype));
-
-    // A pointwise (1x1) convolution: on the GPU a matrix product (DPAR_CONV_GEMM), with bias.
-    Tensor px = leaf_on(random_tensor({4, 16, 9, 9}, 11), kGpu);
-    Tensor pw = leaf_on(random_tensor({24, 16, 1, 1}, 12, -0.3f, 0.3f), kGpu);
-    Tensor pb = leaf_on(random_tensor({24}, 13), kGpu);
-    const Tensor pref = conv2d(px, pw, pb);
-    sum(mul(pref, pref)).backward();
-    const Tensor pref_dx = px.grad().clone(), pref_dw = pw.grad().clone();
-    px.set_grad({});
-    pw.set_grad({});
-    Tensor py;
-    {
-      amp::Autocast autocast(dtype);
-      py = conv2d(px, pw, pb);
-    }
-    CHECK(relative_error(pref, py) <= bound(dtype));
-    sum(mul(py, py)).backward();
-    CHECK(relative_error(pref_dx, px.grad()) <= 2 * bound(dtype));
-    CHECK(relative_error(pref_dw, pw.grad()) <= 2 * bound(dtype));
+    check_conv_under_autocast(dtype, {4, 8, 12, 12}, {16, 8, 3, 3},
+                              {.stride = {2, 2}, .padding = {1, 1}}, false, 1);
+    // A pointwise (1x1) convolution: on the GPU a matrix product (DPAR_CONV_GEMM).
+    check_conv_under_autocast(dtype, {4, 16, 9, 9}, {24, 16, 1, 1}, {}, true, 11);
+    // MobileNetV3's depthwise and stem convolutions, channels-last as the model runs them.
+    check_conv_under_autocast(dtype, {4, 16, 14, 14}, {16, 1, 5, 5},
+                              {.stride = {2, 2}, .padding = {2, 2}, .groups = 16}, true, 21);
+    check_conv_under_autocast(dtype, {4, 24, 10, 10}, {24, 1, 3, 3},
+                              {.stride = {1, 1}, .padding = {1, 1}, .groups = 24}, true, 31);
+    check_conv_under_autocast(dtype, {4, 3, 16, 16}, {16, 3, 3, 3},
+                              {.stride = {2, 2}, .padding = {1, 1}}, true, 41);
 
     const Tensor a = random_tensor({32, 64}, 4).to(kGpu), m = random_tensor({64, 24}, 5).to(kGpu);
     const Tensor lw = random_tensor({24, 64}, 6).to(kGpu), lb = random_tensor({24}, 7).to(kGpu);

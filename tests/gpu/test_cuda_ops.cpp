@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "gpu/gpu_helpers.h"
+#include "tensor/cuda/conv_graph.h"
 #include "unit/helpers.h"
 
 using namespace dpar;
@@ -61,12 +62,40 @@ TEST_CASE("elementwise, unary and reduction ops match the CPU") {
   compare_op("sum over a long dim", [](auto& t) { return sum(t[0], {0}); }, {big});
 }
 
+// One value per (sample, channel) against a full 4-D tensor, in both layouts and operand
+// orders: the squeeze-and-excitation gate, which has its own CUDA kernel.
+TEST_CASE("per-channel broadcasts over 4-D tensors match the CPU in both layouts") {
+  DPAR_REQUIRE_GPU();
+  const Tensor x = random_tensor({3, 5, 4, 6}, 20),
+               gate = random_tensor({3, 5, 1, 1}, 21, 0.5f, 2.f),
+               per_channel = random_tensor({1, 5, 1, 1}, 22, 0.5f, 2.f),
+               per_sample = random_tensor({3, 1, 1, 1}, 23, 0.5f, 2.f);
+  for (const bool nhwc : {false, true}) {
+    INFO("channels-last " << nhwc);
+    const Tensor full = nhwc ? channels_last(x) : x;
+    for (const Tensor& g : {gate, per_channel, per_sample}) {
+      compare_op("mul gate", [](auto& t) { return mul(t[0], t[1]); }, {full, g});
+      compare_op("gate mul", [](auto& t) { return mul(t[1], t[0]); }, {full, g});
+      compare_op("gate sub", [](auto& t) { return sub(t[1], t[0]); }, {full, g});
+      compare_op("div gate", [](auto& t) { return div(t[0], t[1]); }, {full, g});
+    }
+  }
+}
+
 TEST_CASE("dropout on the GPU keeps the CPU's mask for the same seed") {
   DPAR_REQUIRE_GPU();
   const Tensor x = random_tensor({8, 16}, 7);
   Generator g1(42), g2(42);
   Tensor cpu = dropout(x, 0.3, true, g1), gpu = dropout(x.to(kGpu), 0.3, true, g2);
   CHECK(relative_error(cpu, gpu) <= kTol);
+  // Masks go to the GPU without waiting (pinned memory): back-to-back draws must still each
+  // arrive intact while earlier ones are in flight.
+  std::vector<Tensor> on_gpu, on_cpu;
+  for (int i = 0; i < 8; ++i) {
+    on_cpu.push_back(dropout(x, 0.5, true, g1));
+    on_gpu.push_back(dropout(x.to(kGpu), 0.5, true, g2));
+  }
+  for (int i = 0; i < 8; ++i) CHECK(relative_error(on_cpu[i], on_gpu[i]) <= kTol);
 }
 
 TEST_CASE("linear and matmul match the CPU") {
@@ -99,6 +128,14 @@ TEST_CASE("convolutions match the CPU: dense, strided, dilated, grouped, depthwi
        {16, 1, 5, 5},
        {{2, 2}, {2, 2}, {1, 1}, 16},
        false},
+      {"depthwise 3x3", {2, 24, 10, 10}, {24, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 24}, false},
+      {"stem 3 -> 16 stride 2", {2, 3, 16, 16}, {16, 3, 3, 3}, {{2, 2}, {1, 1}, {1, 1}, 1}, false},
+      // Over 2^20 activation elements: cuDNN's runtime-compiled engines are candidates too.
+      {"large depthwise 3x3 stride 2",
+       {8, 64, 56, 56},
+       {64, 1, 3, 3},
+       {{2, 2}, {1, 1}, {1, 1}, 64},
+       false},
   };
   for (const Case& c : cases) {
     const Tensor x = random_tensor(c.x, 13), w = random_tensor(c.w, 14, -0.3f, 0.3f);
@@ -112,6 +149,21 @@ TEST_CASE("convolutions match the CPU: dense, strided, dilated, grouped, depthwi
                  {x, w});
     }
   }
+}
+
+// Every convolution above that is not a GEMM ran on a graph-API engine of cuDNN: the legacy
+// API is only the fallback (a problem no engine takes), not where MobileNetV3's depthwise and
+// stem convolutions end up. Skipped under DPAR_CUDNN_API=legacy.
+TEST_CASE("the graph API runs every non-pointwise convolution") {
+  DPAR_REQUIRE_GPU();
+  if (!cuda::conv_graph_enabled()) return;
+  const Tensor x = random_tensor({2, 16, 14, 14}, 30), w = random_tensor({16, 1, 5, 5}, 31);
+  const Conv2dOptions opt{{2, 2}, {2, 2}, {1, 1}, 16};
+  compare_op("depthwise 5x5 stride 2", [opt](auto& t) { return conv2d(t[0], t[1], {}, opt); },
+             {x, w});
+  const cuda::ConvGraphCounts counts = cuda::conv_graph_counts();
+  CHECK(counts.on_graph >= 3);  // this problem's three directions at least
+  CHECK(counts.on_legacy == 0);
 }
 
 // MobileNetV3's squeeze-and-excitation block: 1x1 convolutions with bias on the [N,C,1,1]

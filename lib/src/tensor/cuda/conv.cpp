@@ -1,7 +1,8 @@
-// Convolutions on cuDNN (legacy descriptor API), without bias (conv2d adds it in f32). For each
-// shape the descriptors are built once and each direction's algorithm is chosen once by timing the
-// candidates on the real buffers (cudnnFind*, PyTorch's cudnn.benchmark = True), then cached with
-// its workspace size.
+// Convolutions on cuDNN, without bias (conv2d adds it in f32): pointwise ones as cuBLAS GEMMs,
+// the others through the graph API (conv_graph.cpp) and, where that has no engine or
+// DPAR_CUDNN_API=legacy, the legacy descriptor API. For each shape the legacy descriptors are
+// built once and each direction's algorithm is chosen once by timing the candidates on the real
+// buffers (cudnnFind*, PyTorch's cudnn.benchmark = True), then cached with its workspace size.
 #include <cudnn.h>
 
 #include <array>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "tensor/conv_layout.h"
+#include "tensor/cuda/conv_graph.h"
 #include "tensor/cuda/cuda_context.h"
 #include "tensor/cuda/cuda_libraries.h"
 #include "tensor/linear_kernels.h"
@@ -96,21 +98,16 @@ void set_activation_desc(cudnnTensorDescriptor_t d, DType t, const Tensor& like,
 }
 
 std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tensor& x,
-                                    const std::array<int64_t, 4>& x_strides, const Tensor& y,
-                                    const std::array<int64_t, 4>& y_strides, bool nhwc) {
+                                    const Tensor& y, const ConvLayout& layout) {
   auto p = std::make_unique<ConvPlan>();
-  p->description = std::string(dtype_name(t)) + " [" + std::to_string(g.N) + "," +
-                   std::to_string(g.C) + "," + std::to_string(g.H) + "," + std::to_string(g.W) +
-                   "] -> " + std::to_string(g.O) + " k" + std::to_string(g.kH) + "x" +
-                   std::to_string(g.kW) + " s" + std::to_string(g.stride[0]) + " g" +
-                   std::to_string(g.groups) + (x_strides[1] == 1 ? " nhwc" : " nchw") +
-                   (nhwc ? " filter nhwc" : " filter nchw");
+  p->description = describe_conv(g, t, layout);
+  const bool nhwc = layout.nhwc_filter;
   check_cudnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
   check_cudnn(cudnnCreateTensorDescriptor(&p->y), "cudnnCreateTensorDescriptor");
   check_cudnn(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
   check_cudnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
-  set_activation_desc(p->x, t, x, x_strides);
-  set_activation_desc(p->y, t, y, y_strides);
+  set_activation_desc(p->x, t, x, layout.x_strides);
+  set_activation_desc(p->y, t, y, layout.y_strides);
   check_cudnn(
       cudnnSetFilter4dDescriptor(p->w, cudnn_type(t), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
                                  static_cast<int>(g.O), static_cast<int>(g.C / g.groups),
@@ -128,29 +125,60 @@ std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tens
   return p;
 }
 
+// How x, y and the filter w are described to cuDNN.
+ConvLayout layout_for(const Tensor& x, const Tensor& y, const Tensor& w) {
+  const bool nhwc = nhwc_filter(w);
+  return {detail::cudnn_activation_strides(x, nhwc), detail::cudnn_activation_strides(y, nhwc),
+          nhwc};
+}
+
 // One plan per (geometry, layouts, dtype, device); plans are shared by all threads, the
 // algorithm search runs under the lock once.
-ConvPlan& plan_for(const Conv2dGeometry& g, const Tensor& x, const Tensor& y, const Tensor& w,
-                   std::unique_lock<std::mutex>& lock) {
+ConvPlan& plan_for(const Conv2dGeometry& g, const Tensor& x, const Tensor& y,
+                   const ConvLayout& layout, std::unique_lock<std::mutex>& lock) {
   static std::mutex mutex;
   static std::map<PlanKey, std::unique_ptr<ConvPlan>> plans;
-  // The bias is the op's (ops_conv.cpp adds it in f32), never cuDNN's.
-  DPAR_CHECK(!g.has_bias, "conv2d on CUDA: the kernel takes no bias; conv2d adds it");
-  const bool nhwc = nhwc_filter(w);
-  const std::array<int64_t, 4> xs = detail::cudnn_activation_strides(x, nhwc),
-                               ys = detail::cudnn_activation_strides(y, nhwc);
+  const std::array<int64_t, 4>&xs = layout.x_strides, &ys = layout.y_strides;
   lock = std::unique_lock<std::mutex>(mutex);
-  std::vector<int64_t> key_values = {
-      g.N,           g.C,      g.H,         g.W,         g.O,          g.kH,         g.kW,
-      g.OH,          g.OW,     g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0],
-      g.dilation[1], g.groups, nhwc,        xs[0],       xs[1],        xs[2],        xs[3],
-      ys[0],         ys[1],    ys[2],       ys[3]};
+  std::vector<int64_t> key_values = {g.N,
+                                     g.C,
+                                     g.H,
+                                     g.W,
+                                     g.O,
+                                     g.kH,
+                                     g.kW,
+                                     g.OH,
+                                     g.OW,
+                                     g.stride[0],
+                                     g.stride[1],
+                                     g.padding[0],
+                                     g.padding[1],
+                                     g.dilation[0],
+                                     g.dilation[1],
+                                     g.groups,
+                                     layout.nhwc_filter,
+                                     xs[0],
+                                     xs[1],
+                                     xs[2],
+                                     xs[3],
+                                     ys[0],
+                                     ys[1],
+                                     ys[2],
+                                     ys[3]};
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   PlanKey key{std::move(key_values), static_cast<int>(x.dtype()), device};
   auto& slot = plans[key];
-  if (!slot) slot = make_plan(g, x.dtype(), x, xs, y, ys, nhwc);
+  if (!slot) slot = make_plan(g, x.dtype(), x, y, layout);
   return *slot;
+}
+
+// The graph API first (conv_graph.h); false when it does not take this problem.
+bool ran_on_graph_api(ConvDirection direction, const Conv2dGeometry& g, const ConvLayout& layout,
+                      const Tensor& x, const Tensor& w, const Tensor& y) {
+  // The bias is the op's (ops_conv.cpp adds it in f32), never cuDNN's.
+  DPAR_CHECK(!g.has_bias, "conv2d on CUDA: the kernel takes no bias; conv2d adds it");
+  return conv_graph_enabled() && run_conv_graph(direction, g, layout, x, w, y);
 }
 
 constexpr int kMaxAlgos = 16;
@@ -236,8 +264,10 @@ void conv2d_forward_cuda(const Conv2dGeometry& g, const Tensor& x, const Tensor&
   if (pointwise_as_gemm(g, x, y, weight)) {
     return gemm(pixel_matrix(x), false, filter_matrix(weight), true, pixel_matrix(y));
   }
+  const ConvLayout layout = layout_for(x, y, weight);
+  if (ran_on_graph_api(ConvDirection::Forward, g, layout, x, weight, y)) return;
   std::unique_lock<std::mutex> lock;
-  ConvPlan& p = plan_for(g, x, y, weight, lock);
+  ConvPlan& p = plan_for(g, x, y, layout, lock);
   cudnnHandle_t h = cudnn_handle();
   use_best_algo<cudnnConvolutionFwdAlgoPerf_t>(
       p, p.fwd, "the forward pass", [&](auto* results, int* count, void* ws) {
@@ -259,8 +289,10 @@ void conv2d_backward_data_cuda(const Conv2dGeometry& g, const Tensor& dy, const 
   if (pointwise_as_gemm(g, dx, dy, weight)) {
     return gemm(pixel_matrix(dy), false, filter_matrix(weight), false, pixel_matrix(dx));
   }
+  const ConvLayout layout = layout_for(dx, dy, weight);
+  if (ran_on_graph_api(ConvDirection::BackwardData, g, layout, dx, weight, dy)) return;
   std::unique_lock<std::mutex> lock;
-  ConvPlan& p = plan_for(g, dx, dy, weight, lock);
+  ConvPlan& p = plan_for(g, dx, dy, layout, lock);
   cudnnHandle_t h = cudnn_handle();
   use_best_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
       p, p.bwd_data, "the input gradient", [&](auto* results, int* count, void* ws) {
@@ -282,8 +314,10 @@ void conv2d_backward_weights_cuda(const Conv2dGeometry& g, const Tensor& x, cons
   if (pointwise_as_gemm(g, x, dy, dweight)) {
     return gemm(pixel_matrix(dy), true, pixel_matrix(x), false, filter_matrix(dweight));
   }
+  const ConvLayout layout = layout_for(x, dy, dweight);
+  if (ran_on_graph_api(ConvDirection::BackwardFilter, g, layout, x, dweight, dy)) return;
   std::unique_lock<std::mutex> lock;
-  ConvPlan& p = plan_for(g, x, dy, dweight, lock);
+  ConvPlan& p = plan_for(g, x, dy, layout, lock);
   cudnnHandle_t h = cudnn_handle();
   use_best_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
       p, p.bwd_filter, "the weight gradient", [&](auto* results, int* count, void* ws) {

@@ -1,0 +1,46 @@
+#pragma once
+// Convolutions through cuDNN's graph (backend) API, as PyTorch runs them: one operation graph per
+// problem, the engines cuDNN's heuristics and fallback list offer, each timed once on the real
+// buffers (cudnn.benchmark = True), the fastest kept as an execution plan. These engines include
+// the NHWC depthwise and direct kernels the legacy API never selects (H100, batch 128: 0.2-0.5 ms
+// per depthwise forward through the legacy API against ~0.035 ms in PyTorch's step).
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "dpar/tensor/tensor.h"
+#include "tensor/nn_kernels.h"
+
+namespace dpar::cuda {
+
+enum class ConvDirection { Forward, BackwardData, BackwardFilter };
+
+// How the three operands of a convolution are described to cuDNN: activation strides (see
+// detail::cudnn_activation_strides) and the filter's layout.
+struct ConvLayout {
+  std::array<int64_t, 4> x_strides{}, y_strides{};
+  bool nhwc_filter = false;
+};
+
+// "f32 [N,C,H,W] -> O kHxkW sS gG nhwc filter nhwc": how DPAR_CUDNN_LOG_ALGOS names a problem.
+std::string describe_conv(const kernels::Conv2dGeometry& g, DType t, const ConvLayout& layout);
+
+// Whether convolutions go through the graph API (the default; DPAR_CUDNN_API=legacy keeps the
+// legacy descriptor API for all of them).
+bool conv_graph_enabled();
+
+// Runs one convolution direction through the graph API: x [N,C,H,W], w [O,C/groups,kH,kW],
+// y [N,O,OH,OW]; the direction's output (y, x or w) is overwritten. Returns false, having run
+// nothing, when no graph-API engine supports the problem (the caller then uses the legacy API);
+// the verdict is cached per problem.
+bool run_conv_graph(ConvDirection direction, const kernels::Conv2dGeometry& g,
+                    const ConvLayout& layout, const Tensor& x, const Tensor& w, const Tensor& y);
+
+// Problems seen so far (each direction of each shape counts once): how many the graph API runs
+// and how many it left to the legacy API. For tests and DPAR_CUDNN_LOG_ALGOS readers.
+struct ConvGraphCounts {
+  int64_t on_graph = 0, on_legacy = 0;
+};
+ConvGraphCounts conv_graph_counts();
+
+}  // namespace dpar::cuda
