@@ -46,14 +46,62 @@ __global__ void binary_strided_kernel(const float* a, const float* b, float* out
   }
 }
 
+// A dense 4-D output (NCHW or channels-last) where one operand has the output's strides and the
+// other holds one value per (sample, channel), expanded over H and W: the gates of
+// squeeze-and-excitation and their gradients. The general indexer divides four 64-bit indices
+// per operand and element; this needs one 32-bit division or two.
+struct ChannelBroadcast {
+  uint32_t C, HW;
+  bool nhwc;
+  int64_t stride_n, stride_c;  // of the per-channel operand (0 where it is broadcast too)
+};
+
+template <BinaryOp Op, bool GateSecond>
+__global__ void binary_channel_broadcast_kernel(const float* full, const float* gate, float* out,
+                                                ChannelBroadcast cb, uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    uint32_t sample, channel;
+    if (cb.nhwc) {
+      sample = i / (cb.HW * cb.C);
+      channel = i % cb.C;
+    } else {
+      const uint32_t plane = i / cb.HW;
+      sample = plane / cb.C;
+      channel = plane - sample * cb.C;
+    }
+    const float g = gate[sample * cb.stride_n + channel * cb.stride_c];
+    out[i] = GateSecond ? apply<Op>(full[i], g) : apply<Op>(g, full[i]);
+  }
+}
+
+// Whether `full` and `gate` (both already expanded to out's shape) fit the kernel above.
+bool channel_broadcast(const Tensor& full, const Tensor& gate, const Tensor& out,
+                       ChannelBroadcast& cb) {
+  if (out.dim() != 4 || !out.is_dense() || full.strides() != out.strides() ||
+      out.numel() >= (int64_t{1} << 31) || gate.stride(2) != 0 || gate.stride(3) != 0)
+    return false;
+  const bool nhwc = out.is_contiguous(MemoryFormat::ChannelsLast);
+  if (!nhwc && !out.is_contiguous()) return false;
+  cb = {static_cast<uint32_t>(out.size(1)), static_cast<uint32_t>(out.size(2) * out.size(3)), nhwc,
+        gate.stride(0), gate.stride(1)};
+  return true;
+}
+
 template <BinaryOp Op>
 void binary_typed(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t n = out.numel();
   const float* pa = static_cast<const float*>(a.raw_data());
   const float* pb = static_cast<const float*>(b.raw_data());
   float* po = static_cast<float*>(out.raw_data());
+  ChannelBroadcast cb{};
   if (a.strides() == out.strides() && b.strides() == out.strides() && out.is_dense()) {
     binary_flat_kernel<Op><<<blocks_for(n), kThreads, 0, current_stream()>>>(pa, pb, po, n);
+  } else if (channel_broadcast(a, b, out, cb)) {
+    binary_channel_broadcast_kernel<Op, true><<<blocks_for(n), kThreads, 0, current_stream()>>>(
+        pa, pb, po, cb, static_cast<uint32_t>(n));
+  } else if (channel_broadcast(b, a, out, cb)) {
+    binary_channel_broadcast_kernel<Op, false><<<blocks_for(n), kThreads, 0, current_stream()>>>(
+        pb, pa, po, cb, static_cast<uint32_t>(n));
   } else {
     const Shape* strides[3] = {&out.strides(), &a.strides(), &b.strides()};
     const StridedIndexer<3> ix = make_indexer<3>(out.shape(), strides);
