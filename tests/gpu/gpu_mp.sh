@@ -48,16 +48,30 @@ esac
 gpu_apps() {  # processes holding GPU memory, one pid per line (none without nvidia-smi)
   command -v nvidia-smi >/dev/null && nvidia-smi --query-compute-apps=pid --format=csv,noheader
 }
+# Every process of this job carries the tag, so that processes of other tests sharing the GPU
+# (ctest -j) are not taken for ones this job left behind.
+export DPAR_DRILL_JOB_TAG="gpu_mp_${case_name}_$$"
+job_gpu_apps() {  # GPU-holding processes of this job: tagged, or new and not visible in /proc
+  local pid
+  for pid in $(gpu_apps); do
+    if [ -r "/proc/$pid/environ" ]; then
+      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "DPAR_DRILL_JOB_TAG=$DPAR_DRILL_JOB_TAG" &&
+        echo "$pid"
+    elif ! grep -qxF "$pid" <<<"$before"; then
+      echo "$pid"  # another pid namespace: judged by whether it is new
+    fi
+  done
+}
 before=$(gpu_apps | sort)
 "$here/../multiproc/mp_cases.sh" "$case_name" "$launcher" "$coll" "$ddp"
 rc=$?
 if [ "$case_name" = kill9 ] && command -v nvidia-smi >/dev/null; then
   sleep 1
-  after=$(gpu_apps | sort)
-  if [ "$after" = "$before" ]; then
+  left=$(job_gpu_apps)
+  if [ -z "$left" ]; then
     echo "ok: no process of the job holds GPU memory"
   else
-    echo "FAIL: processes holding GPU memory after the teardown: $(comm -13 <(echo "$before") <(echo "$after") | tr '\n' ' ')"
+    echo "FAIL: processes of the job holding GPU memory after the teardown: $(echo $left)"
     rc=1
   fi
 fi
