@@ -27,28 +27,11 @@ namespace {
 
 using kernels::Conv2dGeometry;
 
-cudnnDataType_t cudnn_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return CUDNN_DATA_FLOAT;
-    case DType::f16:
-      return CUDNN_DATA_HALF;
-    case DType::bf16:
-      return CUDNN_DATA_BFLOAT16;
-    default:
-      DPAR_FAIL("conv2d on CUDA supports f32, f16 and bf16, got ", t);
-  }
-}
-
 // TF32 stays off for f32 unless asked for (DPAR_ALLOW_TF32=1), so f32 results match the CPU
 // backend; PyTorch allows TF32 in cuDNN convolutions by default, the benchmark says which.
 cudnnMathType_t math_type(DType t) {
   if (t != DType::f32) return CUDNN_TENSOR_OP_MATH;
-  static const bool tf32 = [] {
-    const char* v = std::getenv("DPAR_ALLOW_TF32");
-    return v && *v && *v != '0';
-  }();
-  return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  return tf32_allowed() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
 // The key of one convolution problem: geometry, the strides cuDNN is given for input, output
@@ -89,12 +72,13 @@ bool nhwc_filter(const Tensor& w) { return w.is_contiguous(MemoryFormat::Channel
 
 void set_activation_desc(cudnnTensorDescriptor_t d, DType t, const Tensor& like,
                          const std::array<int64_t, 4>& strides) {
-  check_cudnn(cudnnSetTensor4dDescriptorEx(
-                  d, cudnn_type(t), static_cast<int>(like.size(0)), static_cast<int>(like.size(1)),
-                  static_cast<int>(like.size(2)), static_cast<int>(like.size(3)),
-                  static_cast<int>(strides[0]), static_cast<int>(strides[1]),
-                  static_cast<int>(strides[2]), static_cast<int>(strides[3])),
-              "cudnnSetTensor4dDescriptorEx");
+  check_cudnn(
+      cudnnSetTensor4dDescriptorEx(d, cudnn_data_type(t), static_cast<int>(like.size(0)),
+                                   static_cast<int>(like.size(1)), static_cast<int>(like.size(2)),
+                                   static_cast<int>(like.size(3)), static_cast<int>(strides[0]),
+                                   static_cast<int>(strides[1]), static_cast<int>(strides[2]),
+                                   static_cast<int>(strides[3])),
+      "cudnnSetTensor4dDescriptorEx");
 }
 
 std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tensor& x,
@@ -108,11 +92,11 @@ std::unique_ptr<ConvPlan> make_plan(const Conv2dGeometry& g, DType t, const Tens
   check_cudnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
   set_activation_desc(p->x, t, x, layout.x_strides);
   set_activation_desc(p->y, t, y, layout.y_strides);
-  check_cudnn(
-      cudnnSetFilter4dDescriptor(p->w, cudnn_type(t), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
-                                 static_cast<int>(g.O), static_cast<int>(g.C / g.groups),
-                                 static_cast<int>(g.kH), static_cast<int>(g.kW)),
-      "cudnnSetFilter4dDescriptor");
+  check_cudnn(cudnnSetFilter4dDescriptor(p->w, cudnn_data_type(t),
+                                         nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                         static_cast<int>(g.O), static_cast<int>(g.C / g.groups),
+                                         static_cast<int>(g.kH), static_cast<int>(g.kW)),
+              "cudnnSetFilter4dDescriptor");
   check_cudnn(cudnnSetConvolution2dDescriptor(
                   p->conv, static_cast<int>(g.padding[0]), static_cast<int>(g.padding[1]),
                   static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]),
@@ -138,36 +122,10 @@ ConvPlan& plan_for(const Conv2dGeometry& g, const Tensor& x, const Tensor& y,
                    const ConvLayout& layout, std::unique_lock<std::mutex>& lock) {
   static std::mutex mutex;
   static std::map<PlanKey, std::unique_ptr<ConvPlan>> plans;
-  const std::array<int64_t, 4>&xs = layout.x_strides, &ys = layout.y_strides;
   lock = std::unique_lock<std::mutex>(mutex);
-  std::vector<int64_t> key_values = {g.N,
-                                     g.C,
-                                     g.H,
-                                     g.W,
-                                     g.O,
-                                     g.kH,
-                                     g.kW,
-                                     g.OH,
-                                     g.OW,
-                                     g.stride[0],
-                                     g.stride[1],
-                                     g.padding[0],
-                                     g.padding[1],
-                                     g.dilation[0],
-                                     g.dilation[1],
-                                     g.groups,
-                                     layout.nhwc_filter,
-                                     xs[0],
-                                     xs[1],
-                                     xs[2],
-                                     xs[3],
-                                     ys[0],
-                                     ys[1],
-                                     ys[2],
-                                     ys[3]};
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  PlanKey key{std::move(key_values), static_cast<int>(x.dtype()), device};
+  PlanKey key{conv_problem_key(g, layout), static_cast<int>(x.dtype()), device};
   auto& slot = plans[key];
   if (!slot) slot = make_plan(g, x.dtype(), x, y, layout);
   return *slot;
@@ -202,11 +160,7 @@ void use_best_algo(ConvPlan& p, ChosenAlgo<Algo>& chosen, const char* what, Find
     if (!best) DPAR_FAIL("conv2d on CUDA: cuDNN found no algorithm for ", what);
     chosen = {true, best->algo, best->memory, best->mathType};
     // DPAR_CUDNN_LOG_ALGOS=1: one line per search, to see where a step's convolution time goes.
-    static const bool log = [] {
-      const char* v = std::getenv("DPAR_CUDNN_LOG_ALGOS");
-      return v && *v && *v != '0';
-    }();
-    if (log) {
+    if (log_cudnn_choices()) {
       std::fprintf(
           stderr, "cudnn: %s, %s: algo %d, %.3f ms, workspace %.1f MB, math %d (%d found)\n",
           p.description.c_str(), what, static_cast<int>(best->algo), best->time,

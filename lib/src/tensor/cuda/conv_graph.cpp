@@ -67,19 +67,6 @@ class Desc {
   cudnnBackendDescriptor_t d_ = nullptr;
 };
 
-cudnnDataType_t graph_data_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return CUDNN_DATA_FLOAT;
-    case DType::f16:
-      return CUDNN_DATA_HALF;
-    case DType::bf16:
-      return CUDNN_DATA_BFLOAT16;
-    default:
-      DPAR_FAIL("conv2d on CUDA supports f32, f16 and bf16, got ", t);
-  }
-}
-
 // The largest power of two up to 16 that divides the address: cuDNN's vectorised kernels need
 // to be told, and a plan chosen for aligned buffers must not run on an unaligned view.
 int64_t byte_alignment(const void* p) {
@@ -94,7 +81,7 @@ constexpr int64_t kUidX = 'x', kUidW = 'w', kUidY = 'y';
 Desc tensor_desc(int64_t uid, DType t, const std::array<int64_t, 4>& dims,
                  const std::array<int64_t, 4>& strides, int64_t alignment) {
   Desc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const cudnnDataType_t type = graph_data_type(t);
+  const cudnnDataType_t type = cudnn_data_type(t);
   d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type)
       .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data())
       .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data())
@@ -123,47 +110,67 @@ Desc convolution_desc(const Conv2dGeometry& g) {
   return d;
 }
 
+// The descriptor type and attribute names of one direction's operation, for its input x,
+// filter w, output-side y (forward: y; backward data: dx, w, dy; backward filter: x, dw, dy).
+struct OperationAttributes {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+  const char* what;
+};
+
+const OperationAttributes& operation_attributes(ConvDirection direction) {
+  static const OperationAttributes forward{CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                                           CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+                                           "cudnnBackendFinalize(convolution forward)"};
+  static const OperationAttributes backward_data{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+      "cudnnBackendFinalize(convolution backward data)"};
+  static const OperationAttributes backward_filter{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+      "cudnnBackendFinalize(convolution backward filter)"};
+  switch (direction) {
+    case ConvDirection::Forward:
+      return forward;
+    case ConvDirection::BackwardData:
+      return backward_data;
+    case ConvDirection::BackwardFilter:
+      return backward_filter;
+  }
+  DPAR_FAIL("conv2d on CUDA: unknown direction");
+}
+
 // The operation of one direction over the three tensors. Groups are implied by the filter's
 // second dimension (C / groups), as in PyTorch's graph-API convolutions.
 Desc operation_desc(ConvDirection direction, const Desc& x, const Desc& w, const Desc& y,
                     const Desc& conv) {
+  const OperationAttributes& a = operation_attributes(direction);
   const float alpha = 1.f, beta = 0.f;
-  switch (direction) {
-    case ConvDirection::Forward: {
-      Desc op(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      op.set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta)
-          .finalize("cudnnBackendFinalize(convolution forward)");
-      return op;
-    }
-    case ConvDirection::BackwardData: {
-      Desc op(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      op.set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta)
-          .finalize("cudnnBackendFinalize(convolution backward data)");
-      return op;
-    }
-    case ConvDirection::BackwardFilter: {
-      Desc op(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      op.set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y)
-          .set_descriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta)
-          .finalize("cudnnBackendFinalize(convolution backward filter)");
-      return op;
-    }
-  }
-  DPAR_FAIL("conv2d on CUDA: unknown direction");
+  Desc op(a.type);
+  op.set_descriptor(a.x, x)
+      .set_descriptor(a.w, w)
+      .set_descriptor(a.y, y)
+      .set_descriptor(a.conv, conv)
+      .set(a.alpha, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(a.beta, CUDNN_TYPE_FLOAT, 1, &beta)
+      .finalize(a.what);
+  return op;
 }
 
 // The engine configurations one heuristics mode offers for the graph, best guess first.
@@ -271,11 +278,6 @@ bool better(float ms, int64_t ws, float best_ms, int64_t best_ws) {
   return ws < best_ws ? ms < best_ms * 1.1f : ms < best_ms * 0.9f;
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && *v != '0';
-}
-
 const char* direction_name(ConvDirection d) {
   switch (d) {
     case ConvDirection::Forward:
@@ -291,6 +293,7 @@ const char* direction_name(ConvDirection d) {
 // Builds the graph, times every allowed engine on the real buffers and keeps the fastest.
 GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLayout& layout,
                  const Tensor& x, const Tensor& w, const Tensor& y) {
+  const auto search_start = std::chrono::steady_clock::now();
   const DType t = x.dtype();
   const std::string description = describe_conv(g, t, layout);
   const int64_t cg = g.C / g.groups;
@@ -312,7 +315,7 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
       .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
       .finalize("cudnnBackendFinalize(operation graph)");
 
-  static const bool allow_tf32 = env_flag("DPAR_ALLOW_TF32");
+  const bool allow_tf32 = tf32_allowed();
   static const bool runtime_compiled = [] {
     const char* v = std::getenv("DPAR_CUDNN_RUNTIME_COMPILED");
     return v == nullptr || std::string(v) != "0";
@@ -341,7 +344,6 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
       }
     }
   }
-  const auto search_start = std::chrono::steady_clock::now();
 
   cudaStream_t stream = current_stream();
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -366,8 +368,7 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
     }
     if (ws_size > kMaxWorkspace) continue;
     void* ws = workspace(static_cast<size_t>(ws_size));
-    // One untimed run (first-use costs, and a refusal at execution), then the median-free mean of
-    // three, as cudnnFind does.
+    // One untimed run (first-use costs, and a refusal at execution), then the mean of three.
     if (execute(handle, *plan, x.raw_data(), w.raw_data(), y.raw_data(), ws) !=
         CUDNN_STATUS_SUCCESS)
       continue;
@@ -396,8 +397,7 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
   release_workspace();
   // Errors a refused candidate left behind must not be reported by the next kernel's check.
   cudaGetLastError();
-  static const bool log = env_flag("DPAR_CUDNN_LOG_ALGOS");
-  if (log) {
+  if (log_cudnn_choices()) {
     if (best.plan) {
       const double search_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - search_start)
@@ -418,6 +418,46 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
 }
 
 }  // namespace
+
+namespace {
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && *v != '0';
+}
+}  // namespace
+
+bool tf32_allowed() {
+  static const bool allowed = env_flag("DPAR_ALLOW_TF32");
+  return allowed;
+}
+
+bool log_cudnn_choices() {
+  static const bool log = env_flag("DPAR_CUDNN_LOG_ALGOS");
+  return log;
+}
+
+std::vector<int64_t> conv_problem_key(const Conv2dGeometry& g, const ConvLayout& layout) {
+  std::vector<int64_t> key = {g.N,
+                              g.C,
+                              g.H,
+                              g.W,
+                              g.O,
+                              g.kH,
+                              g.kW,
+                              g.OH,
+                              g.OW,
+                              g.stride[0],
+                              g.stride[1],
+                              g.padding[0],
+                              g.padding[1],
+                              g.dilation[0],
+                              g.dilation[1],
+                              g.groups,
+                              layout.nhwc_filter};
+  key.insert(key.end(), layout.x_strides.begin(), layout.x_strides.end());
+  key.insert(key.end(), layout.y_strides.begin(), layout.y_strides.end());
+  return key;
+}
 
 std::string describe_conv(const Conv2dGeometry& g, DType t, const ConvLayout& layout) {
   return std::string(dtype_name(t)) + " [" + std::to_string(g.N) + "," + std::to_string(g.C) + "," +
@@ -464,28 +504,9 @@ bool run_conv_graph(ConvDirection direction, const Conv2dGeometry& g, const Conv
                     const Tensor& x, const Tensor& w, const Tensor& y) {
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  std::vector<int64_t> values = {g.N,
-                                 g.C,
-                                 g.H,
-                                 g.W,
-                                 g.O,
-                                 g.kH,
-                                 g.kW,
-                                 g.OH,
-                                 g.OW,
-                                 g.stride[0],
-                                 g.stride[1],
-                                 g.padding[0],
-                                 g.padding[1],
-                                 g.dilation[0],
-                                 g.dilation[1],
-                                 g.groups,
-                                 layout.nhwc_filter,
-                                 byte_alignment(x.raw_data()),
-                                 byte_alignment(w.raw_data()),
-                                 byte_alignment(y.raw_data())};
-  values.insert(values.end(), layout.x_strides.begin(), layout.x_strides.end());
-  values.insert(values.end(), layout.y_strides.begin(), layout.y_strides.end());
+  std::vector<int64_t> values = conv_problem_key(g, layout);
+  for (const void* p : {x.raw_data(), w.raw_data(), y.raw_data()})
+    values.push_back(byte_alignment(p));
   PlanKey key{static_cast<int>(direction), std::move(values), static_cast<int>(x.dtype()), device};
   std::lock_guard<std::mutex> lock(plans_mutex());
   auto found = plans().find(key);
@@ -496,7 +517,7 @@ bool run_conv_graph(ConvDirection direction, const Conv2dGeometry& g, const Conv
     } catch (const Error& e) {
       // The graph itself was refused (a cuDNN without these descriptors, or a layout it does
       // not take): the legacy API runs this problem from now on.
-      if (env_flag("DPAR_CUDNN_LOG_ALGOS"))
+      if (log_cudnn_choices())
         std::fprintf(stderr, "cudnn graph: %s, %s: %s; the legacy API takes it\n",
                      describe_conv(g, x.dtype(), layout).c_str(), direction_name(direction),
                      e.what());

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dpar/tensor/tensor.h"
 #include "tensor/nn_kernels.h"
@@ -21,6 +22,12 @@ struct ConvLayout {
   std::array<int64_t, 4> x_strides{}, y_strides{};
   bool nhwc_filter = false;
 };
+
+// Shared by both cuDNN paths (conv.cpp, conv_graph.cpp):
+bool tf32_allowed();       // DPAR_ALLOW_TF32=1
+bool log_cudnn_choices();  // DPAR_CUDNN_LOG_ALGOS=1
+// Geometry and the strides cuDNN is given: the part of a plan cache's key both paths share.
+std::vector<int64_t> conv_problem_key(const kernels::Conv2dGeometry& g, const ConvLayout& layout);
 
 // "f32 [N,C,H,W] -> O kHxkW sS gG nhwc filter nhwc": how DPAR_CUDNN_LOG_ALGOS names a problem.
 std::string describe_conv(const kernels::Conv2dGeometry& g, DType t, const ConvLayout& layout);

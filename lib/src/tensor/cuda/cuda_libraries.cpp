@@ -44,6 +44,19 @@ void check_cublas(cublasStatus_t status, const char* what) {
             "): ", cublasGetStatusName(status), ": ", cublasGetStatusString(status));
 }
 
+cudnnDataType_t cudnn_data_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      DPAR_FAIL("cuDNN takes f32, f16 and bf16 here, got ", t);
+  }
+}
+
 void check_cudnn(cudnnStatus_t status, const char* what) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   char detail[512] = {};

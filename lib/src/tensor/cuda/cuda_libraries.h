@@ -4,10 +4,15 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 
+#include "dpar/core/dtype.h"
+
 namespace dpar::cuda {
 
 cublasHandle_t cublas_handle();  // for the current device and stream
 cudnnHandle_t cudnn_handle();    // for the current device and stream
+
+// cuDNN's name for f32, f16 and bf16; throws dpar::Error for other dtypes.
+cudnnDataType_t cudnn_data_type(DType t);
 
 void check_cublas(cublasStatus_t status, const char* what);
 void check_cudnn(cudnnStatus_t status, const char* what);
