@@ -4,6 +4,7 @@
 // processes are the multi-process drills' (tests/multiproc, mp_elastic_*).
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <future>
 #include <thread>
 #include <vector>
@@ -155,21 +156,31 @@ TEST_CASE("the batch policy keeps the per-rank batch or the global batch", "[ela
                                     "micro-batches over 5 ranks"));
 }
 
-TEST_CASE("aborting a gloo group fails a collective waiting for a silent rank at once",
-          "[elastic]") {
-  StoreServer server("127.0.0.1", 0, "aborttest", 2);
+namespace {
+
+// Two Gloo ranks of one job, formed from threads of this process.
+std::vector<std::shared_ptr<ProcessGroup>> two_gloo_ranks(const StoreServer& server,
+                                                          const std::string& job) {
   std::vector<std::shared_ptr<ProcessGroup>> groups(2);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      auto store =
-          std::make_shared<StoreClient>(server.endpoint(), StoreIdentity{"aborttest", 2, rank});
+      auto store = std::make_shared<StoreClient>(server.endpoint(), StoreIdentity{job, 2, rank});
       ProcessGroupOptions options;
       options.timeout = 60s;
       groups[static_cast<size_t>(rank)] = make_gloo_group(store, rank, 2, options);
     });
   }
   for (auto& t : threads) t.join();
+  return groups;
+}
+
+}  // namespace
+
+TEST_CASE("aborting a gloo group fails a collective waiting for a silent rank at once",
+          "[elastic]") {
+  StoreServer server("127.0.0.1", 0, "aborttest", 2);
+  std::vector<std::shared_ptr<ProcessGroup>> groups = two_gloo_ranks(server, "aborttest");
   // Rank 1 never joins this all-reduce; without the abort rank 0 would wait 60 s.
   Tensor x = Tensor::ones({1000});
   auto work = groups[0]->allreduce({x});
@@ -182,6 +193,21 @@ TEST_CASE("aborting a gloo group fails a collective waiting for a silent rank at
   // The group stays failed; the peer's pending work fails too (its connection closed).
   CHECK_THROWS_WITH(groups[0]->barrier(false)->wait(), Catch::Contains("aborted"));
   CHECK_THROWS(groups[1]->allreduce({Tensor::ones({4})}, ReduceOp::Sum, false));
+}
+
+// Gloo writes with writev, which raises SIGPIPE on a connection the peer has closed; its default
+// action would kill the whole process (here: the test binary) before Gloo reports the broken
+// pair. A Gloo group makes the process ignore SIGPIPE, as Python (and so PyTorch) always does.
+TEST_CASE("a gloo peer that closes its connections mid-stream is an error, not SIGPIPE",
+          "[elastic]") {
+  StoreServer server("127.0.0.1", 0, "pipetest", 2);
+  std::vector<std::shared_ptr<ProcessGroup>> groups = two_gloo_ranks(server, "pipetest");
+  struct sigaction current {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &current) == 0);
+  CHECK(current.sa_handler == SIG_IGN);
+  groups[1]->abort("rank 1 closes its connections (test)");
+  // 64 MB: far more than the socket buffers hold, so writes meet the peer's reset.
+  CHECK_THROWS(groups[0]->allreduce({Tensor::ones({16 << 20})}, ReduceOp::Sum, false));
 }
 
 TEST_CASE("elastic members hand the state over and go on with two after one leaves", "[elastic]") {

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <mutex>
 
 #include "distributed/gloo/bind_address.h"
 #include "distributed/gloo/gloo_mesh.h"
@@ -27,6 +29,23 @@ void check_cpu(const Tensor& t, const char* what) {
              t.device().str());
 }
 
+// Gloo writes to its sockets with writev, which raises SIGPIPE once the peer has closed the
+// connection; the default action kills the process before Gloo can report the broken pair (a
+// dead rank, an aborted group). Python ignores SIGPIPE from the start, which is why PyTorch's
+// gloo never meets this; a C++ program must. Only the default disposition is replaced, so a
+// handler the program installed stays (and, as with Python, children inherit the ignore).
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  });
+}
+
 }  // namespace
 
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
@@ -36,6 +55,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
              " is outside a world of size ", size);
   DPAR_CHECK(options_.timeout.count() > 0, "make_gloo_group: the timeout must be positive, got ",
              options_.timeout.count(), " ms");
+  ignore_sigpipe();
   std::string name = "gloo/local";  // a world of one
   if (size > 1) {
     DPAR_CHECK(store != nullptr, "make_gloo_group: a world of ", size, " needs a store");
