@@ -160,6 +160,54 @@ TEST_CASE("packed_self_attention equals attention on the split heads", "[attenti
                     Contains("qkv must be an f32 tensor [N, L, 3 * E]"));
 }
 
+TEST_CASE("attention rows longer than a vector: tails, masks, the causal cut, gradients",
+          "[attention]") {
+  // Key counts around the 16-float vector the CPU's softmax works in (a masked tail, none, a
+  // single-lane one as ViT's 65), and query counts around its groups of four rows, below and
+  // above the key count under the causal cut; values and gradients against the op chain.
+  Generator gen(6);
+  for (const int64_t lk : {16, 33, 65}) {
+    for (const int64_t lq : {1, 6, 70}) {
+      for (const int variant : {0, 1, 2}) {  // plain, an additive mask, causal
+        INFO("lq " << lq << ", lk " << lk << ", variant " << variant);
+        Tensor q = random_tensor({1, 2, lq, 8}, gen).set_requires_grad();
+        Tensor k = random_tensor({1, 2, lk, 8}, gen).set_requires_grad();
+        Tensor v = random_tensor({1, 2, lk, 5}, gen).set_requires_grad();
+        Tensor additive;
+        if (variant == 1) {
+          // -inf on every fifth key (in the tail lane too) and finite offsets elsewhere; key 0
+          // stays visible so that no row is empty.
+          std::vector<float> m(static_cast<size_t>(lq * lk));
+          for (int64_t i = 0; i < lq; ++i) {
+            for (int64_t j = 0; j < lk; ++j) {
+              m[static_cast<size_t>(i * lk + j)] =
+                  j > 0 && (i + j) % 5 == 0 ? -INFINITY : 0.25f * static_cast<float>((i + j) % 3);
+            }
+          }
+          additive = Tensor::from_vector(m, {lq, lk});
+        }
+        const bool causal = variant == 2;
+        const Tensor g = random_tensor({1, 2, lq, 5}, gen);
+        auto grads = [&](const Tensor& out) {
+          sum(mul(out, g)).backward();
+          std::vector<std::vector<float>> got;
+          for (Tensor* t : {&q, &k, &v}) {
+            got.push_back(t->grad().to_float_vector());
+            t->set_grad(Tensor());
+          }
+          return got;
+        };
+        const Tensor fused = scaled_dot_product_attention(q, k, v, additive, 0.0, causal);
+        const Tensor chain =
+            reference(q, k, v, causal ? causal_additive(lq, lk) : additive, 1.0 / std::sqrt(8.0));
+        CHECK(max_rel_error(fused.to_float_vector(), chain.to_float_vector()) < 1e-4);
+        const auto fused_grads = grads(fused), chain_grads = grads(chain);
+        for (size_t i = 0; i < 3; ++i) CHECK(max_rel_error(fused_grads[i], chain_grads[i]) < 1e-3);
+      }
+    }
+  }
+}
+
 TEST_CASE("attention argument errors name the tensors", "[attention]") {
   const Tensor q = Tensor::zeros({2, 3, 4}), k = Tensor::zeros({2, 5, 4});
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, Tensor::zeros({2, 5, 3}), k),
