@@ -112,6 +112,42 @@ TEST_CASE("linear with a bias on a large batch: values, bias gradient, any threa
   CHECK(bias_grad(2) == one);
 }
 
+TEST_CASE("linear's backward in row blocks: dX and the bias gradient, any thread count",
+          "[linear]") {
+  // A wide weight (dX = G W through sgemm), so dX is computed 256 rows per thread at a time
+  // and the bias gradient summed from each block of G as the product reads it: rows over
+  // several blocks and a short last one, with 1 and 2 threads.
+  Generator gen(26);
+  const Tensor x = random_tensor({1100, 64}, gen), w = random_tensor({24, 64}, gen);
+  const Tensor bias = random_tensor({24}, gen), g = random_tensor({1100, 24}, gen);
+  const std::vector<float> want_dx = naive_matmul(g, w);
+  const auto gv = g.to_float_vector();
+  std::vector<float> want_db(24);
+  for (size_t j = 0; j < 24; ++j) {
+    double s = 0;
+    for (size_t i = 0; i < 1100; ++i) s += gv[i * 24 + j];
+    want_db[j] = static_cast<float>(s);
+  }
+  const int threads_before = get_num_threads();
+  auto grads = [&](int threads) {
+    set_num_threads(threads);
+    Tensor xi = x.detach().set_requires_grad(), b = bias.detach().set_requires_grad();
+    sum(mul(linear(xi, w, b), g)).backward();
+    set_num_threads(threads_before);
+    return std::make_pair(xi.grad().to_float_vector(), b.grad().to_float_vector());
+  };
+  const auto [dx1, db1] = grads(1);
+  check_close(dx1, want_dx, 1e-4);
+  check_close(db1, want_db, 1e-6);
+  const auto [dx2, db2] = grads(2);
+  check_close(dx2, want_dx, 1e-4);
+  CHECK(db2 == db1);  // the same fixed blocks of rows, whatever the thread count
+  // Without an input gradient the bias gradient comes from sum_to: the same bits.
+  Tensor b = bias.detach().set_requires_grad();
+  sum(mul(linear(x, w, b), g)).backward();
+  CHECK(b.grad().to_float_vector() == db1);
+}
+
 TEST_CASE("linear on a tall input: weights in oneDNN's blocked layout, forward and dX",
           "[linear]") {
   // Many rows against small weights: the products whose weights are reordered into the

@@ -11,4 +11,11 @@ namespace dpar::kernels {
 DPAR_KERNEL(gemm, void(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                        const Tensor& bias, Tensor& c));
 
+// The input gradient of a linear layer, dx = g w (g [M, out], w [out, in]; dx a contiguous
+// [M, in], overwritten), and with it, when db ([out]) is defined, the bias gradient: the column
+// sums of g in sum_to's fixed blocks (cpu/column_sums.h), so the same result as a separate sum.
+// A backend may compute dx a block of g's rows at a time and sum each block while the product
+// has it in cache, instead of streaming g once more.
+DPAR_KERNEL(linear_input_grad, void(const Tensor& g, const Tensor& w, Tensor& dx, Tensor& db));
+
 }  // namespace dpar::kernels

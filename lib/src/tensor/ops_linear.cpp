@@ -143,6 +143,33 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return matmul_batched(a, b);
 }
 
+namespace {
+
+// The gradients of y = x W^T + b from G = dL/dy, in need's order (x, W, b).
+autograd::GradList linear_backward(const Tensor& g, const Tensor& x, const Tensor& w,
+                                   const autograd::NeedsGrad& need, DType compute) {
+  Tensor gx, gw, gb;
+  // The weight gradient first: G is still in cache from the node before, and dX, which the
+  // next node reads, is then written last.
+  if (need[1]) gw = gemm(g, true, x, false, {}, compute);  // G^T X
+  if (need[2]) gb = Tensor::empty({g.size(1)}, DType::f32, g.device());
+  if (need[0] && compute == DType::f32 && kernels::linear_input_grad.available(g.device())) {
+    // dX = G W, with the bias gradient summed from G's blocks as the product reads them.
+    gx = Tensor::empty({g.size(0), w.size(1)}, DType::f32, g.device());
+    kernels::linear_input_grad.get(g.device())(g, w, gx, gb);
+    return autograd::GradList{gx, gw, gb};
+  }
+  if (need[2]) {
+    // Column sums of G, accumulated in a fixed order (deterministic).
+    Tensor sums = gb.view({1, g.size(1)});
+    kernels::sum_to.get(g.device())(g, sums);
+  }
+  if (need[0]) gx = gemm(g, false, w, false, {}, compute);  // G W
+  return autograd::GradList{gx, gw, gb};
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DPAR_PROFILE_SCOPE("linear");
   DPAR_CHECK(x.defined(), "linear: input is undefined");
@@ -176,18 +203,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     autograd::record("linear", {x, weight, bias}, {out},
                      [xd = x.detach(), wd = weight.detach(), compute](
                          const autograd::GradList& g, const autograd::NeedsGrad& need) {
-                       Tensor gx, gw, gb;
-                       // The parameters' gradients first: G is still in cache from the node
-                       // before, and dX, which the next node reads, is then written last.
-                       if (need[2]) {
-                         // Column sums of G, accumulated in a fixed order (deterministic).
-                         gb = Tensor::empty({1, g[0].size(1)}, DType::f32, g[0].device());
-                         kernels::sum_to.get(g[0].device())(g[0], gb);
-                         gb = gb.view({g[0].size(1)});
-                       }
-                       if (need[1]) gw = gemm(g[0], true, xd, false, {}, compute);   // G^T X
-                       if (need[0]) gx = gemm(g[0], false, wd, false, {}, compute);  // G W
-                       return autograd::GradList{gx, gw, gb};
+                       return linear_backward(g[0], xd, wd, need, compute);
                      });
   }
   return out;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "tensor/cpu/column_sums.h"
 #include "tensor/cpu/isa.h"
 #include "tensor/cpu/strided_loop.h"
 
@@ -99,15 +100,15 @@ void add_inplace_cpu(Tensor& self, const Tensor& other, double alpha) {
       });
 }
 
-// Column sums of a row-major [rows, cols] block into acc (double), once per ISA: the loop over
-// a row's columns vectorises, and acc stays in L1.
+// Column sums of a row-major [rows, cols] block (rows ld floats apart) into acc (double), once
+// per ISA: the loop over a row's columns vectorises, and acc stays in L1.
 // clang-format off
 #define DPAR_COLUMN_SUM_BLOCK(SUFFIX, TARGET)                                             \
   TARGET void column_sum_block##SUFFIX(const float* x, int64_t rows, int64_t cols,       \
-                                       double* acc) {                                    \
+                                       int64_t ld, double* acc) {                        \
     for (int64_t j = 0; j < cols; ++j) acc[j] = 0.0;                                     \
     for (int64_t i = 0; i < rows; ++i) {                                                 \
-      const float* row = x + i * cols;                                                   \
+      const float* row = x + i * ld;                                                     \
       for (int64_t j = 0; j < cols; ++j) acc[j] += static_cast<double>(row[j]);          \
     }                                                                                    \
   }
@@ -120,26 +121,15 @@ DPAR_COLUMN_SUM_BLOCK(_avx512, DPAR_TARGET_AVX512)
 // all leading dims). Fixed blocks of rows are summed in parallel and the block sums added in
 // block order, so the result does not depend on the thread count.
 void column_sums(const float* x, int64_t rows, int64_t cols, float* out) {
-  constexpr int64_t kBlockRows = 256;
-  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+  const int64_t blocks = (rows + kColumnSumBlockRows - 1) / kColumnSumBlockRows;
   std::vector<double> partial(static_cast<size_t>(blocks * cols));
-  const bool avx512 = cpu_isa() == Isa::avx512;
 #pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > 65536)
   for (int64_t b = 0; b < blocks; ++b) {
-    const float* block = x + b * kBlockRows * cols;
-    const int64_t n = std::min(kBlockRows, rows - b * kBlockRows);
-    double* acc = partial.data() + b * cols;
-    if (avx512) {
-      column_sum_block_avx512(block, n, cols, acc);
-    } else {
-      column_sum_block_baseline(block, n, cols, acc);
-    }
+    column_sum_block(x + b * kColumnSumBlockRows * cols,
+                     std::min(kColumnSumBlockRows, rows - b * kColumnSumBlockRows), cols, cols,
+                     partial.data() + b * cols);
   }
-  for (int64_t b = 1; b < blocks; ++b) {
-    const double* acc = partial.data() + b * cols;
-    for (int64_t j = 0; j < cols; ++j) partial[static_cast<size_t>(j)] += acc[j];
-  }
-  for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(partial[static_cast<size_t>(j)]);
+  add_block_sums(partial.data(), blocks, cols, out);
 }
 
 // The number of leading dims out sums over when it is x's shape with a prefix of dims set to
@@ -191,6 +181,19 @@ void sum_to_cpu(const Tensor& x, Tensor& out) {
 }
 
 }  // namespace
+
+void column_sum_block(const float* x, int64_t rows, int64_t cols, int64_t ld, double* acc) {
+  if (cpu_isa() == Isa::avx512) return column_sum_block_avx512(x, rows, cols, ld, acc);
+  column_sum_block_baseline(x, rows, cols, ld, acc);
+}
+
+void add_block_sums(double* partial, int64_t blocks, int64_t cols, float* out) {
+  for (int64_t b = 1; b < blocks; ++b) {
+    const double* acc = partial + b * cols;
+    for (int64_t j = 0; j < cols; ++j) partial[j] += acc[j];
+  }
+  for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(partial[j]);
+}
 
 void register_elementwise_kernels() {
   kernels::binary.set(DeviceType::CPU, &binary_cpu);
