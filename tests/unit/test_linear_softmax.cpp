@@ -148,6 +148,27 @@ TEST_CASE("linear's backward in row blocks: dX and the bias gradient, any thread
   CHECK(b.grad().to_float_vector() == db1);
 }
 
+TEST_CASE("the weight gradient over a long batch, tall or wide, against a double product",
+          "[linear]") {
+  // dW = G^T X summed over many rows: a tall gradient (more outputs than inputs) goes through
+  // oneDNN's matmul primitive, a wide one through sgemm; both against the product in double,
+  // and the same bits on a second run.
+  Generator gen(27);
+  for (const auto& [out, in] : {std::pair<int64_t, int64_t>{40, 16}, {16, 40}}) {
+    INFO("weight [" << out << ", " << in << "]");
+    const Tensor x = random_tensor({1100, in}, gen), g = random_tensor({1100, out}, gen);
+    const std::vector<float> want = naive_matmul(g.transpose(0, 1).contiguous(), x);
+    auto weight_grad = [&] {
+      Tensor w = random_tensor({out, in}, gen).set_requires_grad();
+      sum(mul(linear(x, w), g)).backward();
+      return w.grad().to_float_vector();
+    };
+    const auto first = weight_grad();
+    check_close(first, want, 1e-4);
+    CHECK(weight_grad() == first);
+  }
+}
+
 TEST_CASE("linear on a tall input: weights in oneDNN's blocked layout, forward and dX",
           "[linear]") {
   // Many rows against small weights: the products whose weights are reordered into the
