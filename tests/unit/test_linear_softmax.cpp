@@ -146,6 +146,12 @@ TEST_CASE("linear's backward in row blocks: dX and the bias gradient, any thread
   Tensor b = bias.detach().set_requires_grad();
   sum(mul(linear(x, w, b), g)).backward();
   CHECK(b.grad().to_float_vector() == db1);
+  // An empty batch: an empty dX and a zero bias gradient.
+  Tensor empty_x = Tensor::zeros({0, 64}).set_requires_grad(), empty_b = bias.detach();
+  empty_b.set_requires_grad();
+  sum(linear(empty_x, w, empty_b)).backward();
+  CHECK(empty_x.grad().shape() == Shape{0, 64});
+  CHECK(empty_b.grad().to_float_vector() == std::vector<float>(24, 0.f));
 }
 
 TEST_CASE("the weight gradient over a long batch, tall or wide, against a double product",

@@ -169,9 +169,9 @@ DPAR_TARGET_AVX512 void softmax_row_group_avx512(float* s, const float* mask, in
   __m512 inv[R];
   for (int r = 0; r < R; ++r) inv[r] = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(acc[r]));
   for (int64_t j = 0; j < lk; j += 16) {
+    // Keys past the causal cut get exactly zero weight.
+    const __mmask16 in_row = lanes_before(lk, j);
     for (int r = 0; r < R; ++r) {
-      // Keys past the causal cut get exactly zero weight.
-      const __mmask16 in_row = lanes_before(lk, j);
       float* row = s + (i0 + r) * lk;
       const __m512 x = _mm512_maskz_loadu_ps(lanes_before(visible[r], j), row + j);
       _mm512_mask_storeu_ps(row + j, in_row, _mm512_mul_ps(x, inv[r]));

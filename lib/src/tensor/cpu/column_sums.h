@@ -17,4 +17,8 @@ void column_sum_block(const float* x, int64_t rows, int64_t cols, int64_t ld, do
 // partial's first row.
 void add_block_sums(double* partial, int64_t blocks, int64_t cols, float* out);
 
+// out[j] = the sum over i of x[i, j] for a [rows, cols] x whose rows start ld floats apart (a
+// bias gradient: the sum over all leading dims), by the blocks above.
+void column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out);
+
 }  // namespace dpar::cpu

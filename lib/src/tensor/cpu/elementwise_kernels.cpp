@@ -117,21 +117,6 @@ DPAR_COLUMN_SUM_BLOCK(_avx512, DPAR_TARGET_AVX512)
 // clang-format on
 #undef DPAR_COLUMN_SUM_BLOCK
 
-// out[j] = sum over i of x[i, j] for a contiguous [rows, cols] x (a bias gradient: the sum over
-// all leading dims). Fixed blocks of rows are summed in parallel and the block sums added in
-// block order, so the result does not depend on the thread count.
-void column_sums(const float* x, int64_t rows, int64_t cols, float* out) {
-  const int64_t blocks = (rows + kColumnSumBlockRows - 1) / kColumnSumBlockRows;
-  std::vector<double> partial(static_cast<size_t>(blocks * cols));
-#pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > 65536)
-  for (int64_t b = 0; b < blocks; ++b) {
-    column_sum_block(x + b * kColumnSumBlockRows * cols,
-                     std::min(kColumnSumBlockRows, rows - b * kColumnSumBlockRows), cols, cols,
-                     partial.data() + b * cols);
-  }
-  add_block_sums(partial.data(), blocks, cols, out);
-}
-
 // The number of leading dims out sums over when it is x's shape with a prefix of dims set to
 // 1 (and x and out are contiguous); -1 otherwise.
 int64_t summed_prefix(const Tensor& x, const Tensor& out) {
@@ -148,7 +133,7 @@ int64_t summed_prefix(const Tensor& x, const Tensor& out) {
 void sum_to_cpu(const Tensor& x, Tensor& out) {
   if (const int64_t prefix = summed_prefix(x, out); prefix > 0 && out.numel() > 1) {
     column_sums(static_cast<const float*>(x.raw_data()), x.numel() / out.numel(), out.numel(),
-                out.data<float>());
+                out.numel(), out.data<float>());
     return;
   }
   const Shape out_strides_bc = [&] {
@@ -193,6 +178,22 @@ void add_block_sums(double* partial, int64_t blocks, int64_t cols, float* out) {
     for (int64_t j = 0; j < cols; ++j) partial[j] += acc[j];
   }
   for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(partial[j]);
+}
+
+// Fixed blocks of rows are summed in parallel and the block sums added in block order, so the
+// result does not depend on the thread count.
+void column_sums(const float* x, int64_t rows, int64_t cols, int64_t ld, float* out) {
+  // At least one block, zero when there are no rows.
+  const int64_t blocks =
+      std::max<int64_t>(1, (rows + kColumnSumBlockRows - 1) / kColumnSumBlockRows);
+  std::vector<double> partial(static_cast<size_t>(blocks * cols));
+#pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > 65536)
+  for (int64_t b = 0; b < blocks; ++b) {
+    column_sum_block(x + b * kColumnSumBlockRows * ld,
+                     std::min(kColumnSumBlockRows, rows - b * kColumnSumBlockRows), cols, ld,
+                     partial.data() + b * cols);
+  }
+  add_block_sums(partial.data(), blocks, cols, out);
 }
 
 void register_elementwise_kernels() {

@@ -162,38 +162,30 @@ void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
 // right after its product, while the block is in cache: on ViT-Tiny's fc2 (g [4160, 192],
 // w [192, 768]) the backward went from ~17.5 to ~16.5 ms on one core, standalone; in the
 // training step, linear backward / forward time 2.09 -> 2.08 (five alternating runs each,
-// ~2 ms of a ~550 ms step). Where dx goes through the
-// matmul primitive with reordered weights, splitting it measured no faster (the reorder and
-// the primitive's own blocking), so it runs whole and g is summed after.
+// ~2 ms of a ~550 ms step). Where dx goes through the matmul primitive with reordered
+// weights, splitting it measured no faster (the reorder and the primitive's own blocking), so
+// it runs whole and g is summed after.
 void linear_input_grad_cpu(const Tensor& g_in, const Tensor& w, Tensor& dx, Tensor& db) {
   const int64_t m = g_in.size(0), k = g_in.size(1), n = w.size(1);
-  if (m == 0) return;
   // g's rows must be rows of memory (a gradient almost always is contiguous already).
   const Tensor g = as_gemm_operand(g_in).stored_transposed ? g_in.contiguous() : g_in;
   const GemmOperand gg = as_gemm_operand(g), gw = as_gemm_operand(w);
   const char tb = gw.stored_transposed ? 'T' : 'N';
   const auto* pg = static_cast<const float*>(gg.data);
+  if (m == 0 || n == 0 || k == 0 || pack_weights_first(tb, m, n, k)) {
+    // The whole product as gemm_cpu runs it, then the sums.
+    gemm_cpu(g, false, w, false, Tensor(), dx);
+    if (db.defined()) column_sums(pg, m, k, gg.ld, db.data<float>());
+    return;
+  }
   const auto* pw = static_cast<const float*>(gw.data);
   float* pdx = dx.data<float>();
-  // The same choice of product as gemm_cpu makes for the whole of dx.
-  const bool pack = pack_weights_first(tb, m, n, k);
-  const int64_t rows_per_block =
-      pack ? m : kColumnSumBlockRows * std::max(1, omp_get_max_threads());
+  const int64_t rows_per_block = kColumnSumBlockRows * std::max(1, omp_get_max_threads());
   const int64_t sub_blocks = (m + kColumnSumBlockRows - 1) / kColumnSumBlockRows;
   std::vector<double> partial(db.defined() ? static_cast<size_t>(sub_blocks * k) : 0);
   for (int64_t r0 = 0; r0 < m; r0 += rows_per_block) {
     const int64_t rows = std::min(rows_per_block, m - r0);
-    if (n == 0) {
-      // Nothing to multiply; the bias gradient is still wanted.
-    } else if (k == 0) {
-      std::fill(pdx + r0 * n, pdx + (r0 + rows) * n, 0.f);
-    } else if (pack) {
-      const Matmul& e = matmul_for('N', gg.ld, tb, gw.ld, false, rows, n, k, true);
-      onednn::OwnedMemory packed;
-      run_matmul(e, pg + r0 * gg.ld, weights_for(e, pw, packed), nullptr, pdx + r0 * n);
-    } else {
-      sgemm('N', tb, rows, n, k, pg + r0 * gg.ld, gg.ld, pw, gw.ld, pdx + r0 * n);
-    }
+    sgemm('N', tb, rows, n, k, pg + r0 * gg.ld, gg.ld, pw, gw.ld, pdx + r0 * n);
     if (!db.defined()) continue;
     const int64_t first = r0 / kColumnSumBlockRows;
     const int64_t last = (r0 + rows + kColumnSumBlockRows - 1) / kColumnSumBlockRows;
