@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "bench_util.h"
+#include "dpar/core/cuda_profiler.h"
 #include "dpar/dpar.h"
 #include "dpar/optim/adamw.h"
 #include "dpar/optim/sgd.h"
@@ -39,12 +40,28 @@ void print_op_profile(const std::string& title, Fn&& fn) {
               profiler::report().c_str());
 }
 
+// Runs fn once between cudaProfilerStart and cudaProfilerStop, unsynchronised as in the timed
+// loop, so that `ncu --profile-from-start off` times exactly one step's (or forward's) kernels.
+template <typename Fn>
+void run_captured(Device gpu, Fn&& fn) {
+  synchronize(gpu);
+  set_cuda_profiler_capture(true);
+  fn();
+  synchronize(gpu);
+  set_cuda_profiler_capture(false);
+}
+
+struct Report {
+  bool profile = false;  // one step op by op, synchronised (DPAR_PROFILE)
+  bool capture = false;  // one step between cudaProfilerStart/Stop (for ncu)
+};
+
 struct TrainResult {
   double img_per_s = 0, ms_per_step = 0, peak_mb = 0;
 };
 
 TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t warmup, int64_t steps,
-                             const std::string& precision, bool profile) {
+                             const std::string& precision, const Report& report) {
   manual_seed(0);
   auto model = models::mobilenet_v3_small(1000);
   model->train();
@@ -77,12 +94,15 @@ TrainResult train_throughput(Device gpu, int64_t batch, int64_t img, int64_t war
   const double s = bench::seconds_since(t0) / static_cast<double>(steps);
   const TrainResult result{static_cast<double>(batch) / s, s * 1e3,
                            static_cast<double>(alloc.stats().peak_allocated_bytes) / 1048576.0};
-  if (profile) print_op_profile(precision + " step at batch " + std::to_string(batch), step);
+  if (report.profile) {
+    print_op_profile(precision + " step at batch " + std::to_string(batch), step);
+  }
+  if (report.capture) run_captured(gpu, step);
   return result;
 }
 
 double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup, int64_t steps,
-                          bool profile) {
+                          const Report& report) {
   manual_seed(0);
   auto model = models::mobilenet_v3_small(1000);
   model->eval();
@@ -97,9 +117,10 @@ double forward_latency_ms(Device gpu, int64_t batch, int64_t img, int64_t warmup
   for (int64_t i = 0; i < steps; ++i) model->forward(x);
   synchronize(gpu);
   const double ms = bench::seconds_since(t0) / static_cast<double>(steps) * 1e3;
-  if (profile) {
+  if (report.profile) {
     print_op_profile("eval forward at batch " + std::to_string(batch), [&] { model->forward(x); });
   }
+  if (report.capture) run_captured(gpu, [&] { model->forward(x); });
   return ms;
 }
 
@@ -147,7 +168,12 @@ int main(int argc, char** argv) {
     auto& profile =
         flags.add_bool("profile", false,
                        "after each measurement, one step or forward timed op by op (DPAR_PROFILE)");
+    auto& capture =
+        flags.add_bool("capture", false,
+                       "after each measurement, one step or forward between cudaProfilerStart and "
+                       "cudaProfilerStop (for ncu --profile-from-start off)");
     flags.parse(argc, argv);
+    const Report report{.profile = profile, .capture = capture};
     const Device gpu = Device::parse(device);
     check_device_available(gpu);
     // The peer needs the GPU machine's PyTorch: the python3 on PATH unless told otherwise.
@@ -170,7 +196,7 @@ int main(int argc, char** argv) {
     for (int64_t batch : parse_list(batches)) {
       for (const std::string& precision : precision_list) {
         const TrainResult ours =
-            train_throughput(gpu, batch, img, warmup, steps, precision, profile);
+            train_throughput(gpu, batch, img, warmup, steps, precision, report);
         std::printf(
             "train batch %lld %s\n  dpar     %9.1f img/s (%7.2f ms/step)  peak GPU memory %8.1f "
             "MB\n",
@@ -196,7 +222,7 @@ int main(int argc, char** argv) {
       }
     }
     for (int64_t batch : parse_list(infer_batches)) {
-      const double ours = forward_latency_ms(gpu, batch, img, warmup, steps, profile);
+      const double ours = forward_latency_ms(gpu, batch, img, warmup, steps, report);
       std::printf("infer batch %lld\n  dpar     %8.3f ms\n", static_cast<long long>(batch), ours);
       if (!peer) continue;
       const auto p = bench::run_peer("torch_gpu.py",

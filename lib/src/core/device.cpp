@@ -2,6 +2,7 @@
 
 #include <cctype>
 
+#include "dpar/core/cuda_profiler.h"
 #include "dpar/core/error.h"
 
 namespace dpar {
@@ -35,6 +36,7 @@ int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() { return "dpar was built without CUDA"; }
 void synchronize(Device) {}
 std::string cuda_device_summary(Device) { return {}; }
+void set_cuda_profiler_capture(bool) {}
 CudaDeviceInfo cuda_device_info(Device) { return {}; }
 #endif
 

@@ -1,6 +1,7 @@
 // Streams, device guards and error reporting for the CUDA backend.
 #include "tensor/cuda/cuda_context.h"
 
+#include <cuda_profiler_api.h>
 #include <cudnn.h>
 #include <dlfcn.h>
 
@@ -10,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "dpar/core/cuda_profiler.h"
 #include "tensor/cuda/deferred_error.h"
 #include "tensor/dispatch.h"
 
@@ -199,6 +201,12 @@ std::string cuda_device_summary(Device device) {
   std::snprintf(memory, sizeof(memory), "%.1f GiB", info.memory_gib);
   return "CUDA runtime " + info.runtime_version + ", driver " + info.driver_version + ", cuDNN " +
          info.cudnn_version + ", " + info.name + ", " + memory;
+}
+
+void set_cuda_profiler_capture(bool capture) {
+  if (cuda_device_count() == 0) return;
+  cuda::check(capture ? cudaProfilerStart() : cudaProfilerStop(),
+              capture ? "cudaProfilerStart" : "cudaProfilerStop");
 }
 
 }  // namespace dpar
