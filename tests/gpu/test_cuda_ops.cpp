@@ -211,6 +211,50 @@ TEST_CASE("batch norm (training and eval, both layouts, fused activations) match
   }
 }
 
+// The reductions' larger-problem paths: BatchNorm statistics over more chunks than a warp has
+// lanes and over many channel tiles, the channels-last squeeze (global pooling) and the SE
+// gate's gradient (a sum over H and W per sample and channel), tails of partial channel tiles
+// and of pixel lanes, reduced dims that do not merge into one stride, and a bias gradient over
+// a batch of [N,C,1,1].
+TEST_CASE("reductions at MobileNetV3-small's sizes match the CPU") {
+  DPAR_REQUIRE_GPU();
+  for (const Shape& shape : {Shape{4, 16, 56, 56}, Shape{8, 576, 7, 7}, Shape{3, 40, 9, 11}}) {
+    INFO("shape " << shape_str(shape));
+    const int64_t C = shape[1];
+    const Tensor x = random_tensor(shape, 40, -2, 3);
+    const Tensor weight = random_tensor({C}, 41, 0.5f, 1.5f), bias = random_tensor({C}, 42);
+    Tensor rm_cpu = random_tensor({C}, 43), rv_cpu = random_tensor({C}, 44, 0.5f, 2.f);
+    Tensor rm_gpu = rm_cpu.to(kGpu), rv_gpu = rv_cpu.to(kGpu);
+    compare_op("batch_norm_act training, channels-last",
+               [&](auto& t) {
+                 const bool gpu = t[0].device().is_cuda();
+                 return batch_norm_act(channels_last(t[0]), t[1], t[2], gpu ? rm_gpu : rm_cpu,
+                                       gpu ? rv_gpu : rv_cpu, true, 0.1, 1e-5, Activation::none);
+               },
+               {x, weight, bias});
+    CHECK(relative_error(rm_cpu, rm_gpu) <= kTol);
+    CHECK(relative_error(rv_cpu, rv_gpu) <= kTol);
+    compare_op("global_avg_pool2d nhwc",
+               [](auto& t) { return global_avg_pool2d(channels_last(t[0])); }, {x});
+    const Tensor gate = random_tensor({shape[0], C, 1, 1}, 45, 0.5f, 2.f);
+    compare_op("gate mul nhwc", [](auto& t) { return mul(channels_last(t[0]), t[1]); }, {x, gate});
+    compare_op("sum over H, W nhwc",
+               [](auto& t) {
+                 return sum(channels_last(t[0]), {2, 3}, true);
+               },
+               {x});
+  }
+  compare_op("sum over dims 0 and 3",
+             [](auto& t) {
+               return sum(t[0], {0, 3}, true);
+             },
+             {random_tensor({6, 40, 5, 7}, 46)});
+  compare_op("1x1 convolution with bias on [128,16,1,1]",
+             [](auto& t) { return conv2d(t[0], t[1], t[2]); },
+             {random_tensor({128, 16, 1, 1}, 47), random_tensor({8, 16, 1, 1}, 48, -0.3f, 0.3f),
+              random_tensor({8}, 49)});
+}
+
 TEST_CASE("pooling, softmax, cross-entropy, argmax and top-k match the CPU") {
   DPAR_REQUIRE_GPU();
   const Tensor x = random_tensor({4, 8, 7, 7}, 21);
