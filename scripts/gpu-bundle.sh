@@ -102,7 +102,7 @@ done | sort -u | while read -r name path; do
   strip --strip-unneeded "$root/lib/$name" 2>/dev/null || true
 done
 [ -e "$root/lib/libdpar.so.0" ] || { echo "gpu-bundle: libdpar.so.0 was not packed" >&2; exit 1; }
-cp scripts/gpu-run.sh scripts/gpu-probe.sh scripts/gpu-call.sh "$root/"
+cp scripts/gpu-run.sh scripts/gpu-probe.sh scripts/gpu-call.sh scripts/ncu-kernels.py "$root/"
 
 mkdir -p "$(dirname "$out")"
 tar -C "$stage" -cf - dpar-gpu | xz -T0 -6 >"$out"

@@ -26,8 +26,9 @@ test_cuda_pinned memcheck_ops tipc_gpu}
 drills=${DPAR_CALL_DRILLS-mp_collectives2 mp_gloo_collectives2 mp_ddp mp_kill9 mp_collectives4 \
 mp_gloo_collectives4 mp_ddp_no_sync mp_ddp_unequal mp_ddp_buckets mp_ddp_bf16 mp_gloo_ddp \
 mp_timeout mp_detail_mismatch tipc_gpu_2rank}
-# With the op-by-op profile: where a step's device time goes is what the next change needs.
-bench=${DPAR_CALL_BENCH-peer_imports bench_gpu_profile bench_gpu_short}
+# With each kernel's device time in one step: where the time goes is what the next change
+# needs.
+bench=${DPAR_CALL_BENCH-peer_imports kernel_times bench_gpu_short}
 
 status=0
 lane() {  # lane NAME BUDGET STAGES: one probe run on the named stages (none named: nothing)

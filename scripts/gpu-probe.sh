@@ -14,6 +14,8 @@
 #   ctest_gpu              ctest -L gpu, as CI would on a GPU machine
 #   bench_gpu              bench_gpu in full (batches 128,256; fp32, fp16, bf16; inference 1, 64)
 #   bench_gpu_profile      one step per precision timed op by op, and the cuDNN algorithms chosen
+#   kernel_times           one training step (batch 128, fp32 and bf16) under ncu: device time
+#                          per kernel, unsynchronised (ncu-kernels.py sums it by kernel)
 #   bench_allreduce_gpu    bench_allreduce --device gpu (dpar vs raw ncclAllReduce vs torch)
 #   bench_ddp_gpu          bench_ddp --device gpu (vs PyTorch DDP on nccl)
 #   bench_ddp_cpu_w2t4     bench_ddp on the CPU, 2 ranks x 4 threads (vs DDP gloo, the ceiling)
@@ -42,7 +44,7 @@ ddp=$root/tests/multiproc/ddp_worker
 drill=$root/src/tests/gpu/gpu_mp.sh
 export DPAR_GPU_REQUIRED=${DPAR_GPU_REQUIRED:-1}
 
-optional_stages=" tipc_gpu tipc_gpu_2rank ctest_gpu bench_gpu bench_gpu_profile bench_allreduce_gpu bench_ddp_gpu bench_ddp_cpu_w2t4 bench_ddp_cpu_w4t2 "
+optional_stages=" tipc_gpu tipc_gpu_2rank ctest_gpu bench_gpu bench_gpu_profile kernel_times bench_allreduce_gpu bench_ddp_gpu bench_ddp_cpu_w2t4 bench_ddp_cpu_w4t2 "
 wanted() {  # wanted NAME: named in DPAR_PROBE_STAGES, or (when unset) a first-call stage
   if [ -z "${DPAR_PROBE_STAGES:-}" ]; then
     case $optional_stages in *" $1 "*) return 1 ;; esac
@@ -237,6 +239,22 @@ bench="$root/bench"
 stage bench_gpu_profile 150 "$out/bench.log" env DPAR_CUDNN_LOG_ALGOS=1 "$bench/bench_gpu" \
   --batches 128 --precisions fp32,fp16,bf16 --infer-batches "" --peer false --optim false \
   --warmup 3 --steps 5 --profile
+# The op profile above waits for the GPU around every op, which adds each op's launch and
+# synchronisation to its time; ncu times the kernels of one unsynchronised step, as it runs.
+kernel_times() {
+  local tool p
+  tool=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
+  [ -n "$tool" ] || { echo "FAIL: ncu not found"; return 1; }
+  for p in fp32 bf16; do
+    "$tool" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
+      --csv --page raw --print-units base --log-file "$scratch/ncu_$p.csv" \
+      "$root/bench/bench_gpu" --batches 128 --precisions "$p" --infer-batches "" --peer false \
+      --optim false --warmup 2 --steps 2 --capture || return 1
+    peer_python "$root/ncu-kernels.py" "$scratch/ncu_$p.csv" || return 1
+  done
+}
+export -f kernel_times
+stage kernel_times 150 "$out/bench.log" kernel_times
 stage bench_gpu 300 "$out/bench.log" "$bench/bench_gpu" --compile false --optim false
 stage bench_allreduce_gpu 100 "$out/bench.log" "$bench/bench_allreduce" --device gpu --max-mb 64 \
   --reps 3 --launcher "$launcher"

@@ -20,6 +20,10 @@ tar -tJf "$work/b/dpar-gpu.tar.gz" >"$work/list"
 for lib in libdpar libdnnl libgloo libstdc++; do
   grep -q "dpar-gpu/lib/$lib" "$work/list" && echo "ok: packs $lib" || { echo "FAIL: no $lib in the bundle"; fail=1; }
 done
+# ... and the scripts the GPU machine runs from the bundle's root.
+for script in gpu-run.sh gpu-probe.sh gpu-call.sh ncu-kernels.py; do
+  grep -q "dpar-gpu/$script\$" "$work/list" && echo "ok: packs $script" || { echo "FAIL: no $script in the bundle"; fail=1; }
+done
 grep -q "dpar-gpu/lib/libcudart\|dpar-gpu/lib/libcudnn" "$work/list" &&
   { echo "FAIL: the bundle packs CUDA libraries the GPU machine has"; fail=1; }
 # Run it from another folder, with the build folder out of the loader's reach.
@@ -51,13 +55,13 @@ fi
 # gpu-call.sh: two probe lanes at once, then the benchmark lane; one summary, one archive. Here
 # the stages fail or skip (no GPU), but each must run from the bundle: the TIPC chain once
 # stopped at a script the bundle lacked.
-DPAR_CALL_TESTS="tipc_gpu" DPAR_CALL_DRILLS="mp_gloo_ddp" DPAR_CALL_BENCH="bench_gpu_short" \
+DPAR_CALL_TESTS="tipc_gpu" DPAR_CALL_DRILLS="mp_gloo_ddp" DPAR_CALL_BENCH="bench_gpu_short kernel_times" \
   DPAR_GPU_SKIP_TESTS=1 PYTHON=$python "$src/scripts/gpu-run.sh" "$work/b/dpar-gpu.tar.gz" \
-  "$work/run" -- ./gpu-call.sh "$work/call" 60 20 >"$work/call.out" 2>&1
+  "$work/run" -- ./gpu-call.sh "$work/call" 60 40 >"$work/call.out" 2>&1
 mkdir -p "$work/call/logs"
 tar -C "$work/call/logs" -xzf "$work/call/probe-logs.tar.gz" 2>/dev/null
-rows=$(grep -cE '^(tipc_gpu|mp_gloo_ddp|bench_gpu_short) ' "$work/call/summary.txt" 2>/dev/null)
-if [ "$rows" = 3 ] && [ -s "$work/call/logs/tests/tests.log" ] && [ -s "$work/call/logs/drills/drills.log" ]; then
+rows=$(grep -cE '^(tipc_gpu|mp_gloo_ddp|bench_gpu_short|kernel_times) ' "$work/call/summary.txt" 2>/dev/null)
+if [ "$rows" = 4 ] && [ -s "$work/call/logs/tests/tests.log" ] && [ -s "$work/call/logs/drills/drills.log" ]; then
   echo "ok: gpu-call.sh ran its three lanes"
 else
   echo "FAIL: gpu-call.sh: expected a summary row per lane and their logs"; cat "$work/call.out"; fail=1
