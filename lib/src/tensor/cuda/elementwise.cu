@@ -325,8 +325,7 @@ void sum_to_cuda(const Tensor& x, Tensor& out) {
     sum_to_block_kernel<<<grid, kThreads, 0, current_stream()>>>(px, po, outer, inner, num_out,
                                                                  num_red);
   } else if (num_red >= kTiledReduceMinReduced && (num_out + 31) / 32 <= INT32_MAX) {
-    const int64_t inner_flat_stride =
-        inner_shape.empty() ? 0 : (inner_shape.size() == 1 ? inner_stride[0] : -1);
+    const int64_t inner_flat_stride = inner_shape.size() == 1 ? inner_stride[0] : -1;
     sum_to_tiled_kernel<<<static_cast<unsigned>((num_out + 31) / 32), dim3(32, kSumLanes), 0,
                           current_stream()>>>(px, po, outer, inner, inner_flat_stride, num_out,
                                               num_red);
