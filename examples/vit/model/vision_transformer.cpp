@@ -49,8 +49,14 @@ EncoderBlock::EncoderBlock(int64_t num_heads, int64_t hidden_dim, int64_t mlp_di
 
 Tensor EncoderBlock::forward(const Tensor& input) {
   DPAR_CHECK(input.dim() == 3, "EncoderBlock: expected [N, seq, hidden], got ", input.shape());
-  Tensor x = add(dropout->forward(self_attention->forward(ln_1->forward(input))), input);
-  return add(x, mlp->forward(ln_2->forward(x)));
+  // The residual adds run inside the output projections (linear_add) where the dropout before
+  // them is the identity (p = 0, torchvision's default, or eval).
+  const bool dropout_is_identity = !dropout->is_training() || dropout->p == 0.0;
+  const Tensor x =
+      dropout_is_identity
+          ? self_attention->forward_add(ln_1->forward(input), input)
+          : add(dropout->forward(self_attention->forward(ln_1->forward(input))), input);
+  return mlp->forward_add(ln_2->forward(x), x);
 }
 
 Encoder::Encoder(const VitConfig& c) : Module("Encoder") {

@@ -5,6 +5,7 @@
 #include <typeinfo>
 
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/nn/activation.h"
 #include "dpar/nn/init.h"
 #include "tensor/core_kernels.h"
 
@@ -45,19 +46,44 @@ Activation fusable_activation(const Module& m) {
 
 }  // namespace
 
-Tensor Sequential::forward(const Tensor& input) {
+Tensor Sequential::forward(const Tensor& input) { return run(input, modules_.size()); }
+
+Tensor Sequential::forward_add(const Tensor& input, const Tensor& residual) {
+  // The last child that is not a dropout acting as the identity.
+  size_t last = modules_.size();
+  while (last > 0) {
+    const Module& m = *modules_[last - 1];
+    if (typeid(m) != typeid(Dropout)) break;
+    if (m.is_training() && static_cast<const Dropout&>(m).p > 0.0) break;
+    --last;
+  }
+  if (last > 0 && typeid(*modules_[last - 1]) == typeid(Linear)) {
+    const auto& linear = static_cast<const Linear&>(*modules_[last - 1]);
+    return linear_add(run(input, last - 1), linear.weight, linear.bias, residual);
+  }
+  return add(forward(input), residual);
+}
+
+Tensor Sequential::run(const Tensor& input, size_t end) {
   Tensor x = input;
-  for (size_t i = 0; i < modules_.size(); ++i) {
+  for (size_t i = 0; i < end; ++i) {
     const Module& m = *modules_[i];
     // BatchNorm2d then ReLU/Hardswish runs as one fused op (same results, one pass less over
     // the activation in backward, and only the normalised output kept for it).
-    if (typeid(m) == typeid(BatchNorm2d) && i + 1 < modules_.size()) {
+    if (typeid(m) == typeid(BatchNorm2d) && i + 1 < end) {
       const Activation act = fusable_activation(*modules_[i + 1]);
       if (act != Activation::none) {
         x = static_cast<BatchNorm2d&>(*modules_[i]).forward(x, act);
         ++i;
         continue;
       }
+    }
+    // Linear then GELU likewise (the same results; one pass less over the gradient).
+    if (typeid(m) == typeid(Linear) && i + 1 < end && typeid(*modules_[i + 1]) == typeid(GELU)) {
+      x = static_cast<const Linear&>(m).forward_gelu(
+          x, static_cast<const GELU&>(*modules_[i + 1]).approximate);
+      ++i;
+      continue;
     }
     x = modules_[i]->forward(x);
   }
@@ -196,6 +222,12 @@ Tensor Linear::forward(const Tensor& input) {
   DPAR_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear: expected input [...,",
              in_features, "], got ", input.shape());
   return linear(input, weight, bias);  // leading dims are batch dims (the op flattens them)
+}
+
+Tensor Linear::forward_gelu(const Tensor& input, GeluApproximation approximate) const {
+  DPAR_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear: expected input [...,",
+             in_features, "], got ", input.shape());
+  return linear_gelu(input, weight, bias, approximate);
 }
 
 std::string Linear::extra_repr() const {

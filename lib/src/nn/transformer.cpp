@@ -77,6 +77,14 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   return attend(query, key, value, attn_mask, key_padding_mask, is_causal, nullptr, false);
 }
 
+Tensor MultiheadAttention::forward_add(const Tensor& x, const Tensor& residual) {
+  DPAR_CHECK(residual.defined() && residual.shape() == x.shape(),
+             "MultiheadAttention::forward_add: residual ",
+             residual.defined() ? residual.shape() : Shape{}, " must have the input's shape ",
+             x.shape());
+  return attend(x, x, x, {}, {}, false, nullptr, false, residual);
+}
+
 std::pair<Tensor, Tensor> MultiheadAttention::forward_with_weights(
     const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_mask,
     const Tensor& key_padding_mask, bool average_attn_weights, bool is_causal) {
@@ -88,7 +96,8 @@ std::pair<Tensor, Tensor> MultiheadAttention::forward_with_weights(
 
 Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const Tensor& value,
                                   const Tensor& attn_mask, const Tensor& key_padding_mask,
-                                  bool is_causal, Tensor* weights, bool average_weights) {
+                                  bool is_causal, Tensor* weights, bool average_weights,
+                                  const Tensor& residual) {
   for (const auto& [t, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}}) {
     DPAR_CHECK(t->defined() && t->dim() == 3 && t->size(2) == embed_dim,
                "MultiheadAttention: ", name, " must be ", batch_first ? "[N, L, " : "[L, N, ",
@@ -162,7 +171,12 @@ Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const 
     }
     out = out.transpose(1, 2).reshape({n, l, embed_dim});
   }
-  out = out_proj->forward(out);
+  if (residual.defined()) {
+    out = linear_add(out, out_proj->weight, out_proj->bias,
+                     batch_first ? residual : residual.transpose(0, 1));
+  } else {
+    out = out_proj->forward(out);
+  }
   return batch_first ? out : out.transpose(0, 1);
 }
 

@@ -18,4 +18,10 @@ DPAR_KERNEL(gemm, void(const Tensor& a, bool trans_a, const Tensor& b, bool tran
 // has it in cache, instead of streaming g once more.
 DPAR_KERNEL(linear_input_grad, void(const Tensor& g, const Tensor& w, Tensor& dx, Tensor& db));
 
+// c = a w^T + bias + residual (a [M, in] with any strides, w [out, in], bias [out] or
+// undefined, residual a contiguous [M, out]; c a contiguous [M, out], overwritten): a linear
+// layer with a residual connection, the residual added as the product is written.
+DPAR_KERNEL(linear_residual, void(const Tensor& a, const Tensor& w, const Tensor& bias,
+                                  const Tensor& residual, Tensor& c));
+
 }  // namespace dpar::kernels

@@ -3,6 +3,7 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/activation_kernels.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/linear_kernels.h"
@@ -170,33 +171,52 @@ autograd::GradList linear_backward(const Tensor& g, const Tensor& x, const Tenso
 
 }  // namespace
 
+namespace {
+
+// linear's checks of a 2-D input, its weight and bias; `op` names the caller in errors.
+void check_linear_operands(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                           const char* op) {
+  check_matrix(x, op, "input");
+  check_matrix(weight, op, "weight");
+  DPAR_CHECK(x.size(1) == weight.size(1), op, ": input ", x.shape(), " has ", x.size(1),
+             " features but weight ", weight.shape(), " expects ", weight.size(1));
+  DPAR_CHECK(x.device() == weight.device(), op, ": input on ", x.device(), " but weight on ",
+             weight.device());
+  if (bias.defined()) {
+    DPAR_CHECK(bias.dtype() == DType::f32, op, ": bias must be f32, got ", bias.str());
+    DPAR_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": bias shape ", bias.shape(),
+               " does not match weight ", weight.shape(), " (expected [", weight.size(0), "])");
+    DPAR_CHECK(bias.device() == x.device(), op, ": input on ", x.device(), " but bias on ",
+               bias.device());
+  }
+}
+
+// An x of [..., in] as the 2-D [rows, in] the products take, or x itself (checked later).
+Tensor as_rows(const Tensor& x, const Tensor& weight, const char* op) {
+  if (x.dim() == 2 || x.dim() < 1) return x;
+  DPAR_CHECK(weight.defined() && weight.dim() == 2, op, ": weight must be 2-D [out, in], got ",
+             weight.defined() ? weight.shape() : Shape{});
+  return x.reshape({x.numel() / std::max<int64_t>(1, x.size(-1)), x.size(-1)});
+}
+
+// The shape of [..., in] x's result with `out` features.
+Shape with_features(const Tensor& x, int64_t out) {
+  Shape shape(x.shape().begin(), x.shape().end() - 1);
+  shape.push_back(out);
+  return shape;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DPAR_PROFILE_SCOPE("linear");
   DPAR_CHECK(x.defined(), "linear: input is undefined");
   if (x.dim() != 2 && x.dim() >= 1) {
     // [..., in] -> [..., out] through one 2-D product over the flattened leading dims.
-    DPAR_CHECK(weight.defined() && weight.dim() == 2, "linear: weight must be 2-D [out, in], got ",
-               weight.defined() ? weight.shape() : Shape{});
-    Shape out_shape(x.shape().begin(), x.shape().end() - 1);
-    out_shape.push_back(weight.size(0));
-    return linear(x.reshape({x.numel() / std::max<int64_t>(1, x.size(-1)), x.size(-1)}), weight,
-                  bias)
-        .reshape(out_shape);
+    const Tensor rows = as_rows(x, weight, "linear");
+    return linear(rows, weight, bias).reshape(with_features(x, weight.size(0)));
   }
-  check_matrix(x, "linear", "input");
-  check_matrix(weight, "linear", "weight");
-  DPAR_CHECK(x.size(1) == weight.size(1), "linear: input ", x.shape(), " has ", x.size(1),
-             " features but weight ", weight.shape(), " expects ", weight.size(1));
-  DPAR_CHECK(x.device() == weight.device(), "linear: input on ", x.device(), " but weight on ",
-             weight.device());
-  if (bias.defined()) {
-    DPAR_CHECK(bias.dtype() == DType::f32, "linear: bias must be f32, got ", bias.str());
-    DPAR_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias shape ",
-               bias.shape(), " does not match weight ", weight.shape(), " (expected [",
-               weight.size(0), "])");
-    DPAR_CHECK(bias.device() == x.device(), "linear: input on ", x.device(), " but bias on ",
-               bias.device());
-  }
+  check_linear_operands(x, weight, bias, "linear");
   const DType compute = detail::autocast_compute_dtype(x.device());
   Tensor out = gemm(x, false, weight, true, bias, compute);
   if (autograd::needs_grad({x, weight, bias})) {
@@ -204,6 +224,91 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                      [xd = x.detach(), wd = weight.detach(), compute](
                          const autograd::GradList& g, const autograd::NeedsGrad& need) {
                        return linear_backward(g[0], xd, wd, need, compute);
+                     });
+  }
+  return out;
+}
+
+Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Tensor& residual) {
+  DPAR_PROFILE_SCOPE("linear_add");
+  DPAR_CHECK(x.defined(), "linear_add: input is undefined");
+  DPAR_CHECK(residual.defined(), "linear_add: residual is undefined");
+  if (x.dim() != 2 && x.dim() >= 1) {
+    const Tensor rows = as_rows(x, weight, "linear_add");
+    const Shape out_shape = with_features(x, weight.size(0));
+    DPAR_CHECK(residual.shape() == out_shape, "linear_add: residual ", residual.shape(),
+               " does not match the output ", out_shape);
+    return linear_add(rows, weight, bias, residual.reshape({rows.size(0), weight.size(0)}))
+        .reshape(out_shape);
+  }
+  check_linear_operands(x, weight, bias, "linear_add");
+  DPAR_CHECK(residual.dtype() == DType::f32, "linear_add: residual must be f32, got ",
+             residual.str());
+  DPAR_CHECK(residual.shape() == Shape({x.size(0), weight.size(0)}), "linear_add: residual ",
+             residual.shape(), " does not match the output ", Shape({x.size(0), weight.size(0)}));
+  DPAR_CHECK(residual.device() == x.device(), "linear_add: input on ", x.device(),
+             " but residual on ", residual.device());
+  const DType compute = detail::autocast_compute_dtype(x.device());
+  Tensor out;
+  if (compute == DType::f32 && x.size(1) > 0 && kernels::linear_residual.available(x.device())) {
+    out = Tensor::empty({x.size(0), weight.size(0)}, DType::f32, x.device());
+    kernels::linear_residual.get(x.device())(x, weight, bias, residual.contiguous(), out);
+  } else {
+    out = gemm(x, false, weight, true, bias, compute);
+    kernels::add_inplace.get(out.device())(out, residual, 1.0);
+  }
+  if (autograd::needs_grad({x, weight, bias, residual})) {
+    autograd::record("linear_add", {x, weight, bias, residual}, {out},
+                     [xd = x.detach(), wd = weight.detach(), compute](
+                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
+                       autograd::GradList grads = linear_backward(g[0], xd, wd, need, compute);
+                       grads.push_back(need[3] ? g[0] : Tensor());  // d(residual) = G
+                       return grads;
+                     });
+  }
+  return out;
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   GeluApproximation approximate) {
+  DPAR_PROFILE_SCOPE("linear_gelu");
+  DPAR_CHECK(x.defined(), "linear_gelu: input is undefined");
+  if (x.dim() != 2 && x.dim() >= 1) {
+    const Tensor rows = as_rows(x, weight, "linear_gelu");
+    return linear_gelu(rows, weight, bias, approximate).reshape(with_features(x, weight.size(0)));
+  }
+  check_linear_operands(x, weight, bias, "linear_gelu");
+  const kernels::UnaryOp op =
+      approximate == GeluApproximation::tanh ? kernels::UnaryOp::gelu_tanh : kernels::UnaryOp::gelu;
+  const DType compute = detail::autocast_compute_dtype(x.device());
+  const Tensor h = gemm(x, false, weight, true, bias, compute);
+  Tensor out = Tensor::empty_like(h);
+  kernels::unary.get(h.device())(op, h, out, {});
+  if (autograd::needs_grad({x, weight, bias})) {
+    autograd::record("linear_gelu", {x, weight, bias}, {out},
+                     [xd = x.detach(), wd = weight.detach(), hd = h.detach(), op, compute](
+                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
+                       // GELU's gradient dH, with the bias gradient (dH's column sums) taken row by
+                       // row as dH is written, where the backend can; then the products as linear's
+                       // backward.
+                       Tensor dh = Tensor::empty_like(hd);
+                       Tensor db = need[2] ? Tensor::empty({hd.size(1)}, DType::f32, hd.device())
+                                           : Tensor();
+                       const Device device = hd.device();
+                       if (db.defined() && kernels::unary_backward_column_sums.available(device)) {
+                         kernels::unary_backward_column_sums.get(device)(op, g[0], hd, dh, db, {});
+                       } else {
+                         kernels::unary_backward.get(device)(op, g[0], hd, dh, {});
+                         if (db.defined()) {
+                           Tensor sums = db.view({1, hd.size(1)});
+                           kernels::sum_to.get(device)(dh, sums);
+                         }
+                       }
+                       autograd::GradList grads =
+                           linear_backward(dh, xd, wd, {need[0], need[1], false}, compute);
+                       grads[2] = db;
+                       return grads;
                      });
   }
   return out;

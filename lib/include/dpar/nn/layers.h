@@ -32,6 +32,10 @@ class Sequential : public Module {
   }
 
   Tensor forward(const Tensor& input) override;
+  // forward(input) + residual (the output's shape): where the children end in a Linear (then
+  // only dropouts that are the identity: p = 0 or eval), the Linear adds the residual as it
+  // writes (linear_add), as a transformer's x + mlp(x) wants.
+  Tensor forward_add(const Tensor& input, const Tensor& residual);
 
  protected:
   // For subclasses that are Sequentials under another name (torchvision's
@@ -39,6 +43,10 @@ class Sequential : public Module {
   explicit Sequential(std::string type_name);
 
  private:
+  // The children [0, end) in order, with the fused pairs (BatchNorm2d + activation, Linear +
+  // GELU) as one op each.
+  Tensor run(const Tensor& input, size_t end);
+
   std::vector<ModulePtr> modules_;
 };
 
@@ -106,6 +114,8 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& input) override;
+  // gelu(forward(input)) as one op (linear_gelu): what Sequential runs for Linear then GELU.
+  Tensor forward_gelu(const Tensor& input, GeluApproximation approximate) const;
   void reset_parameters(Generator& gen = default_generator());
 
   const int64_t in_features, out_features;

@@ -43,6 +43,10 @@ class MultiheadAttention : public Module {
                  const Tensor& attn_mask = {}, const Tensor& key_padding_mask = {},
                  bool is_causal = false);
   Tensor forward(const Tensor& x) override { return forward(x, x, x); }  // self-attention
+  // forward(x) + residual (x's shape and layout) for self-attention, the residual added by the
+  // output projection as it writes (linear_add): a transformer block's x + attention(x) with
+  // one pass less over the activations.
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
   // torch's need_weights=True: the output and the attention weights, [N, L, S] averaged over
   // the heads (average_attn_weights, torch's default) or [N, H, L, S]; the weights are the
   // softmax after attention dropout, as torch returns them. Runs the attention as an op chain
@@ -62,10 +66,11 @@ class MultiheadAttention : public Module {
   std::shared_ptr<Linear> out_proj;
 
  private:
-  // forward's body; fills *weights (the need_weights path) when weights is not null.
+  // forward's body; fills *weights (the need_weights path) when weights is not null, and adds
+  // residual to the result when it is defined.
   Tensor attend(const Tensor& query, const Tensor& key, const Tensor& value,
                 const Tensor& attn_mask, const Tensor& key_padding_mask, bool is_causal,
-                Tensor* weights, bool average_weights);
+                Tensor* weights, bool average_weights, const Tensor& residual = {});
   Generator* gen_;
 };
 

@@ -129,6 +129,17 @@ Tensor min(const Tensor& x);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x W^T + b; x [..., in] (any leading dims), weight [out,in], bias [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// linear(x, weight, bias) + residual (the output's shape) as one op with the same results: the
+// residual is added as the product writes each tile (CPU), instead of a pass of its own. For
+// residual connections, as in x + attention(x) (MultiheadAttention::forward_add) or
+// x + mlp(x) (Sequential::forward_add).
+Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Tensor& residual);
+// gelu(linear(x, weight, bias)) as one op with the same results: GELU's backward and the bias
+// gradient are one pass over the gradient instead of two. nn::Sequential uses it for a Linear
+// followed by GELU (a transformer's MLP).
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+                   GeluApproximation approximate = GeluApproximation::none);
 
 // ---- convolution and normalisation (oneDNN on CPU) -------------------------------------------
 struct Conv2dOptions {

@@ -25,6 +25,7 @@ using detail::GemmOperand;
 
 struct Matmul {
   dnnl::memory::desc a_md, b_md, bias_md, c_md;
+  bool adds_residual = false;  // a binary-add post-op reads a [m, n] addend as c is written
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
   // Set when op(b) goes through the matmul's own blocked weights layout, into which it is
@@ -57,13 +58,18 @@ bool weight_gradient_on_matmul(char ta, char tb, int64_t m, int64_t n, int64_t k
   return ta == 'T' && tb == 'N' && k >= 4 * std::max(m, n) && m >= 2 * n;
 }
 
+// Whether gemm_cpu runs c = op(a) op(b) (+ bias) on the matmul primitive rather than sgemm.
+bool on_matmul_primitive(char ta, char tb, int64_t m, int64_t n, int64_t k, bool bias) {
+  return bias || pack_weights_first(tb, m, n, k) || weight_gradient_on_matmul(ta, tb, m, n, k);
+}
+
 // The cached matmul primitive for c[m, n] = op(a) op(b) (+ bias), operands as sgemm takes them
 // (row-major storage with a leading dimension, 'T' = transposed); c is contiguous.
 const Matmul& matmul_for(char ta, int64_t lda, char tb, int64_t ldb, bool bias, int64_t m,
-                         int64_t n, int64_t k, bool pack) {
+                         int64_t n, int64_t k, bool pack, bool residual = false) {
   using dnnl::memory;
   onednn::Key key(onednn::Kind::matmul);
-  key.add(m).add(n).add(k).add(ta).add(lda).add(tb).add(ldb).add(bias).add(pack);
+  key.add(m).add(n).add(k).add(ta).add(lda).add(tb).add(ldb).add(bias).add(pack).add(residual);
   return onednn::cached<Matmul>(key, [&] {
     const memory::dims a_strides = ta == 'N' ? memory::dims{lda, 1} : memory::dims{1, lda};
     const memory::dims b_strides = tb == 'N' ? memory::dims{ldb, 1} : memory::dims{1, ldb};
@@ -72,10 +78,17 @@ const Matmul& matmul_for(char ta, int64_t lda, char tb, int64_t ldb, bool bias, 
     entry.b_md = memory::desc({k, n}, memory::data_type::f32, b_strides);
     entry.bias_md = memory::desc({1, n}, memory::data_type::f32, memory::dims{n, 1});
     entry.c_md = memory::desc({m, n}, memory::data_type::f32, memory::dims{n, 1});
+    entry.adds_residual = residual;
+    dnnl::primitive_attr attr = onednn::default_attr();
+    if (residual) {
+      dnnl::post_ops ops;
+      ops.append_binary(dnnl::algorithm::binary_add, entry.c_md);
+      attr.set_post_ops(ops);
+    }
     auto describe = [&](const memory::desc& weights_md) {
       const auto desc = bias ? dnnl::matmul::desc(entry.a_md, weights_md, entry.bias_md, entry.c_md)
                              : dnnl::matmul::desc(entry.a_md, weights_md, entry.c_md);
-      return dnnl::matmul::primitive_desc(desc, onednn::default_attr(), onednn::engine());
+      return dnnl::matmul::primitive_desc(desc, attr, onednn::engine());
     };
     entry.pd = describe(pack ? memory::desc({k, n}, memory::data_type::f32, memory::format_tag::any)
                              : entry.b_md);
@@ -107,13 +120,17 @@ dnnl::memory weights_for(const Matmul& e, const float* b, onednn::OwnedMemory& p
 // bias as it writes each tile (a separate pass to spread the bias over c first cost as much as
 // a small product).
 void run_matmul(const Matmul& e, const float* a, const dnnl::memory& weights, const float* bias,
-                float* c) {
+                float* c, const float* residual = nullptr) {
   const dnnl::engine& eng = onednn::engine();
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, dnnl::memory(e.a_md, eng, const_cast<float*>(a))},
       {DNNL_ARG_WEIGHTS, weights},
       {DNNL_ARG_DST, dnnl::memory(e.c_md, eng, c)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias_md, eng, const_cast<float*>(bias)));
+  if (e.adds_residual) {
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                 dnnl::memory(e.c_md, eng, const_cast<float*>(residual)));
+  }
   onednn::execute(e.prim, e.pd.scratchpad_desc(), std::move(args));
 }
 
@@ -146,8 +163,8 @@ void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
   const char tb = trans_b != gb.stored_transposed ? 'T' : 'N';
   const auto* pa = static_cast<const float*>(ga.data);
   const auto* pb = static_cast<const float*>(gb.data);
-  const bool pack = pack_weights_first(tb, m, n, k);
-  if (bias.defined() || pack || weight_gradient_on_matmul(ta, tb, m, n, k)) {
+  if (on_matmul_primitive(ta, tb, m, n, k, bias.defined())) {
+    const bool pack = pack_weights_first(tb, m, n, k);
     const Tensor row = bias.defined() ? bias.contiguous() : Tensor();
     const Matmul& e = matmul_for(ta, ga.ld, tb, gb.ld, bias.defined(), m, n, k, pack);
     onednn::OwnedMemory packed;
@@ -155,6 +172,40 @@ void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
     return;
   }
   sgemm(ta, tb, m, n, k, pa, ga.ld, pb, gb.ld, pc);
+}
+
+// c = a w^T + bias + residual (linear_kernels.h). Where linear's product runs on the matmul
+// primitive (a bias, or weights worth reordering), the primitive adds the residual as a binary
+// post-op while it writes each tile of c, instead of a separate pass that reads c and the
+// residual back and writes their sum; elsewhere (sgemm) the sum follows the product. Either
+// way c is what linear then add give, bit for bit.
+void linear_residual_cpu(const Tensor& a, const Tensor& w, const Tensor& bias,
+                         const Tensor& residual, Tensor& c) {
+  const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
+  DPAR_CHECK(k > 0, "linear_residual: no input features (the op adds without a product)");
+  if (m == 0 || n == 0) return;
+  const GemmOperand ga = as_gemm_operand(a);
+  const GemmOperand gw = as_gemm_operand(w);
+  // op(w) is w^T: transposed exactly when w is stored untransposed.
+  const char ta = ga.stored_transposed ? 'T' : 'N';
+  const char tb = gw.stored_transposed ? 'N' : 'T';
+  const auto* pr = residual.data<float>();
+  float* pc = c.data<float>();
+  if (!on_matmul_primitive(ta, tb, m, n, k, bias.defined())) {
+    sgemm(ta, tb, m, n, k, static_cast<const float*>(ga.data), ga.ld,
+          static_cast<const float*>(gw.data), gw.ld, pc);
+    const int64_t total = m * n;
+#pragma omp parallel for schedule(static) if (total > 65536)
+    for (int64_t i = 0; i < total; ++i) pc[i] += pr[i];
+    return;
+  }
+  const Tensor row = bias.defined() ? bias.contiguous() : Tensor();
+  const Matmul& e = matmul_for(ta, ga.ld, tb, gw.ld, bias.defined(), m, n, k,
+                               pack_weights_first(tb, m, n, k), /*residual=*/true);
+  onednn::OwnedMemory packed;
+  run_matmul(e, static_cast<const float*>(ga.data),
+             weights_for(e, static_cast<const float*>(gw.data), packed),
+             row.defined() ? row.data<float>() : nullptr, pc, pr);
 }
 
 // dx = g w and the bias gradient (linear_kernels.h). Where dx goes through sgemm, its rows go
@@ -204,6 +255,7 @@ void linear_input_grad_cpu(const Tensor& g_in, const Tensor& w, Tensor& dx, Tens
 void register_linear_kernels() {
   kernels::gemm.set(DeviceType::CPU, &gemm_cpu);
   kernels::linear_input_grad.set(DeviceType::CPU, &linear_input_grad_cpu);
+  kernels::linear_residual.set(DeviceType::CPU, &linear_residual_cpu);
 }
 
 }  // namespace dpar::cpu
