@@ -1,6 +1,6 @@
-// The fused linear ops (linear_gelu, linear_add) against the separate ops they replace, their
-// gradients against finite differences, and the modules that use them: nn::Sequential's
-// Linear + GELU and forward_add, MultiheadAttention::forward_add.
+// linear_add (a linear layer with its residual connection as one op) against the separate ops
+// it replaces, its gradients against finite differences, and the modules that use it:
+// Sequential::forward_add and MultiheadAttention::forward_add.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
@@ -41,8 +41,7 @@ Run run(const std::function<Tensor(const std::vector<Tensor>&)>& f,
   return r;
 }
 
-// The fused run gives the separate run's output bitwise and its gradients to rounding (the
-// bias gradient is summed in the same fixed blocks, GELU's derivative by the same formula).
+// The fused run gives the separate run's output bitwise and its gradients to rounding.
 void check_same(const Run& fused, const Run& separate) {
   CHECK(fused.out.to_float_vector() == separate.out.to_float_vector());
   REQUIRE(fused.grads.size() == separate.grads.size());
@@ -55,29 +54,6 @@ void check_same(const Run& fused, const Run& separate) {
 }
 
 }  // namespace
-
-TEST_CASE("linear_gelu equals linear then gelu", "[linear][fused]") {
-  Generator gen(41);
-  // 600 rows: three of the bias gradient's 256-row blocks, the last one partial.
-  for (const Shape& x_shape : {Shape{600, 24}, Shape{3, 7, 24}, Shape{1, 24}}) {
-    for (bool with_bias : {true, false}) {
-      for (auto approximate : {GeluApproximation::none, GeluApproximation::tanh}) {
-        INFO("x " << shape_str(x_shape) << (with_bias ? " with" : " without")
-                  << " bias, approximate "
-                  << (approximate == GeluApproximation::tanh ? "tanh" : "none"));
-        const Tensor x = random_tensor(x_shape, gen, -2.f, 2.f);
-        const Tensor w = random_tensor({40, 24}, gen);
-        const Tensor b = with_bias ? random_tensor({40}, gen) : Tensor();
-        const Run fused =
-            run([&](auto& t) { return linear_gelu(t[0], t[1], t[2], approximate); }, {x, w, b});
-        const Run separate =
-            run([&](auto& t) { return gelu(linear(t[0], t[1], t[2]), approximate); }, {x, w, b});
-        CHECK(fused.out.shape() == separate.out.shape());
-        check_same(fused, separate);
-      }
-    }
-  }
-}
 
 TEST_CASE("linear_add equals linear plus the residual", "[linear][fused]") {
   Generator gen(42);
@@ -109,16 +85,12 @@ TEST_CASE("linear_add equals linear plus the residual", "[linear][fused]") {
   CHECK(linear_add(x0, w0, b0, r0).to_float_vector() == add(r0, b0).to_float_vector());
 }
 
-TEST_CASE("linear_gelu and linear_add gradients", "[linear][fused][gradcheck]") {
+TEST_CASE("linear_add gradients", "[linear][fused][gradcheck]") {
   Generator gen(43);
   Tensor x = random_tensor({6, 5}, gen).set_requires_grad();
   Tensor w = random_tensor({4, 5}, gen).set_requires_grad();
   Tensor b = random_tensor({4}, gen).set_requires_grad();
   Tensor r = random_tensor({6, 4}, gen).set_requires_grad();
-  gradcheck([](auto& in) { return linear_gelu(in[0], in[1], in[2]); }, {x, w, b});
-  gradcheck([](auto& in) { return linear_gelu(in[0], in[1], in[2], GeluApproximation::tanh); },
-            {x, w, b});
-  gradcheck([](auto& in) { return linear_gelu(in[0], in[1]); }, {x, w});
   gradcheck([](auto& in) { return linear_add(in[0], in[1], in[2], in[3]); }, {x, w, b, r});
   gradcheck([](auto& in) { return linear_add(in[0], in[1], {}, in[2]); }, {x, w, r});
 }
@@ -131,11 +103,11 @@ TEST_CASE("linear_add argument errors", "[linear][fused][errors]") {
   CHECK_THROWS_WITH(linear_add(Tensor::ones({2, 2, 3}), w, {}, Tensor::ones({2, 4})),
                     Catch::Contains("linear_add: residual [2,4] does not match the output"));
   CHECK_THROWS_WITH(linear_add(x, w, {}, Tensor()), Catch::Contains("residual is undefined"));
-  CHECK_THROWS_WITH(linear_gelu(x, Tensor::ones({4, 2})),
-                    Catch::Contains("linear_gelu: input [2,3] has 3 features"));
+  CHECK_THROWS_WITH(linear_add(x, Tensor::ones({4, 2}), {}, Tensor::ones({2, 4})),
+                    Catch::Contains("linear_add: input [2,3] has 3 features"));
 }
 
-TEST_CASE("Sequential fuses Linear + GELU and adds a residual in its last Linear", "[nn][fused]") {
+TEST_CASE("Sequential::forward_add adds the residual in its last Linear", "[nn][fused]") {
   manual_seed(7);
   auto fc1 = std::make_shared<nn::Linear>(16, 32);
   auto act = std::make_shared<nn::GELU>();

@@ -41,12 +41,6 @@ DPAR_KERNEL(unary, void(UnaryOp op, const Tensor& x, Tensor& out, UnaryArgs args
 // forward output for exp/sqrt/relu/sigmoid/tanh, the input otherwise. Same shapes, any strides.
 DPAR_KERNEL(unary_backward, void(UnaryOp op, const Tensor& grad, const Tensor& saved,
                                  Tensor& grad_in, UnaryArgs args));
-// unary_backward for a [rows, cols] grad, saved and grad_in, all contiguous, and with it
-// column_sums ([cols]) = the sums of grad_in over its rows, in sum_to's fixed blocks
-// (cpu/column_sums.h): the same values as the two separately, each row summed while it is in
-// cache instead of in a second pass over grad_in (linear_gelu's bias gradient).
-DPAR_KERNEL(unary_backward_column_sums, void(UnaryOp op, const Tensor& grad, const Tensor& saved,
-                                             Tensor& grad_in, Tensor& column_sums, UnaryArgs args));
 // out = mask ? x * scale : 0, with mask a u8 tensor of x's shape; any strides.
 DPAR_KERNEL(masked_scale, void(const Tensor& x, const Tensor& mask, float scale, Tensor& out));
 

@@ -3,7 +3,6 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
-#include "tensor/activation_kernels.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/linear_kernels.h"
@@ -264,50 +263,6 @@ Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
                          const autograd::GradList& g, const autograd::NeedsGrad& need) {
                        autograd::GradList grads = linear_backward(g[0], xd, wd, need, compute);
                        grads.push_back(need[3] ? g[0] : Tensor());  // d(residual) = G
-                       return grads;
-                     });
-  }
-  return out;
-}
-
-Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   GeluApproximation approximate) {
-  DPAR_PROFILE_SCOPE("linear_gelu");
-  DPAR_CHECK(x.defined(), "linear_gelu: input is undefined");
-  if (x.dim() != 2 && x.dim() >= 1) {
-    const Tensor rows = as_rows(x, weight, "linear_gelu");
-    return linear_gelu(rows, weight, bias, approximate).reshape(with_features(x, weight.size(0)));
-  }
-  check_linear_operands(x, weight, bias, "linear_gelu");
-  const kernels::UnaryOp op =
-      approximate == GeluApproximation::tanh ? kernels::UnaryOp::gelu_tanh : kernels::UnaryOp::gelu;
-  const DType compute = detail::autocast_compute_dtype(x.device());
-  const Tensor h = gemm(x, false, weight, true, bias, compute);
-  Tensor out = Tensor::empty_like(h);
-  kernels::unary.get(h.device())(op, h, out, {});
-  if (autograd::needs_grad({x, weight, bias})) {
-    autograd::record("linear_gelu", {x, weight, bias}, {out},
-                     [xd = x.detach(), wd = weight.detach(), hd = h.detach(), op, compute](
-                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
-                       // GELU's gradient dH, with the bias gradient (dH's column sums) taken row by
-                       // row as dH is written, where the backend can; then the products as linear's
-                       // backward.
-                       Tensor dh = Tensor::empty_like(hd);
-                       Tensor db = need[2] ? Tensor::empty({hd.size(1)}, DType::f32, hd.device())
-                                           : Tensor();
-                       const Device device = hd.device();
-                       if (db.defined() && kernels::unary_backward_column_sums.available(device)) {
-                         kernels::unary_backward_column_sums.get(device)(op, g[0], hd, dh, db, {});
-                       } else {
-                         kernels::unary_backward.get(device)(op, g[0], hd, dh, {});
-                         if (db.defined()) {
-                           Tensor sums = db.view({1, hd.size(1)});
-                           kernels::sum_to.get(device)(dh, sums);
-                         }
-                       }
-                       autograd::GradList grads =
-                           linear_backward(dh, xd, wd, {need[0], need[1], false}, compute);
-                       grads[2] = db;
                        return grads;
                      });
   }

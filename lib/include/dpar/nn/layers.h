@@ -43,8 +43,7 @@ class Sequential : public Module {
   explicit Sequential(std::string type_name);
 
  private:
-  // The children [0, end) in order, with the fused pairs (BatchNorm2d + activation, Linear +
-  // GELU) as one op each.
+  // The children [0, end) in order, a BatchNorm2d and the activation after it as one op.
   Tensor run(const Tensor& input, size_t end);
 
   std::vector<ModulePtr> modules_;
@@ -114,8 +113,6 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& input) override;
-  // gelu(forward(input)) as one op (linear_gelu): what Sequential runs for Linear then GELU.
-  Tensor forward_gelu(const Tensor& input, GeluApproximation approximate) const;
   void reset_parameters(Generator& gen = default_generator());
 
   const int64_t in_features, out_features;

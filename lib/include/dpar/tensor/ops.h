@@ -135,11 +135,6 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // x + mlp(x) (Sequential::forward_add).
 Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& residual);
-// gelu(linear(x, weight, bias)) as one op with the same results: GELU's backward and the bias
-// gradient are one pass over the gradient instead of two. nn::Sequential uses it for a Linear
-// followed by GELU (a transformer's MLP).
-Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
-                   GeluApproximation approximate = GeluApproximation::none);
 
 // ---- convolution and normalisation (oneDNN on CPU) -------------------------------------------
 struct Conv2dOptions {
