@@ -168,10 +168,6 @@ autograd::GradList linear_backward(const Tensor& g, const Tensor& x, const Tenso
   return autograd::GradList{gx, gw, gb};
 }
 
-}  // namespace
-
-namespace {
-
 // linear's checks of a 2-D input, its weight and bias; `op` names the caller in errors.
 void check_linear_operands(const Tensor& x, const Tensor& weight, const Tensor& bias,
                            const char* op) {
@@ -242,16 +238,17 @@ Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
         .reshape(out_shape);
   }
   check_linear_operands(x, weight, bias, "linear_add");
+  const Shape out_shape{x.size(0), weight.size(0)};
   DPAR_CHECK(residual.dtype() == DType::f32, "linear_add: residual must be f32, got ",
              residual.str());
-  DPAR_CHECK(residual.shape() == Shape({x.size(0), weight.size(0)}), "linear_add: residual ",
-             residual.shape(), " does not match the output ", Shape({x.size(0), weight.size(0)}));
+  DPAR_CHECK(residual.shape() == out_shape, "linear_add: residual ", residual.shape(),
+             " does not match the output ", out_shape);
   DPAR_CHECK(residual.device() == x.device(), "linear_add: input on ", x.device(),
              " but residual on ", residual.device());
   const DType compute = detail::autocast_compute_dtype(x.device());
   Tensor out;
-  if (compute == DType::f32 && x.size(1) > 0 && kernels::linear_residual.available(x.device())) {
-    out = Tensor::empty({x.size(0), weight.size(0)}, DType::f32, x.device());
+  if (compute == DType::f32 && kernels::linear_residual.available(x.device())) {
+    out = Tensor::empty(out_shape, DType::f32, x.device());
     kernels::linear_residual.get(x.device())(x, weight, bias, residual.contiguous(), out);
   } else {
     out = gemm(x, false, weight, true, bias, compute);

@@ -1,6 +1,7 @@
 // CPU matrix products through oneDNN (JIT-compiled for the host ISA, OpenMP threads, run-to-run
-// deterministic for a fixed thread count): sgemm, and the matmul primitive when a bias is added
-// or when a linear layer's weights are worth reordering into its blocked layout.
+// deterministic for a fixed thread count): sgemm, and the matmul primitive when a bias (and a
+// residual) is added or when a linear layer's weights are worth reordering into its blocked
+// layout.
 #include "tensor/linear_kernels.h"
 
 #include <omp.h>
@@ -141,19 +142,32 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, in
              static_cast<int>(status), " for [", m, "x", k, "] x [", k, "x", n, "]");
 }
 
-void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
-              Tensor& c) {
+// c = op(a) op(b) (+ bias) (+ residual, a contiguous [m, n] when not null): gemm_cpu, and
+// linear_residual_cpu for a linear layer with its residual connection. Where the product runs
+// on the matmul primitive, the primitive adds the residual as a binary post-op while it writes
+// each tile of c, instead of a separate pass that reads c and the residual back and writes
+// their sum; on sgemm the sum follows the product. Either way c is the product's c plus the
+// residual, rounded once more: what linear then add give, bit for bit.
+void product(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+             const float* residual, Tensor& c) {
   const int64_t m = c.size(0), n = c.size(1);
   const int64_t k = trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0) return;
   float* pc = c.data<float>();
+  auto add_residual = [&] {
+    if (!residual) return;
+    const int64_t total = m * n;
+#pragma omp parallel for schedule(static) if (total > 65536)
+    for (int64_t i = 0; i < total; ++i) pc[i] += residual[i];
+  };
   if (k == 0) {
     if (!bias.defined()) {
       std::fill(pc, pc + m * n, 0.f);
-      return;
+    } else {
+      const Tensor row = bias.contiguous();
+      for (int64_t i = 0; i < m; ++i) std::copy_n(row.data<float>(), n, pc + i * n);
     }
-    const Tensor row = bias.contiguous();
-    for (int64_t i = 0; i < m; ++i) std::copy_n(row.data<float>(), n, pc + i * n);
+    add_residual();
     return;
   }
   const GemmOperand ga = as_gemm_operand(a);
@@ -166,46 +180,25 @@ void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
   if (on_matmul_primitive(ta, tb, m, n, k, bias.defined())) {
     const bool pack = pack_weights_first(tb, m, n, k);
     const Tensor row = bias.defined() ? bias.contiguous() : Tensor();
-    const Matmul& e = matmul_for(ta, ga.ld, tb, gb.ld, bias.defined(), m, n, k, pack);
+    const Matmul& e =
+        matmul_for(ta, ga.ld, tb, gb.ld, bias.defined(), m, n, k, pack, residual != nullptr);
     onednn::OwnedMemory packed;
-    run_matmul(e, pa, weights_for(e, pb, packed), row.defined() ? row.data<float>() : nullptr, pc);
+    run_matmul(e, pa, weights_for(e, pb, packed), row.defined() ? row.data<float>() : nullptr, pc,
+               residual);
     return;
   }
   sgemm(ta, tb, m, n, k, pa, ga.ld, pb, gb.ld, pc);
+  add_residual();
 }
 
-// c = a w^T + bias + residual (linear_kernels.h). Where linear's product runs on the matmul
-// primitive (a bias, or weights worth reordering), the primitive adds the residual as a binary
-// post-op while it writes each tile of c, instead of a separate pass that reads c and the
-// residual back and writes their sum; elsewhere (sgemm) the sum follows the product. Either
-// way c is what linear then add give, bit for bit.
+void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+              Tensor& c) {
+  product(a, trans_a, b, trans_b, bias, nullptr, c);
+}
+
 void linear_residual_cpu(const Tensor& a, const Tensor& w, const Tensor& bias,
                          const Tensor& residual, Tensor& c) {
-  const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
-  DPAR_CHECK(k > 0, "linear_residual: no input features (the op adds without a product)");
-  if (m == 0 || n == 0) return;
-  const GemmOperand ga = as_gemm_operand(a);
-  const GemmOperand gw = as_gemm_operand(w);
-  // op(w) is w^T: transposed exactly when w is stored untransposed.
-  const char ta = ga.stored_transposed ? 'T' : 'N';
-  const char tb = gw.stored_transposed ? 'N' : 'T';
-  const auto* pr = residual.data<float>();
-  float* pc = c.data<float>();
-  if (!on_matmul_primitive(ta, tb, m, n, k, bias.defined())) {
-    sgemm(ta, tb, m, n, k, static_cast<const float*>(ga.data), ga.ld,
-          static_cast<const float*>(gw.data), gw.ld, pc);
-    const int64_t total = m * n;
-#pragma omp parallel for schedule(static) if (total > 65536)
-    for (int64_t i = 0; i < total; ++i) pc[i] += pr[i];
-    return;
-  }
-  const Tensor row = bias.defined() ? bias.contiguous() : Tensor();
-  const Matmul& e = matmul_for(ta, ga.ld, tb, gw.ld, bias.defined(), m, n, k,
-                               pack_weights_first(tb, m, n, k), /*residual=*/true);
-  onednn::OwnedMemory packed;
-  run_matmul(e, static_cast<const float*>(ga.data),
-             weights_for(e, static_cast<const float*>(gw.data), packed),
-             row.defined() ? row.data<float>() : nullptr, pc, pr);
+  product(a, false, w, true, bias, residual.data<float>(), c);
 }
 
 // dx = g w and the bias gradient (linear_kernels.h). Where dx goes through sgemm, its rows go
