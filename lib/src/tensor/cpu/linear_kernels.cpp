@@ -26,7 +26,6 @@ using detail::GemmOperand;
 
 struct Matmul {
   dnnl::memory::desc a_md, b_md, bias_md, c_md;
-  bool adds_residual = false;  // a binary-add post-op reads a [m, n] addend as c is written
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
   // Set when op(b) goes through the matmul's own blocked weights layout, into which it is
@@ -59,12 +58,13 @@ bool weight_gradient_on_matmul(char ta, char tb, int64_t m, int64_t n, int64_t k
   return ta == 'T' && tb == 'N' && k >= 4 * std::max(m, n) && m >= 2 * n;
 }
 
-// Whether gemm_cpu runs c = op(a) op(b) (+ bias) on the matmul primitive rather than sgemm.
+// Whether product() runs c = op(a) op(b) (+ bias) on the matmul primitive rather than sgemm.
 bool on_matmul_primitive(char ta, char tb, int64_t m, int64_t n, int64_t k, bool bias) {
   return bias || pack_weights_first(tb, m, n, k) || weight_gradient_on_matmul(ta, tb, m, n, k);
 }
 
-// The cached matmul primitive for c[m, n] = op(a) op(b) (+ bias), operands as sgemm takes them
+// The cached matmul primitive for c[m, n] = op(a) op(b) (+ bias) (+ a residual, by a binary-add
+// post-op when `residual`), operands as sgemm takes them
 // (row-major storage with a leading dimension, 'T' = transposed); c is contiguous.
 const Matmul& matmul_for(char ta, int64_t lda, char tb, int64_t ldb, bool bias, int64_t m,
                          int64_t n, int64_t k, bool pack, bool residual = false) {
@@ -79,7 +79,6 @@ const Matmul& matmul_for(char ta, int64_t lda, char tb, int64_t ldb, bool bias, 
     entry.b_md = memory::desc({k, n}, memory::data_type::f32, b_strides);
     entry.bias_md = memory::desc({1, n}, memory::data_type::f32, memory::dims{n, 1});
     entry.c_md = memory::desc({m, n}, memory::data_type::f32, memory::dims{n, 1});
-    entry.adds_residual = residual;
     dnnl::primitive_attr attr = onednn::default_attr();
     if (residual) {
       dnnl::post_ops ops;
@@ -128,7 +127,7 @@ void run_matmul(const Matmul& e, const float* a, const dnnl::memory& weights, co
       {DNNL_ARG_WEIGHTS, weights},
       {DNNL_ARG_DST, dnnl::memory(e.c_md, eng, c)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias_md, eng, const_cast<float*>(bias)));
-  if (e.adds_residual) {
+  if (residual) {  // e was made with the binary-add post-op that reads it
     args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
                  dnnl::memory(e.c_md, eng, const_cast<float*>(residual)));
   }
