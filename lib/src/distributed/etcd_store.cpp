@@ -97,6 +97,18 @@ std::string prefix_end(std::string s) {
 // the cluster.
 bool transient(const grpc::Status& s) { return s.error_code() == grpc::StatusCode::UNAVAILABLE; }
 
+// etcd 3.4 hands its request context's own error back unconverted, which its gRPC turns into
+// UNKNOWN "context deadline exceeded": the member's copy of our deadline ran out a moment
+// before ours did. Read that as the timeout it is, so that it is retried and reported as one.
+grpc::Status with_timeouts_named(grpc::Status s) {
+  if (s.error_code() != grpc::StatusCode::UNKNOWN) return s;
+  if (s.error_message() == "context deadline exceeded")
+    return {grpc::StatusCode::DEADLINE_EXCEEDED, s.error_message()};
+  if (s.error_message() == "context canceled")
+    return {grpc::StatusCode::CANCELLED, s.error_message()};
+  return s;
+}
+
 // The longest one attempt of a request may take before it is tried again (Impl::retrying).
 constexpr Millis kAttempt{2000};
 
@@ -142,7 +154,7 @@ struct EtcdStore::Impl {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::min(deadline, std::chrono::system_clock::now() + kAttempt));
       ctx.set_wait_for_ready(true);
-      grpc::Status s = fn(&ctx);
+      grpc::Status s = with_timeouts_named(fn(&ctx));
       const bool again = transient(s) || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
       if (s.ok() || !again || std::chrono::system_clock::now() + Millis(50) >= deadline) return s;
       std::this_thread::sleep_for(Millis(50));
@@ -404,7 +416,7 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + kAttempt);
       ctx.set_wait_for_ready(true);
-      s = m.kv->Txn(&ctx, txn, &rep);
+      s = with_timeouts_named(m.kv->Txn(&ctx, txn, &rep));
     }
     if (s.ok() && rep.succeeded()) return value;
     if (!s.ok()) {
