@@ -203,8 +203,9 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mas
         self_attn->forward(x, x, x, src_mask, src_key_padding_mask, is_causal));
   };
   auto feed_forward = [&](const Tensor& x) {
-    Tensor h = linear1->forward(x);
-    h = options.activation == TransformerActivation::gelu ? gelu(h) : relu(h);
+    const Tensor h = options.activation == TransformerActivation::gelu
+                         ? linear1->forward_gelu(x, GeluApproximation::none)
+                         : relu(linear1->forward(x));
     return dropout2->forward(linear2->forward(dropout->forward(h)));
   };
   Tensor x = src;

@@ -135,6 +135,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // x + mlp(x) (Sequential::forward_add).
 Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& residual);
+// gelu(linear(x, weight, bias), approximate) as one op with the same results: its backward
+// sums the bias gradient in the pass that forms GELU's gradient (CPU) instead of in a pass of
+// its own. Sequential runs a Linear followed by a GELU with it (a transformer's MLP).
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   GeluApproximation approximate = GeluApproximation::none);
 
 // ---- convolution and normalisation (oneDNN on CPU) -------------------------------------------
 struct Conv2dOptions {
