@@ -148,6 +148,12 @@ TEST_CASE("attention on the GPU (op chain) matches the CPU's fused kernel") {
                return scaled_dot_product_attention(t[0], t[1], t[2], mask.to(t[0].device()));
              },
              {q, k, v});
+  // The projection and the attention as one op: two ops on CUDA, the bias gradient summed in
+  // the attention's kernel on the CPU.
+  compare_op(
+      "projected_self_attention",
+      [](auto& t) { return projected_self_attention(t[0], t[1], t[2], 2); },
+      {random_tensor({2, 17, 12}, 38), random_tensor({48, 12}, 39), random_tensor({48}, 40)});
 }
 
 TEST_CASE("a TransformerEncoderLayer on the GPU matches the CPU, forward and backward") {

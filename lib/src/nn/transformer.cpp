@@ -150,8 +150,8 @@ Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const 
   };
   if (self_attention && weights == nullptr) {
     // One product with the packed [3E, E] weight; the attention reads its heads in place.
-    out = packed_self_attention(linear(q, in_proj_weight, in_proj_bias), num_heads, mask, p, causal,
-                                *gen_);
+    out = projected_self_attention(q, in_proj_weight, in_proj_bias, num_heads, mask, p, causal,
+                                   *gen_);
   } else {
     const auto w = chunk(in_proj_weight, 3, 0);
     const auto b = in_proj_bias.defined() ? chunk(in_proj_bias, 3, 0) : std::vector<Tensor>(3);
