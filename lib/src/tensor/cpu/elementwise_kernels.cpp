@@ -101,13 +101,30 @@ void add_inplace_cpu(Tensor& self, const Tensor& other, double alpha) {
 }
 
 // Column sums of a row-major [rows, cols] block (rows ld floats apart) into acc (double), once
-// per ISA: the loop over a row's columns vectorises, and acc stays in L1.
+// per ISA: the loop over a row's columns vectorises, and acc stays in L1. Four rows go into
+// each load and store of acc, added one after another as row by row would: the same sums,
+// with a quarter of the traffic to acc.
 // clang-format off
 #define DPAR_COLUMN_SUM_BLOCK(SUFFIX, TARGET)                                             \
   TARGET void column_sum_block##SUFFIX(const float* x, int64_t rows, int64_t cols,       \
                                        int64_t ld, double* acc) {                        \
     for (int64_t j = 0; j < cols; ++j) acc[j] = 0.0;                                     \
-    for (int64_t i = 0; i < rows; ++i) {                                                 \
+    int64_t i = 0;                                                                       \
+    for (; i + 4 <= rows; i += 4) {                                                      \
+      const float* r0 = x + i * ld;                                                      \
+      const float* r1 = r0 + ld;                                                         \
+      const float* r2 = r1 + ld;                                                         \
+      const float* r3 = r2 + ld;                                                         \
+      for (int64_t j = 0; j < cols; ++j) {                                               \
+        double a = acc[j];                                                               \
+        a += static_cast<double>(r0[j]);                                                 \
+        a += static_cast<double>(r1[j]);                                                 \
+        a += static_cast<double>(r2[j]);                                                 \
+        a += static_cast<double>(r3[j]);                                                 \
+        acc[j] = a;                                                                      \
+      }                                                                                  \
+    }                                                                                    \
+    for (; i < rows; ++i) {                                                              \
       const float* row = x + i * ld;                                                     \
       for (int64_t j = 0; j < cols; ++j) acc[j] += static_cast<double>(row[j]);          \
     }                                                                                    \
