@@ -1,7 +1,6 @@
 // scaled_dot_product_attention: the fused CPU kernel against the same maths as an op chain
 // (no mask, u8 and f32 masks, causal, custom scale), gradients against finite differences,
-// and argument errors; packed_self_attention and projected_self_attention (the projection in
-// the same op) against the split heads and the separate ops.
+// and argument errors.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -159,79 +158,6 @@ TEST_CASE("packed_self_attention equals attention on the split heads", "[attenti
       {random_tensor({n, l, 3 * e}, gen).set_requires_grad()});
   CHECK_THROWS_WITH(packed_self_attention(random_tensor({2, 5, 10}, gen), 3),
                     Contains("qkv must be an f32 tensor [N, L, 3 * E]"));
-}
-
-TEST_CASE("projected_self_attention equals the projection then packed_self_attention",
-          "[attention][fused][gradcheck]") {
-  Generator gen(6);
-  // ViT-like rows (longer than a vector, several (batch, head) slices) and a small case; a
-  // padding mask and the causal cut.
-  struct Case {
-    int64_t n, l, heads, d, in;
-  };
-  for (const Case& c : {Case{3, 17, 3, 8, 20}, Case{2, 5, 2, 4, 6}}) {
-    const int64_t e = c.heads * c.d;
-    const Tensor x = random_tensor({c.n, c.l, c.in}, gen);
-    const Tensor w = random_tensor({3 * e, c.in}, gen), b = random_tensor({3 * e}, gen);
-    std::vector<float> pad(static_cast<size_t>(c.n * c.l), 0.f);
-    pad[1] = pad[static_cast<size_t>(c.l + 2)] = -INFINITY;
-    const Tensor mask = Tensor::from_vector(pad, {c.n, 1, 1, c.l});
-    for (int variant = 0; variant < 3; ++variant) {
-      INFO("n " << c.n << ", l " << c.l << ", variant " << variant);
-      const Tensor m = variant == 1 ? mask : Tensor();
-      const bool causal = variant == 2;
-      auto grads = [&](bool fused) {
-        std::vector<Tensor> leaves{x.detach().set_requires_grad(), w.detach().set_requires_grad(),
-                                   b.detach().set_requires_grad()};
-        const Tensor out = fused ? projected_self_attention(leaves[0], leaves[1], leaves[2],
-                                                            c.heads, m, 0.0, causal)
-                                 : packed_self_attention(linear(leaves[0], leaves[1], leaves[2]),
-                                                         c.heads, m, 0.0, causal);
-        Generator weights(7);
-        sum(mul(out, random_tensor(out.shape(), weights))).backward();
-        return std::vector<Tensor>{out, leaves[0].grad(), leaves[1].grad(), leaves[2].grad()};
-      };
-      const auto fused = grads(true), separate = grads(false);
-      // The output and the gradients of x and W bit for bit; the bias gradient is summed in
-      // another order.
-      for (size_t i = 0; i < 3; ++i) {
-        CHECK(fused[i].to_float_vector() == separate[i].to_float_vector());
-      }
-      CHECK(max_rel_error(fused[3].to_float_vector(), separate[3].to_float_vector()) < 1e-5);
-    }
-  }
-  // Finite differences; without a bias, and with attention dropout (the two ops).
-  const int64_t n = 2, l = 5, heads = 2, e = 8, in = 6;
-  gradcheck(
-      [&](const std::vector<Tensor>& t) {
-        return projected_self_attention(t[0], t[1], t[2], heads, {}, 0.0, true);
-      },
-      {random_tensor({n, l, in}, gen).set_requires_grad(),
-       random_tensor({3 * e, in}, gen).set_requires_grad(),
-       random_tensor({3 * e}, gen).set_requires_grad()});
-  gradcheck(
-      [&](const std::vector<Tensor>& t) { return projected_self_attention(t[0], t[1], {}, heads); },
-      {random_tensor({n, l, in}, gen).set_requires_grad(),
-       random_tensor({3 * e, in}, gen).set_requires_grad()});
-  gradcheck(
-      [&](const std::vector<Tensor>& t) {
-        Generator g(9);
-        return projected_self_attention(t[0], t[1], t[2], heads, {}, 0.5, false, g);
-      },
-      {random_tensor({n, l, in}, gen).set_requires_grad(),
-       random_tensor({3 * e, in}, gen).set_requires_grad(),
-       random_tensor({3 * e}, gen).set_requires_grad()});
-  // Errors name the op, or the projection's operands as linear does.
-  const Tensor bias = random_tensor({3 * e}, gen).set_requires_grad();
-  CHECK_THROWS_WITH(projected_self_attention(random_tensor({l, in}, gen),
-                                             random_tensor({3 * e, in}, gen), bias, heads),
-                    Contains("projected_self_attention: x must be [N, L, E]"));
-  CHECK_THROWS_WITH(projected_self_attention(random_tensor({n, l, in}, gen),
-                                             random_tensor({3 * e, in + 1}, gen), bias, heads),
-                    Contains("has 6 features but weight"));
-  CHECK_THROWS_WITH(projected_self_attention(random_tensor({n, l, in}, gen),
-                                             random_tensor({3 * e, in}, gen), bias, 5),
-                    Contains("projected_self_attention: qkv must be an f32 tensor"));
 }
 
 TEST_CASE("attention rows longer than a vector: tails, masks, the causal cut, gradients",

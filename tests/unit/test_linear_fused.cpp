@@ -1,7 +1,6 @@
-// linear_add (a linear layer with its residual connection as one op) and linear_gelu (a linear
-// layer and the GELU after it) against the separate ops they replace, their gradients against
-// finite differences, and the modules that use them: Sequential (forward, forward_add),
-// TransformerEncoderLayer and MultiheadAttention::forward_add.
+// linear_add (a linear layer with its residual connection as one op) against the separate ops
+// it replaces, its gradients against finite differences, and the modules that use it:
+// Sequential::forward_add and MultiheadAttention::forward_add.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
@@ -108,76 +107,6 @@ TEST_CASE("linear_add argument errors", "[linear][fused][errors]") {
                     Catch::Contains("linear_add: input [2,3] has 3 features"));
 }
 
-TEST_CASE("linear_gelu equals GELU after linear, gradients bit for bit", "[linear][fused]") {
-  Generator gen(46);
-  // 1100 rows: several blocks of the bias gradient's sums (and the products with blocked
-  // weights); 5 rows: one partial block (plain layout); leading dims.
-  for (const Shape& x_shape : {Shape{1100, 48}, Shape{5, 48}, Shape{2, 9, 48}}) {
-    for (bool with_bias : {true, false}) {
-      for (GeluApproximation form : {GeluApproximation::none, GeluApproximation::tanh}) {
-        INFO("x " << shape_str(x_shape) << (with_bias ? " with" : " without") << " bias, "
-                  << (form == GeluApproximation::tanh ? "tanh" : "erf") << " form");
-        const Tensor x = random_tensor(x_shape, gen);
-        const Tensor w = random_tensor({96, 48}, gen);
-        const Tensor b = with_bias ? random_tensor({96}, gen) : Tensor();
-        const Run fused =
-            run([form](auto& t) { return linear_gelu(t[0], t[1], t[2], form); }, {x, w, b});
-        const Run separate =
-            run([form](auto& t) { return gelu(linear(t[0], t[1], t[2]), form); }, {x, w, b});
-        CHECK(fused.out.to_float_vector() == separate.out.to_float_vector());
-        for (size_t i = 0; i < separate.grads.size(); ++i) {
-          INFO("gradient of input " << i);
-          if (!separate.grads[i].defined()) continue;
-          CHECK(fused.grads[i].to_float_vector() == separate.grads[i].to_float_vector());
-        }
-      }
-    }
-  }
-  // Without gradients it is the forward alone.
-  NoGradGuard no_grad;
-  const Tensor x = random_tensor({3, 4}, gen), w = random_tensor({2, 4}, gen);
-  CHECK(linear_gelu(x, w, {}).to_float_vector() == gelu(linear(x, w)).to_float_vector());
-}
-
-TEST_CASE("linear_gelu gradients and errors", "[linear][fused][gradcheck][errors]") {
-  Generator gen(47);
-  Tensor x = random_tensor({6, 5}, gen).set_requires_grad();
-  Tensor w = random_tensor({4, 5}, gen).set_requires_grad();
-  Tensor b = random_tensor({4}, gen).set_requires_grad();
-  gradcheck([](auto& in) { return linear_gelu(in[0], in[1], in[2]); }, {x, w, b});
-  gradcheck([](auto& in) { return linear_gelu(in[0], in[1], in[2], GeluApproximation::tanh); },
-            {x, w, b});
-  gradcheck([](auto& in) { return linear_gelu(in[0], in[1], {}); }, {x, w});
-  CHECK_THROWS_WITH(linear_gelu(Tensor::ones({2, 3}), Tensor::ones({4, 2}), {}),
-                    Catch::Contains("linear_gelu: input [2,3] has 3 features"));
-  CHECK_THROWS_WITH(linear_gelu(Tensor::ones({2, 3}), Tensor::ones({4, 3}), Tensor::ones({3})),
-                    Catch::Contains("linear_gelu: bias shape [3] does not match weight [4,3]"));
-  // Sequential's Linear then GELU keeps Linear's own message.
-  nn::Sequential mlp({std::make_shared<nn::Linear>(3, 4), std::make_shared<nn::GELU>()});
-  CHECK_THROWS_WITH(mlp.forward(Tensor::ones({2, 5})),
-                    Catch::Contains("Linear: expected input [...,3], got [2,5]"));
-}
-
-TEST_CASE("TransformerEncoderLayer's GELU feed-forward matches its modules run one by one",
-          "[nn][fused]") {
-  manual_seed(9);
-  nn::TransformerEncoderLayerOptions o;
-  o.d_model = 16;
-  o.nhead = 2;
-  o.dim_feedforward = 32;
-  o.dropout = 0.0;
-  o.activation = nn::TransformerActivation::gelu;
-  o.batch_first = true;
-  o.norm_first = true;
-  nn::TransformerEncoderLayer layer(o);
-  Generator gen(48);
-  const Tensor x = random_tensor({2, 5, 16}, gen);
-  Tensor h = add(x, layer.self_attn->forward(layer.norm1->forward(x)));
-  const Tensor expected =
-      add(h, layer.linear2->forward(gelu(layer.linear1->forward(layer.norm2->forward(h)))));
-  CHECK(max_abs_diff(layer.forward(x), expected) <= 1e-6);
-}
-
 TEST_CASE("Sequential::forward_add adds the residual in its last Linear", "[nn][fused]") {
   manual_seed(7);
   auto fc1 = std::make_shared<nn::Linear>(16, 32);
@@ -202,9 +131,6 @@ TEST_CASE("Sequential::forward_add adds the residual in its last Linear", "[nn][
     for (const Tensor& p : mlp.parameters()) g.push_back(p.grad().to_float_vector());
     return g;
   };
-  // Linear then GELU runs as linear_gelu in Sequential: the same gradients, bit for bit.
-  CHECK(grads_of([&] { return mul(mlp.forward(x), r); }) ==
-        grads_of([&] { return mul(one_by_one(x), r); }));
   const auto fused = grads_of([&] { return mlp.forward_add(x, r); });
   const auto separate = grads_of([&] { return add(one_by_one(x), r); });
   REQUIRE(fused.size() == separate.size());

@@ -5,7 +5,6 @@
 #include <typeinfo>
 
 #include "dpar/autograd/grad_mode.h"
-#include "dpar/nn/activation.h"
 #include "dpar/nn/init.h"
 #include "tensor/core_kernels.h"
 
@@ -77,14 +76,6 @@ Tensor Sequential::run(const Tensor& input, size_t end) {
         ++i;
         continue;
       }
-    }
-    // Linear then GELU (a transformer's MLP) runs as linear_gelu: same results, the bias
-    // gradient summed in the pass that forms GELU's gradient.
-    if (typeid(m) == typeid(Linear) && i + 1 < end && typeid(*modules_[i + 1]) == typeid(GELU)) {
-      x = static_cast<Linear&>(*modules_[i])
-              .forward_gelu(x, static_cast<const GELU&>(*modules_[i + 1]).approximate);
-      ++i;
-      continue;
     }
     x = modules_[i]->forward(x);
   }
@@ -220,18 +211,9 @@ void Linear::reset_parameters(Generator& gen) {
 }
 
 Tensor Linear::forward(const Tensor& input) {
-  check_input(input);
-  return linear(input, weight, bias);  // leading dims are batch dims (the op flattens them)
-}
-
-Tensor Linear::forward_gelu(const Tensor& input, GeluApproximation approximate) {
-  check_input(input);
-  return linear_gelu(input, weight, bias, approximate);
-}
-
-void Linear::check_input(const Tensor& input) const {
   DPAR_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear: expected input [...,",
              in_features, "], got ", input.shape());
+  return linear(input, weight, bias);  // leading dims are batch dims (the op flattens them)
 }
 
 std::string Linear::extra_repr() const {

@@ -150,8 +150,8 @@ Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const 
   };
   if (self_attention && weights == nullptr) {
     // One product with the packed [3E, E] weight; the attention reads its heads in place.
-    out = projected_self_attention(q, in_proj_weight, in_proj_bias, num_heads, mask, p, causal,
-                                   *gen_);
+    out = packed_self_attention(linear(q, in_proj_weight, in_proj_bias), num_heads, mask, p, causal,
+                                *gen_);
   } else {
     const auto w = chunk(in_proj_weight, 3, 0);
     const auto b = in_proj_bias.defined() ? chunk(in_proj_bias, 3, 0) : std::vector<Tensor>(3);
@@ -203,9 +203,8 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mas
         self_attn->forward(x, x, x, src_mask, src_key_padding_mask, is_causal));
   };
   auto feed_forward = [&](const Tensor& x) {
-    const Tensor h = options.activation == TransformerActivation::gelu
-                         ? linear1->forward_gelu(x, GeluApproximation::none)
-                         : relu(linear1->forward(x));
+    Tensor h = linear1->forward(x);
+    h = options.activation == TransformerActivation::gelu ? gelu(h) : relu(h);
     return dropout2->forward(linear2->forward(dropout->forward(h)));
   };
   Tensor x = src;

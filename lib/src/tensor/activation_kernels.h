@@ -41,12 +41,6 @@ DPAR_KERNEL(unary, void(UnaryOp op, const Tensor& x, Tensor& out, UnaryArgs args
 // forward output for exp/sqrt/relu/sigmoid/tanh, the input otherwise. Same shapes, any strides.
 DPAR_KERNEL(unary_backward, void(UnaryOp op, const Tensor& grad, const Tensor& saved,
                                  Tensor& grad_in, UnaryArgs args));
-// unary_backward's grad_in and sums[j] = the sum of its column j, for contiguous [rows, cols]
-// tensors (the bias gradient of a linear layer the activation follows): each block of grad_in
-// is summed while it is still in cache, instead of in a pass of its own. The sums are
-// column_sums' (cpu/column_sums.h) bit for bit.
-DPAR_KERNEL(unary_backward_column_sums, void(UnaryOp op, const Tensor& grad, const Tensor& saved,
-                                             Tensor& grad_in, Tensor& sums, UnaryArgs args));
 // out = mask ? x * scale : 0, with mask a u8 tensor of x's shape; any strides.
 DPAR_KERNEL(masked_scale, void(const Tensor& x, const Tensor& mask, float scale, Tensor& out));
 

@@ -22,13 +22,5 @@ DPAR_KERNEL(sdpa_forward,
 DPAR_KERNEL(sdpa_backward, void(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& probs, const Tensor& out, const Tensor& dout,
                                 float scale, Tensor& dq, Tensor& dk, Tensor& dv));
-// sdpa_backward, and slice_sums [N*H, 2 D + Dv] contiguous: for every slice, the column sums of
-// its dq, dk and dv, taken while they are in cache (the bias gradient of the projection that
-// made q, k and v, without a pass over the whole gradient). Each slice's sums are accumulated
-// in double, then rounded.
-DPAR_KERNEL(sdpa_backward_column_sums,
-            void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
-                 const Tensor& out, const Tensor& dout, float scale, Tensor& dq, Tensor& dk,
-                 Tensor& dv, Tensor& slice_sums));
 
 }  // namespace dpar::kernels

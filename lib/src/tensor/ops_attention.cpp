@@ -3,17 +3,12 @@
 #include <array>
 #include <cmath>
 #include <limits>
-#include <utility>
-#include <vector>
 
 #include "dpar/autograd/function.h"
-#include "dpar/autograd/grad_mode.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/attention_kernels.h"
 #include "tensor/broadcast.h"
-#include "tensor/linear_grad.h"
-#include "tensor/nn_kernels.h"
 
 namespace dpar {
 namespace {
@@ -160,26 +155,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return out;
 }
 
-namespace {
-
-// q, k and v (part 0, 1, 2) of a contiguous [N, L, 3E] tensor seen as [N, H, L, D], and a
-// contiguous [N, L, E] tensor seen the same way: the heads in place, no copies.
-struct PackedHeads {
-  int64_t n, l, e, d, heads;
-  Tensor part(const Tensor& packed, int64_t p) const {
-    return Tensor::from_storage(packed.storage(), packed.storage_offset() + p * e, {n, heads, l, d},
-                                {l * 3 * e, d, 3 * e, 1}, DType::f32);
-  }
-  Tensor merged(const Tensor& t) const {
-    return Tensor::from_storage(t.storage(), t.storage_offset(), {n, heads, l, d}, {l * e, d, e, 1},
-                                DType::f32);
-  }
-  float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))); }
-};
-
-// packed_self_attention's checks; `op` names the caller.
-void check_packed(const Tensor& qkv, int64_t num_heads, const Tensor& attn_mask, double dropout_p,
-                  bool is_causal, const char* op) {
+Tensor packed_self_attention(const Tensor& qkv, int64_t num_heads, const Tensor& attn_mask,
+                             double dropout_p, bool is_causal, Generator& gen) {
+  DPAR_PROFILE_SCOPE("packed_self_attention");
+  const char* op = "packed_self_attention";
   DPAR_CHECK(num_heads > 0, op, ": num_heads must be positive, got ", num_heads);
   DPAR_CHECK(qkv.defined() && qkv.dtype() == DType::f32 && qkv.dim() == 3 &&
                  qkv.size(2) % (3 * num_heads) == 0,
@@ -189,146 +168,46 @@ void check_packed(const Tensor& qkv, int64_t num_heads, const Tensor& attn_mask,
              ": give attn_mask or is_causal, not both (as torch)");
   DPAR_CHECK(dropout_p >= 0 && dropout_p < 1, op, ": dropout_p must be in [0, 1), got ", dropout_p);
   check_mask_dtype(attn_mask, op);
-}
-
-// Whether the fused kernels run qkv's attention (else the chain of ops does).
-bool fused_packed(const Tensor& qkv, int64_t num_heads, double dropout_p) {
-  return dropout_p == 0 && kernels::sdpa_forward.available(qkv.device()) && qkv.numel() > 0 &&
-         qkv.size(2) / (3 * num_heads) > 0;
-}
-
-// The attention of a [N, L, 3E] qkv by the chain of ops (dropout, backends without the fused
-// kernels, empty tensors).
-Tensor packed_by_ops(const Tensor& qkv, int64_t num_heads, const Tensor& attn_mask,
-                     double dropout_p, bool is_causal, Generator& gen) {
   const int64_t n = qkv.size(0), l = qkv.size(1), e = qkv.size(2) / 3, d = e / num_heads;
-  const auto parts = chunk(qkv, 3, -1);
-  auto heads = [&](const Tensor& t) { return t.reshape({n, l, num_heads, d}).transpose(1, 2); };
-  return scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), attn_mask,
-                                      dropout_p, is_causal, std::nullopt, gen)
-      .transpose(1, 2)
-      .reshape({n, l, e});
-}
-
-// The fused forward on a contiguous packed [N, L, 3E]: the merged output [N, L, E] and the
-// softmax kept for the backward.
-std::pair<Tensor, Tensor> packed_forward(const PackedHeads& h, const Tensor& packed,
-                                         const Tensor& attn_mask, bool is_causal) {
-  const Tensor mask = kernel_mask(attn_mask, {h.n, h.heads}, h.l, h.l);
-  Tensor out = Tensor::empty({h.n, h.l, h.e}, DType::f32, packed.device());
-  Tensor out4 = h.merged(out);
-  Tensor probs = Tensor::empty({h.n * h.heads, h.l, h.l}, DType::f32, packed.device());
-  kernels::sdpa_forward.get(packed.device())(h.part(packed, 0), h.part(packed, 1),
-                                             h.part(packed, 2), mask, is_causal, h.scale(), out4,
-                                             probs);
-  return {out, probs};
-}
-
-// dqkv [N, L, 3E] from the output's gradient; with slice_sums ([N*H, 3D]), each (batch, head)
-// slice's column sums of its dq, dk and dv as well.
-Tensor packed_backward(const PackedHeads& h, const Tensor& packed, const Tensor& probs,
-                       const Tensor& out, const Tensor& g, Tensor* slice_sums) {
-  Tensor dqkv = Tensor::empty(packed.shape(), DType::f32, packed.device());
-  Tensor dq = h.part(dqkv, 0), dk = h.part(dqkv, 1), dv = h.part(dqkv, 2);
-  const Tensor g4 = h.merged(g.contiguous()), o4 = h.merged(out);
-  const Tensor q = h.part(packed, 0), k = h.part(packed, 1), v = h.part(packed, 2);
-  if (slice_sums == nullptr) {
-    kernels::sdpa_backward.get(packed.device())(q, k, v, probs, o4, g4, h.scale(), dq, dk, dv);
-  } else {
-    kernels::sdpa_backward_column_sums.get(packed.device())(q, k, v, probs, o4, g4, h.scale(), dq,
-                                                            dk, dv, *slice_sums);
+  if (dropout_p > 0 || !kernels::sdpa_forward.available(qkv.device()) || n * l * e == 0) {
+    const auto parts = chunk(qkv, 3, -1);
+    auto heads = [&](const Tensor& t) { return t.reshape({n, l, num_heads, d}).transpose(1, 2); };
+    return scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                        attn_mask, dropout_p, is_causal, std::nullopt, gen)
+        .transpose(1, 2)
+        .reshape({n, l, e});
   }
-  return dqkv;
-}
-
-// The [3E] column sums of dqkv from its slices' sums ([N*H, 3D], slice n * H + h): column
-// p * E + h * D + j adds slice (n, h)'s column p * D + j over n, in n's order, in double.
-Tensor bias_from_slice_sums(const PackedHeads& h, const Tensor& slice_sums) {
-  const std::vector<float> sums = slice_sums.to_float_vector();
-  const float* ps = sums.data();
-  std::vector<float> bias(static_cast<size_t>(3 * h.e));
-  for (int64_t head = 0; head < h.heads; ++head) {
-    for (int64_t c = 0; c < 3 * h.d; ++c) {
-      double total = 0;
-      for (int64_t n = 0; n < h.n; ++n) total += ps[(n * h.heads + head) * 3 * h.d + c];
-      const int64_t p = c / h.d, j = c % h.d;
-      bias[static_cast<size_t>(p * h.e + head * h.d + j)] = static_cast<float>(total);
-    }
-  }
-  return Tensor::from_vector(bias, {3 * h.e}).to(slice_sums.device());
-}
-
-}  // namespace
-
-Tensor packed_self_attention(const Tensor& qkv, int64_t num_heads, const Tensor& attn_mask,
-                             double dropout_p, bool is_causal, Generator& gen) {
-  DPAR_PROFILE_SCOPE("packed_self_attention");
-  const char* op = "packed_self_attention";
-  check_packed(qkv, num_heads, attn_mask, dropout_p, is_causal, op);
-  if (!fused_packed(qkv, num_heads, dropout_p)) {
-    return packed_by_ops(qkv, num_heads, attn_mask, dropout_p, is_causal, gen);
-  }
-  const int64_t e = qkv.size(2) / 3;
-  const PackedHeads h{qkv.size(0), qkv.size(1), e, e / num_heads, num_heads};
+  // Part p (q, k, v) of a contiguous [N, L, 3E] tensor seen as [N, H, L, D], and a contiguous
+  // [N, L, E] tensor seen the same way: the heads in place, no copies.
+  auto part_heads = [n, l, e, d, num_heads](const Tensor& packed, int64_t p) {
+    return Tensor::from_storage(packed.storage(), packed.storage_offset() + p * e,
+                                {n, num_heads, l, d}, {l * 3 * e, d, 3 * e, 1}, DType::f32);
+  };
+  auto merged_heads = [n, l, e, d, num_heads](const Tensor& t) {
+    return Tensor::from_storage(t.storage(), t.storage_offset(), {n, num_heads, l, d},
+                                {l * e, d, e, 1}, DType::f32);
+  };
   const Tensor packed = qkv.contiguous().detach();
-  auto [out, probs] = packed_forward(h, packed, attn_mask, is_causal);
+  const Tensor mask = kernel_mask(attn_mask, {n, num_heads}, l, l);
+  const float sc = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  Tensor out = Tensor::empty({n, l, e}, DType::f32, qkv.device());
+  Tensor out4 = merged_heads(out);
+  Tensor probs = Tensor::empty({n * num_heads, l, l}, DType::f32, qkv.device());
+  kernels::sdpa_forward.get(qkv.device())(part_heads(packed, 0), part_heads(packed, 1),
+                                          part_heads(packed, 2), mask, is_causal, sc, out4, probs);
   if (autograd::needs_grad({qkv})) {
-    autograd::record(
-        op, {qkv}, {out},
-        [h, packed, probs = probs, o = out.detach()](const autograd::GradList& g,
-                                                     const autograd::NeedsGrad&) {
-          return autograd::GradList{packed_backward(h, packed, probs, o, g[0], nullptr)};
-        });
+    autograd::record(op, {qkv}, {out},
+                     [packed, probs, o = out.detach(), sc, part_heads, merged_heads](
+                         const autograd::GradList& g, const autograd::NeedsGrad&) {
+                       Tensor dqkv = Tensor::empty(packed.shape(), DType::f32, packed.device());
+                       Tensor dq = part_heads(dqkv, 0), dk = part_heads(dqkv, 1),
+                              dv = part_heads(dqkv, 2);
+                       kernels::sdpa_backward.get(packed.device())(
+                           part_heads(packed, 0), part_heads(packed, 1), part_heads(packed, 2),
+                           probs, merged_heads(o), merged_heads(g[0].contiguous()), sc, dq, dk, dv);
+                       return autograd::GradList{dqkv};
+                     });
   }
-  return out;
-}
-
-Tensor projected_self_attention(const Tensor& x, const Tensor& in_proj_weight,
-                                const Tensor& in_proj_bias, int64_t num_heads,
-                                const Tensor& attn_mask, double dropout_p, bool is_causal,
-                                Generator& gen) {
-  DPAR_PROFILE_SCOPE("projected_self_attention");
-  const char* op = "projected_self_attention";
-  DPAR_CHECK(x.defined() && x.dim() == 3, op, ": x must be [N, L, E], got ",
-             x.defined() ? x.str() : std::string("undefined"));
-  // Where the bias gradient is not wanted, or the backend has no kernel that sums it (CUDA,
-  // autocast), or the fused kernels do not run at all: the two ops.
-  const bool sums_bias = in_proj_bias.defined() && autograd::needs_grad({in_proj_bias}) &&
-                         dropout_p == 0 && x.numel() > 0 && in_proj_weight.defined() &&
-                         in_proj_weight.numel() > 0 &&
-                         detail::autocast_compute_dtype(x.device()) == DType::f32 &&
-                         kernels::sdpa_backward_column_sums.available(x.device());
-  if (!sums_bias) {
-    return packed_self_attention(linear(x, in_proj_weight, in_proj_bias), num_heads, attn_mask,
-                                 dropout_p, is_causal, gen);
-  }
-  // The projection as linear computes it (its checks included), recorded below as a part of
-  // this op. It is not empty, so the checks leave the fused kernels to run.
-  Tensor qkv;
-  {
-    NoGradGuard no_grad;
-    qkv = linear(x, in_proj_weight, in_proj_bias);
-  }
-  check_packed(qkv, num_heads, attn_mask, dropout_p, is_causal, op);
-  const int64_t e = qkv.size(2) / 3;
-  const PackedHeads h{qkv.size(0), qkv.size(1), e, e / num_heads, num_heads};
-  const Tensor packed = qkv.contiguous();
-  auto [out, probs] = packed_forward(h, packed, attn_mask, is_causal);
-  autograd::record(
-      op, {x, in_proj_weight, in_proj_bias}, {out},
-      [h, packed, probs = probs, o = out.detach(), xd = x.detach(), wd = in_proj_weight.detach()](
-          const autograd::GradList& g, const autograd::NeedsGrad& need) {
-        // The attention's gradient with its slices' column sums, which add up to the
-        // projection's bias gradient; then the projection's backward without a pass to sum it.
-        Tensor slice_sums = Tensor::empty({h.n * h.heads, 3 * h.d}, DType::f32, packed.device());
-        const Tensor dqkv = packed_backward(h, packed, probs, o, g[0], &slice_sums);
-        const Tensor rows = xd.reshape({h.n * h.l, xd.size(2)});
-        autograd::GradList grads =
-            detail::linear_backward(dqkv.view({h.n * h.l, 3 * h.e}), rows, wd, need, DType::f32,
-                                    bias_from_slice_sums(h, slice_sums));
-        if (grads[0].defined()) grads[0] = grads[0].view(xd.shape());
-        return grads;
-      });
   return out;
 }
 

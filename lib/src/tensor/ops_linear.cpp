@@ -3,10 +3,8 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
-#include "tensor/activation_kernels.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
-#include "tensor/linear_grad.h"
 #include "tensor/linear_kernels.h"
 #include "tensor/nn_kernels.h"
 
@@ -147,6 +145,29 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 namespace {
 
+// The gradients of y = x W^T + b from G = dL/dy, in need's order (x, W, b).
+autograd::GradList linear_backward(const Tensor& g, const Tensor& x, const Tensor& w,
+                                   const autograd::NeedsGrad& need, DType compute) {
+  Tensor gx, gw, gb;
+  // The weight gradient first: G is still in cache from the node before, and dX, which the
+  // next node reads, is then written last.
+  if (need[1]) gw = gemm(g, true, x, false, {}, compute);  // G^T X
+  if (need[2]) gb = Tensor::empty({g.size(1)}, DType::f32, g.device());
+  if (need[0] && compute == DType::f32 && kernels::linear_input_grad.available(g.device())) {
+    // dX = G W, with the bias gradient summed from G's blocks as the product reads them.
+    gx = Tensor::empty({g.size(0), w.size(1)}, DType::f32, g.device());
+    kernels::linear_input_grad.get(g.device())(g, w, gx, gb);
+    return autograd::GradList{gx, gw, gb};
+  }
+  if (need[2]) {
+    // Column sums of G, accumulated in a fixed order (deterministic).
+    Tensor sums = gb.view({1, g.size(1)});
+    kernels::sum_to.get(g.device())(g, sums);
+  }
+  if (need[0]) gx = gemm(g, false, w, false, {}, compute);  // G W
+  return autograd::GradList{gx, gw, gb};
+}
+
 // linear's checks of a 2-D input, its weight and bias; `op` names the caller in errors.
 void check_linear_operands(const Tensor& x, const Tensor& weight, const Tensor& bias,
                            const char* op) {
@@ -182,35 +203,6 @@ Shape with_features(const Tensor& x, int64_t out) {
 
 }  // namespace
 
-namespace detail {
-
-autograd::GradList linear_backward(const Tensor& g, const Tensor& x, const Tensor& w,
-                                   const autograd::NeedsGrad& need, DType compute,
-                                   const Tensor& summed_bias) {
-  Tensor gx, gw, gb;
-  // The weight gradient first: G is still in cache from the node before, and dX, which the
-  // next node reads, is then written last.
-  if (need[1]) gw = gemm(g, true, x, false, {}, compute);  // G^T X
-  const bool sum_bias = need[2] && !summed_bias.defined();
-  if (need[2]) gb = sum_bias ? Tensor::empty({g.size(1)}, DType::f32, g.device()) : summed_bias;
-  if (need[0] && compute == DType::f32 && kernels::linear_input_grad.available(g.device())) {
-    // dX = G W, with the bias gradient summed from G's blocks as the product reads them.
-    gx = Tensor::empty({g.size(0), w.size(1)}, DType::f32, g.device());
-    Tensor to_sum = sum_bias ? gb : Tensor();
-    kernels::linear_input_grad.get(g.device())(g, w, gx, to_sum);
-    return autograd::GradList{gx, gw, gb};
-  }
-  if (sum_bias) {
-    // Column sums of G, accumulated in a fixed order (deterministic).
-    Tensor sums = gb.view({1, g.size(1)});
-    kernels::sum_to.get(g.device())(g, sums);
-  }
-  if (need[0]) gx = gemm(g, false, w, false, {}, compute);  // G W
-  return autograd::GradList{gx, gw, gb};
-}
-
-}  // namespace detail
-
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DPAR_PROFILE_SCOPE("linear");
   DPAR_CHECK(x.defined(), "linear: input is undefined");
@@ -226,7 +218,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     autograd::record("linear", {x, weight, bias}, {out},
                      [xd = x.detach(), wd = weight.detach(), compute](
                          const autograd::GradList& g, const autograd::NeedsGrad& need) {
-                       return detail::linear_backward(g[0], xd, wd, need, compute);
+                       return linear_backward(g[0], xd, wd, need, compute);
                      });
   }
   return out;
@@ -266,45 +258,9 @@ Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
     autograd::record("linear_add", {x, weight, bias, residual}, {out},
                      [xd = x.detach(), wd = weight.detach(), compute](
                          const autograd::GradList& g, const autograd::NeedsGrad& need) {
-                       autograd::GradList grads =
-                           detail::linear_backward(g[0], xd, wd, need, compute);
+                       autograd::GradList grads = linear_backward(g[0], xd, wd, need, compute);
                        grads.push_back(need[3] ? g[0] : Tensor());  // d(residual) = G
                        return grads;
-                     });
-  }
-  return out;
-}
-
-Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   GeluApproximation approximate) {
-  DPAR_PROFILE_SCOPE("linear_gelu");
-  DPAR_CHECK(x.defined(), "linear_gelu: input is undefined");
-  if (x.dim() != 2 && x.dim() >= 1) {
-    const Tensor rows = as_rows(x, weight, "linear_gelu");
-    return linear_gelu(rows, weight, bias, approximate).reshape(with_features(x, weight.size(0)));
-  }
-  check_linear_operands(x, weight, bias, "linear_gelu");
-  const DType compute = detail::autocast_compute_dtype(x.device());
-  const Tensor pre = gemm(x, false, weight, true, bias, compute);
-  const kernels::UnaryOp op =
-      approximate == GeluApproximation::tanh ? kernels::UnaryOp::gelu_tanh : kernels::UnaryOp::gelu;
-  Tensor out = Tensor::empty_like(pre);
-  kernels::unary.get(x.device())(op, pre, out, {});
-  if (autograd::needs_grad({x, weight, bias})) {
-    autograd::record("linear_gelu", {x, weight, bias}, {out},
-                     [xd = x.detach(), wd = weight.detach(), pre = pre.detach(), op, compute](
-                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
-                       // GELU's gradient, and with it the bias gradient where the backend sums the
-                       // gradient's columns in the same pass; then linear's backward.
-                       Tensor g_pre = Tensor::empty_like(pre), summed_bias;
-                       if (need[2] && kernels::unary_backward_column_sums.available(pre.device())) {
-                         summed_bias = Tensor::empty({pre.size(1)}, DType::f32, pre.device());
-                         kernels::unary_backward_column_sums.get(pre.device())(
-                             op, g[0].contiguous(), pre, g_pre, summed_bias, {});
-                       } else {
-                         kernels::unary_backward.get(pre.device())(op, g[0], pre, g_pre, {});
-                       }
-                       return detail::linear_backward(g_pre, xd, wd, need, compute, summed_bias);
                      });
   }
   return out;

@@ -113,8 +113,6 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& input) override;
-  // gelu(forward(input), approximate) as one op (linear_gelu): Sequential's Linear then GELU.
-  Tensor forward_gelu(const Tensor& input, GeluApproximation approximate);
   void reset_parameters(Generator& gen = default_generator());
 
   const int64_t in_features, out_features;
@@ -123,9 +121,6 @@ class Linear : public Module {
 
  protected:
   std::string extra_repr() const override;
-
- private:
-  void check_input(const Tensor& input) const;
 };
 
 class ReLU : public Module {

@@ -135,11 +135,6 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // x + mlp(x) (Sequential::forward_add).
 Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& residual);
-// gelu(linear(x, weight, bias), approximate) as one op with the same results: its backward
-// sums the bias gradient in the pass that forms GELU's gradient (CPU) instead of in a pass of
-// its own. Sequential runs a Linear followed by a GELU with it (a transformer's MLP).
-Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   GeluApproximation approximate = GeluApproximation::none);
 
 // ---- convolution and normalisation (oneDNN on CPU) -------------------------------------------
 struct Conv2dOptions {
@@ -240,16 +235,6 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
 Tensor packed_self_attention(const Tensor& qkv, int64_t num_heads, const Tensor& attn_mask = {},
                              double dropout_p = 0.0, bool is_causal = false,
                              Generator& gen = default_generator());
-// packed_self_attention(linear(x, in_proj_weight, in_proj_bias), ...) as one op (x [N, L, E_in],
-// in_proj_weight [3E, E_in]): its backward sums the projection's bias gradient inside the
-// attention's, slice by slice while each is in cache (CPU), instead of in a pass over the whole
-// gradient. The same output and gradients; the bias gradient's sum, taken in another order,
-// may differ in the last bits (deterministic all the same). MultiheadAttention's
-// self-attention runs it.
-Tensor projected_self_attention(const Tensor& x, const Tensor& in_proj_weight,
-                                const Tensor& in_proj_bias, int64_t num_heads,
-                                const Tensor& attn_mask = {}, double dropout_p = 0.0,
-                                bool is_causal = false, Generator& gen = default_generator());
 
 // ---- in-place updates, not recorded (optimizers, init) ---------------------------------------
 Tensor& add_(Tensor& self, const Tensor& other, double alpha = 1.0);  // self += alpha * other

@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "dpar/core/error.h"
-#include "tensor/cpu/column_sums.h"
 #include "tensor/cpu/isa.h"
 #include "tensor/unary_math.h"
 
@@ -317,11 +316,9 @@ void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const T
   }
 }
 
-// The backward of every slice; with `sums` (nullptr: none), each slice's column sums of dq, dk
-// and dv right after they are written, into sums[b * (2 e + ev) + ...].
-void sdpa_backward_slices(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
-                          const Tensor& out, const Tensor& dout, float scale, Tensor& dq,
-                          Tensor& dk, Tensor& dv, float* sums) {
+void sdpa_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
+                       const Tensor& out, const Tensor& dout, float scale, Tensor& dq, Tensor& dk,
+                       Tensor& dv) {
   const int64_t batch = q.size(0) * q.size(1), lq = q.size(2), e = q.size(3);
   const int64_t lk = k.size(2), ev = v.size(3);
   const auto sq = slices(q), sk = slices(k), sv = slices(v), so = slices(out);
@@ -331,9 +328,8 @@ void sdpa_backward_slices(const Tensor& q, const Tensor& k, const Tensor& v, con
   const bool prefetch = worth_prefetching(lq * e + lk * e + lk * ev + lq * ev);
 #pragma omp parallel
   {
-    // dS for one slice at a time, per thread; a slice's column sums in double.
+    // dS for one slice at a time, per thread.
     std::vector<float> ds(static_cast<size_t>(lq * lk));
-    std::vector<double> acc(sums != nullptr ? static_cast<size_t>(2 * e + ev) : 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
       if (prefetch && b + 1 < batch) {
@@ -351,30 +347,8 @@ void sdpa_backward_slices(const Tensor& q, const Tensor& k, const Tensor& v, con
       // dQ = scale dS K, dK = scale dS^T Q
       sgemm('N', 'N', lq, e, lk, scale, ds.data(), lk, sk[b], sk.ld, 0.f, sdq[b], sdq.ld);
       sgemm('T', 'N', lk, e, lq, scale, ds.data(), lk, sq[b], sq.ld, 0.f, sdk[b], sdk.ld);
-      if (sums == nullptr) continue;
-      column_sum_block(sdq[b], lq, e, sdq.ld, acc.data());
-      column_sum_block(sdk[b], lk, e, sdk.ld, acc.data() + e);
-      column_sum_block(sdv[b], lk, ev, sdv.ld, acc.data() + 2 * e);
-      float* slice = sums + b * (2 * e + ev);
-      for (int64_t j = 0; j < 2 * e + ev; ++j) slice[j] = static_cast<float>(acc[j]);
     }
   }
-}
-
-void sdpa_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
-                       const Tensor& out, const Tensor& dout, float scale, Tensor& dq, Tensor& dk,
-                       Tensor& dv) {
-  sdpa_backward_slices(q, k, v, probs, out, dout, scale, dq, dk, dv, nullptr);
-}
-
-void sdpa_backward_column_sums_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& probs, const Tensor& out, const Tensor& dout,
-                                   float scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                                   Tensor& slice_sums) {
-  DPAR_CHECK(slice_sums.is_contiguous() &&
-                 slice_sums.numel() == q.size(0) * q.size(1) * (2 * q.size(3) + v.size(3)),
-             "sdpa_backward_column_sums: slice_sums must be a contiguous [N*H, 2 D + Dv]");
-  sdpa_backward_slices(q, k, v, probs, out, dout, scale, dq, dk, dv, slice_sums.data<float>());
 }
 
 }  // namespace
@@ -382,7 +356,6 @@ void sdpa_backward_column_sums_cpu(const Tensor& q, const Tensor& k, const Tenso
 void register_attention_kernels() {
   kernels::sdpa_forward.set(DeviceType::CPU, &sdpa_forward_cpu);
   kernels::sdpa_backward.set(DeviceType::CPU, &sdpa_backward_cpu);
-  kernels::sdpa_backward_column_sums.set(DeviceType::CPU, &sdpa_backward_column_sums_cpu);
 }
 
 }  // namespace dpar::cpu

@@ -1,16 +1,11 @@
 // CPU kernels for pointwise unary ops, activations and dropout masks. The per-element formulas
 // (PyTorch's CPU ones) are shared with the CUDA kernels: tensor/unary_math.h.
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
-#include "dpar/core/error.h"
 #include "tensor/activation_kernels.h"
-#include "tensor/cpu/column_sums.h"
 #include "tensor/cpu/isa.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/unary_math.h"
@@ -130,43 +125,6 @@ void unary_backward_cpu(UnaryOp op, const Tensor& grad, const Tensor& saved, Ten
   });
 }
 
-// The gradient in blocks of kColumnSumBlockRows rows per thread, each block's column sums
-// taken right after it is written (from L2, not memory): on ViT-Tiny's MLP (GELU on [4160, 768],
-// one core) this saved the separate pass over the gradient that the bias gradient of the
-// linear layer before it cost.
-void unary_backward_column_sums_cpu(UnaryOp op, const Tensor& grad, const Tensor& saved,
-                                    Tensor& grad_in, Tensor& sums, kernels::UnaryArgs args) {
-  DPAR_CHECK(grad_in.dim() == 2 && grad.is_contiguous() && saved.is_contiguous() &&
-                 grad_in.is_contiguous() && sums.is_contiguous() && sums.numel() == grad_in.size(1),
-             "unary_backward_column_sums: expects contiguous [rows, cols] tensors and [cols] "
-             "sums");
-  const int64_t rows = grad_in.size(0), cols = grad_in.size(1);
-  const auto* pg = static_cast<const float*>(grad.raw_data());
-  const auto* ps = static_cast<const float*>(saved.raw_data());
-  auto* po = static_cast<float*>(grad_in.raw_data());
-  const int64_t rows_per_block = kColumnSumBlockRows * std::max(1, omp_get_max_threads());
-  const int64_t sub_blocks =
-      std::max<int64_t>(1, (rows + kColumnSumBlockRows - 1) / kColumnSumBlockRows);
-  std::vector<double> partial(static_cast<size_t>(sub_blocks * cols), 0.0);
-  kernels::dispatch_unary(op, [&](auto tag) {
-    constexpr UnaryOp kOp = decltype(tag)::value;
-    for (int64_t r0 = 0; r0 < rows; r0 += rows_per_block) {
-      const int64_t block_rows = std::min(rows_per_block, rows - r0);
-      const int64_t offset = r0 * cols;
-      unary_grad_flat<kOp>(pg + offset, ps + offset, po + offset, block_rows * cols, args);
-      const int64_t first = r0 / kColumnSumBlockRows;
-      const int64_t last = (r0 + block_rows + kColumnSumBlockRows - 1) / kColumnSumBlockRows;
-#pragma omp parallel for schedule(static) if (last - first > 1)
-      for (int64_t s = first; s < last; ++s) {
-        const int64_t s0 = s * kColumnSumBlockRows;
-        column_sum_block(po + s0 * cols, std::min(kColumnSumBlockRows, rows - s0), cols, cols,
-                         partial.data() + s * cols);
-      }
-    }
-  });
-  add_block_sums(partial.data(), sub_blocks, cols, sums.data<float>());
-}
-
 // out = x * (mask * scale): a dropped NaN stays NaN, as with PyTorch's x * noise.
 void masked_scale_cpu(const Tensor& x, const Tensor& mask, float scale, Tensor& out) {
   const float* px = static_cast<const float*>(x.raw_data());
@@ -195,7 +153,6 @@ void masked_scale_cpu(const Tensor& x, const Tensor& mask, float scale, Tensor& 
 void register_unary_kernels() {
   kernels::unary.set(DeviceType::CPU, &unary_cpu);
   kernels::unary_backward.set(DeviceType::CPU, &unary_backward_cpu);
-  kernels::unary_backward_column_sums.set(DeviceType::CPU, &unary_backward_column_sums_cpu);
   kernels::masked_scale.set(DeviceType::CPU, &masked_scale_cpu);
 }
 
