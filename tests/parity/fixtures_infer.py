@@ -21,6 +21,8 @@ BN folding would be the identity and prove nothing). Files written to DIR/infer/
   missing_init.onnx            a Conv whose weight 'w_missing' is no initializer
   dangling_output.onnx         a MatMul graph whose declared output no node produces
   short_inputs.onnx            a LayerNormalization node without its required scale input
+  no_output.onnx               a Relu node 'lost' that lists no output, before the Relu that
+                               writes the graph output
   bad_shape.onnx               input [N,3,8,8] into a Conv 'conv' with weight [4,5,1,1]
   dropout.onnx                 input [N,4] -> Dropout (ratio and training_mode=False as
                                initializers) -> Identity -> Relu: inference computes relu(x)
@@ -149,6 +151,14 @@ def bad_models(out):
     graph = helper.make_graph(nodes, "short_inputs", [x], [y], [m])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, os.path.join(out, "short_inputs.onnx"))
+
+    # A node without outputs: the planned runtime indexed its first output with vector::at
+    # (found by fuzz_onnx_model).
+    nodes = [helper.make_node("Relu", ["x"], [], name="lost"),
+             helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "no_output", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    onnx.save(model, os.path.join(out, "no_output.onnx"))
 
     w5 = helper.make_tensor("w5", TensorProto.FLOAT, [4, 5, 1, 1], [0.5] * 20)
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w5"], ["y"], name="conv")],

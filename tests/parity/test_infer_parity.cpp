@@ -253,6 +253,13 @@ TEST_CASE("a node listing fewer inputs than its op requires is an error at load"
         std::string::npos);
 }
 
+TEST_CASE("a node without outputs is an error at load") {
+  // Found by fuzz_onnx_model: the planned runtime read the node's first output with vector::at.
+  const std::string err = error_of([&] { infer::Model::load(model_path("no_output.onnx")); });
+  INFO(err);
+  CHECK(err.find("no_output.onnx: Relu 'lost' has no output") != std::string::npos);
+}
+
 TEST_CASE("shapes that do not fit are reported at load when the input shape is fixed") {
   const std::string err = error_of([&] { infer::Model::load(model_path("bad_shape.onnx")); });
   INFO(err);
