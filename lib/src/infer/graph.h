@@ -27,10 +27,10 @@ struct Attribute {
 };
 
 struct Node {
-  std::string op;                   // op type; "domain:op" outside the default domain
-  std::string name;                 // node name, or "#<index>" when the file gives none
-  std::vector<std::string> inputs;  // "" marks an optional input that is left out
-  std::vector<std::string> outputs;
+  std::string op;                    // op type; "domain:op" outside the default domain
+  std::string name;                  // node name, or "#<index>" when the file gives none
+  std::vector<std::string> inputs;   // "" marks an optional input that is left out
+  std::vector<std::string> outputs;  // outputs[0] exists and is named (load_onnx checks)
   std::map<std::string, Attribute> attrs;
 
   bool has(const std::string& key) const { return attrs.count(key) != 0; }

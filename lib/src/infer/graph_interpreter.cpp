@@ -81,8 +81,6 @@ GraphInterpreter::GraphInterpreter(const Graph& g) : path_(g.path), nodes_(g.nod
                           ")");
       }
     }
-    DPAR_CHECK(!n.outputs.empty() && !n.outputs[0].empty(), g.path, ": ", n.label(),
-               " has no output");
     for (const std::string& out : n.outputs) known.insert(out);
   }
   DPAR_CHECK(known.count(output_), g.path, ": the graph output '", output_,

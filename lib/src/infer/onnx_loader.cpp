@@ -300,8 +300,8 @@ Graph load_onnx(const std::string& path) {
     if (node.name.empty()) node.name.append("#").append(std::to_string(i));
     node.inputs.assign(n.input().begin(), n.input().end());
     node.outputs.assign(n.output().begin(), n.output().end());
-    // Every ONNX op writes at least its first output; the runtimes index it (found by
-    // fuzz_onnx_model: a node without outputs reached std::vector::at).
+    // Every ONNX op writes at least its first output; both runtimes index it, so it is checked
+    // once here (found by fuzz_onnx_model: a node without outputs reached std::vector::at).
     DPAR_CHECK(!node.outputs.empty() && !node.outputs[0].empty(), path, ": ", node.label(),
                " has no output");
     for (const auto& a : n.attribute()) node.attrs[a.name()] = read_attribute(a);
