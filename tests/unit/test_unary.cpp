@@ -214,6 +214,20 @@ TEST_CASE("large tensors: parallel flat path equals the strided path", "[unary]"
   }
 }
 
+TEST_CASE("a training activation past 4 MiB (streaming stores) has the same bits", "[unary]") {
+  // 1025 x 1025 floats: larger than the size from which a training forward streams its output,
+  // and one more than a whole number of the 64-float blocks it streams, so the tail runs too.
+  Generator gen(17);
+  Tensor x = random_tensor({1025, 1025}, gen, -6, 6);
+  Tensor trained = x.detach().set_requires_grad();
+  for (const UnaryFn& f : std::vector<UnaryFn>{[](const Tensor& t) { return gelu(t); },
+                                               [](const Tensor& t) { return silu(t); }}) {
+    Tensor streamed = f(trained);  // needs grad: the output is streamed where the CPU can
+    Tensor plain = f(x);           // no grad: plain stores
+    CHECK(streamed.to_float_vector() == plain.to_float_vector());
+  }
+}
+
 TEST_CASE("dropout", "[unary][dropout]") {
   const double p = 0.3;
   Tensor x = Tensor::full({1000, 1000}, 2.0);

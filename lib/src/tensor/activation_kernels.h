@@ -33,6 +33,11 @@ enum class UnaryOp : uint8_t {
 struct UnaryArgs {
   float a = 0.f;
   float b = 0.f;
+  // A hint for the forward: out is a training activation, written to memory that the last
+  // backward freed (long out of cache) and, when larger than a core's L2, not read back from
+  // cache either. The CPU may then write it with streaming stores, which skip reading each line
+  // before overwriting it. The values are the same; backends may ignore it.
+  bool stream_output = false;
 };
 
 // out = op(x); same shape, any strides.

@@ -24,8 +24,11 @@ Tensor unary(UnaryOp op, const char* name, const Tensor& x, kernels::UnaryArgs a
   check_input(x, name);
   // empty_like keeps a dense input's layout (channels-last stays channels-last).
   Tensor out = Tensor::empty_like(x);
-  kernels::unary.get(x.device())(op, x, out, args);
-  if (autograd::needs_grad({x})) {
+  const bool training = autograd::needs_grad({x});
+  kernels::UnaryArgs forward_args = args;
+  forward_args.stream_output = training;
+  kernels::unary.get(x.device())(op, x, out, forward_args);
+  if (training) {
     Tensor saved = kernels::unary_saves_output(op) ? out.detach() : x.detach();
     autograd::record(name, {x}, {out},
                      [op, saved, args](const autograd::GradList& g, const autograd::NeedsGrad&) {

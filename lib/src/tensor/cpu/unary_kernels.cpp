@@ -1,5 +1,7 @@
 // CPU kernels for pointwise unary ops, activations and dropout masks. The per-element formulas
 // (PyTorch's CPU ones) are shared with the CUDA kernels: tensor/unary_math.h.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -39,10 +41,49 @@ DPAR_UNARY_FLAT_LOOPS(_avx512, DPAR_TARGET_AVX512)
 // clang-format on
 #undef DPAR_UNARY_FLAT_LOOPS
 
+// Streaming stores (UnaryArgs::stream_output) for outputs of at least this size: twice a core's
+// L2 here, so the output could not have stayed in cache for its reader anyway. On ViT-Tiny's
+// GELU ([4160, 768], 12.8 MB, one core) the forward went from ~10.5 to ~6.8 ms per step and the
+// step ~1.5% faster. Writing lines that are still cached this way is slower than plain stores
+// (a backward's output lands in memory just freed, so only forwards ask).
+constexpr int64_t kStreamMinBytes = int64_t{4} << 20;
+constexpr int kStreamBlock = 64;  // floats per step: four cache lines
+
+#if DPAR_HAVE_ISA_CLONES
+// unary_flat_avx512 with each 64-float block computed into registers (the same formula, so the
+// same bits) and written by streaming stores; out must start on a cache line.
+template <UnaryOp Op>
+DPAR_TARGET_AVX512 void unary_flat_streaming_avx512(const float* px, float* po, int64_t n,
+                                                    kernels::UnaryArgs args) {
+  const int64_t blocks = n / kStreamBlock;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t b = 0; b < blocks; ++b) {
+      alignas(64) float values[kStreamBlock];
+      const float* x = px + b * kStreamBlock;
+      for (int i = 0; i < kStreamBlock; ++i) values[i] = kernels::unary_value<Op>(x[i], args);
+      for (int i = 0; i < kStreamBlock; i += 16) {
+        _mm512_stream_ps(po + b * kStreamBlock + i, _mm512_load_ps(values + i));
+      }
+    }
+    // Streaming stores are weakly ordered: each thread fences its own before the region ends.
+    _mm_sfence();
+  }
+  for (int64_t i = blocks * kStreamBlock; i < n; ++i) po[i] = kernels::unary_value<Op>(px[i], args);
+}
+#endif
+
 template <UnaryOp Op>
 void unary_flat(const float* px, float* po, int64_t n, kernels::UnaryArgs args) {
   switch (cpu_isa()) {
     case Isa::avx512:
+#if DPAR_HAVE_ISA_CLONES
+      if (args.stream_output && n * static_cast<int64_t>(sizeof(float)) >= kStreamMinBytes &&
+          reinterpret_cast<uintptr_t>(po) % 64 == 0) {
+        return unary_flat_streaming_avx512<Op>(px, po, n, args);
+      }
+#endif
       return unary_flat_avx512<Op>(px, po, n, args);
     case Isa::avx2:
       return unary_flat_avx2<Op>(px, po, n, args);
