@@ -48,7 +48,8 @@ def main():
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
-        opt.zero_grad()
+        # set_to_none: PyTorch's documented faster setting (its default since 2.0), as dpar's side
+        opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
