@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "dpar/autograd/function.h"
 #include "gradcheck.h"
 
 using namespace dpar;
@@ -82,6 +83,59 @@ TEST_CASE("a gradient reaching one input twice is summed without touching shared
   CHECK(g1.to_float_vector() == std::vector<float>{1, 1});
   CHECK(g2.to_float_vector() == std::vector<float>{10, 20});
   CHECK(v.grad().to_float_vector() == std::vector<float>{33, 63});
+}
+
+// y = x * 2 whose backward records what accumulation_target(0) offered and, when asked to,
+// adds its gradient into the target and returns it.
+Tensor doubled(const Tensor& x, bool use_target, std::vector<bool>& offered) {
+  Tensor y = mul(x.detach(), 2.0);
+  autograd::record("doubled", {x}, {y},
+                   [use_target, &offered](const autograd::GradList& g, const autograd::NeedsGrad&) {
+                     Tensor target = autograd::accumulation_target(0);
+                     offered.push_back(target.defined());
+                     Tensor gx = mul(g[0], 2.0);
+                     if (use_target && target.defined()) {
+                       add_(target, gx);
+                       return autograd::GradList{target};
+                     }
+                     return autograd::GradList{gx};
+                   });
+  return y;
+}
+
+TEST_CASE("a backward may add into the gradient another path already delivered", "[autograd]") {
+  const std::vector<float> start{1, -2, 3};
+  for (const bool use_target : {false, true}) {
+    std::vector<bool> offered;
+    // h feeds `doubled` and, later in the graph, mul(h, 3): that backward runs first, so its
+    // gradient (3 per element, a fresh tensor) is the target `doubled` is offered.
+    Tensor x = Tensor::from_vector(start, {3}).set_requires_grad();
+    Tensor h = mul(x, 1.0);
+    Tensor d = doubled(h, use_target, offered);
+    Tensor t = mul(h, 3.0);  // recorded after `doubled`, so its backward runs before
+    sum(add(d, t)).backward();
+    REQUIRE(offered == std::vector<bool>{true});
+    CHECK(x.grad().to_float_vector() == std::vector<float>{5, 5, 5});  // counted once either way
+  }
+  // Nothing else delivered to h yet: no target.
+  std::vector<bool> offered;
+  Tensor x = Tensor::from_vector(start, {3}).set_requires_grad();
+  Tensor single = doubled(mul(x, 1.0), true, offered);
+  sum(single).backward();
+  CHECK(offered == std::vector<bool>{false});
+  CHECK(x.grad().to_float_vector() == std::vector<float>{2, 2, 2});
+  // The first gradient to reach h is shared: add's backward hands the one tensor it received
+  // (which the outer add also gave `doubled`) to both of its inputs. No target then.
+  offered.clear();
+  Tensor u = Tensor::from_vector(start, {3}).set_requires_grad();
+  Tensor w = Tensor::from_vector(start, {3}).set_requires_grad();
+  Tensor hu = mul(u, 1.0);
+  Tensor d = doubled(hu, true, offered);
+  Tensor z = add(hu, w);
+  sum(add(d, z)).backward();
+  CHECK(offered == std::vector<bool>{false});
+  CHECK(u.grad().to_float_vector() == std::vector<float>{3, 3, 3});
+  CHECK(w.grad().to_float_vector() == std::vector<float>{1, 1, 1});
 }
 
 TEST_CASE("no_grad records nothing", "[autograd]") {

@@ -37,6 +37,35 @@ TEST_CASE("layer_norm normalises each row over the last dims", "[layer_norm]") {
         1e-5);
 }
 
+TEST_CASE("layer_norm under a residual connection adds its input gradient into the other one",
+          "[layer_norm]") {
+  // A pre-norm block, x + linear(layer_norm(x)), twice: each layer norm's backward finds the
+  // residual's gradient already delivered and adds into it. The result must be the same bits as
+  // the two gradients added after the fact.
+  Generator gen(5);
+  const Tensor w1 = random_tensor({48, 48}, gen, -0.2, 0.2), b1 = random_tensor({48}, gen);
+  const Tensor lw = random_tensor({48}, gen), lb = random_tensor({48}, gen);
+  const Tensor r = random_tensor({4, 7, 48}, gen);
+  const Tensor x0 = random_tensor({4, 7, 48}, gen, -2, 2);
+  auto block = [&](const Tensor& in) {
+    return linear_add(layer_norm(in, {48}, lw, lb), w1, b1, in);
+  };
+  Tensor x = x0.detach().set_requires_grad();
+  Tensor h = block(x);
+  sum(mul(block(h), r)).backward();
+
+  // The same gradient by hand: through each block, the residual's gradient plus the layer
+  // norm branch's alone (a separate backward, where nothing is there to add into).
+  auto through = [&](const Tensor& in, const Tensor& g) {
+    Tensor leaf = in.detach().set_requires_grad();
+    sum(mul(linear(layer_norm(leaf, {48}, lw, lb), w1, b1), g)).backward();
+    return add(g, leaf.grad());
+  };
+  const Tensor g_h = through(h, r);
+  const Tensor g_x = through(x0, g_h);
+  CHECK(x.grad().to_float_vector() == g_x.to_float_vector());
+}
+
 TEST_CASE("layer_norm and group_norm gradients match finite differences",
           "[layer_norm][gradcheck]") {
   Generator gen(2);

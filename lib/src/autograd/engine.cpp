@@ -22,11 +22,14 @@ struct ReadyOrder {
 // shares its impl or its storage (a backward that hands one gradient to two inputs, a hook, a
 // retained grad, a slice of a larger gradient, a caller's own gradient tensor all hold a
 // second reference), so adding into it changes nothing anyone else can see.
-bool owned_alone(const Tensor& slot, const Tensor& g) {
-  return slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
+bool owned_alone(const Tensor& slot) {
+  return slot.defined() && slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
          slot.storage()->from_allocator() && !slot.storage()->has_pending_write() &&
-         slot.dtype() == DType::f32 && g.dtype() == DType::f32 && slot.shape() == g.shape() &&
-         slot.device() == g.device() && slot.is_contiguous();
+         slot.dtype() == DType::f32 && slot.is_contiguous();
+}
+bool owned_alone(const Tensor& slot, const Tensor& g) {
+  return owned_alone(slot) && g.dtype() == DType::f32 && slot.shape() == g.shape() &&
+         slot.device() == g.device();
 }
 
 // Adds g into slot: in place when slot's memory is its own (a residual connection's two
@@ -46,6 +49,18 @@ void accumulate(Tensor& slot, Tensor g) {
 // Callbacks queued by queue_callback() during the running backward pass on this thread.
 thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
 
+// accumulation_target()'s answers for the node whose backward runs on this thread.
+thread_local const std::vector<Tensor>* current_targets = nullptr;
+
+// Sets current_targets for one backward call.
+class TargetsScope {
+ public:
+  explicit TargetsScope(const std::vector<Tensor>* targets) { current_targets = targets; }
+  ~TargetsScope() { current_targets = nullptr; }
+  TargetsScope(const TargetsScope&) = delete;
+  TargetsScope& operator=(const TargetsScope&) = delete;
+};
+
 }  // namespace
 
 void queue_callback(std::function<void()> fn) {
@@ -55,6 +70,11 @@ void queue_callback(std::function<void()> fn) {
 }
 
 bool in_backward() { return pending_callbacks != nullptr; }
+
+Tensor accumulation_target(size_t input) {
+  if (current_targets == nullptr || input >= current_targets->size()) return {};
+  return (*current_targets)[input];
+}
 
 void zero_grad(const std::vector<Tensor>& tensors, bool set_to_none) {
   NoGradGuard no_grad;
@@ -158,16 +178,36 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
         grads[i] = Tensor::zeros(m.shape, m.dtype, m.device);
       }
     }
+    const auto& edges = node->next_edges();
+    // The sums already held for this node's inputs that only the engine sees: the backward may
+    // add into them (accumulation_target). A second edge to the same slot finds it shared.
+    std::vector<Tensor> targets(edges.size());
+    for (size_t i = 0; i < edges.size(); ++i) {
+      if (!edges[i].valid()) continue;
+      auto held = inputs.find(edges[i].node.get());
+      if (held == inputs.end() || held->second.size() <= edges[i].input_nr) continue;
+      const Tensor& sum = held->second[edges[i].input_nr];
+      if (owned_alone(sum)) targets[i] = sum;
+    }
     std::vector<Tensor> results;
     {
       std::optional<profiler::Scope> timed;
       if (profiler::enabled()) timed.emplace(node->name() + "_backward");
+      TargetsScope scope(&targets);
       results = node->apply(std::move(grads));
     }
     if (!retain_graph) node->release_saved();
-    const auto& edges = node->next_edges();
     DPAR_CHECK(results.size() == edges.size() || edges.empty(), "backward of ", node->name(),
                " returned ", results.size(), " gradients for ", edges.size(), " inputs");
+    // A result that is its target already holds the sum; drop the extra references first, so
+    // the in-place adds below still find their slots owned alone.
+    for (size_t i = 0; i < targets.size() && i < results.size(); ++i) {
+      if (targets[i].defined() && results[i].defined() &&
+          results[i].impl_ptr() == targets[i].impl_ptr()) {
+        results[i] = Tensor();
+      }
+    }
+    targets.clear();
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& e = edges[i];
       if (!e.valid()) continue;

@@ -1,5 +1,6 @@
 // layer_norm and group_norm (through layer_norm's kernels: a group is one row).
 #include "dpar/autograd/function.h"
+#include "dpar/autograd/grad_mode.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/layer_norm_kernels.h"
@@ -16,31 +17,71 @@ void check_param(const Tensor& t, int64_t d, const Tensor& x, const char* op, co
              t.device());
 }
 
-// Normalises each row of x2 [R, D] (any strides: made contiguous), with optional per-column
-// weight and bias ([D] after flattening).
-Tensor normalize_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps,
-                      const char* op) {
-  const Tensor x = x2.is_contiguous() ? x2 : x2.contiguous();
-  const Tensor w = weight.defined() ? weight.reshape({weight.numel()}).contiguous() : Tensor();
-  const Tensor b = bias.defined() ? bias.reshape({bias.numel()}).contiguous() : Tensor();
-  const int64_t rows = x.size(0);
-  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
-  Tensor mean = Tensor::empty({rows}, DType::f32, x.device());
-  Tensor rstd = Tensor::empty({rows}, DType::f32, x.device());
-  kernels::layer_norm_forward.get(x.device())(x, w, b, eps, y, mean, rstd);
-  if (autograd::needs_grad({x, w, b})) {
-    autograd::record(op, {x, w, b}, {y},
-                     [xd = x.detach(), wd = w.defined() ? w.detach() : Tensor(), mean, rstd](
-                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
-                       const Tensor dy = g[0].is_contiguous() ? g[0] : g[0].contiguous();
-                       Tensor dx, dw, db;
-                       if (need[0]) dx = Tensor::empty(xd.shape(), DType::f32, xd.device());
-                       if (need[1]) dw = Tensor::empty({xd.size(1)}, DType::f32, xd.device());
-                       if (need[2]) db = Tensor::empty({xd.size(1)}, DType::f32, xd.device());
-                       kernels::layer_norm_backward.get(xd.device())(xd, dy, wd, mean, rstd, dx, dw,
-                                                                     db);
-                       return autograd::GradList{dx, dw, db};
-                     });
+// What normalize_rows' backward needs: the flattened input [R, D], weight [D] (or undefined),
+// the statistics, and the shapes its gradients must have.
+struct SavedRows {
+  Tensor x2, w, mean, rstd;
+  Shape x_shape, w_shape, b_shape;
+};
+
+// dx, dweight and dbias from the output's gradient. On the CPU, x's gradient is added into the
+// accumulation target when the engine holds one (a residual connection's gradient), which saves
+// the pass that would add the two, with the same bits.
+autograd::GradList normalize_rows_backward(const SavedRows& s, const Tensor& grad_y,
+                                           const autograd::NeedsGrad& need) {
+  const int64_t rows = s.x2.size(0), d = s.x2.size(1);
+  const Device device = s.x2.device();
+  const Tensor dy = grad_y.reshape({rows, d}).contiguous();
+  Tensor dx, dw, db;
+  bool accumulate = false;
+  if (need[0]) {
+    Tensor target = autograd::accumulation_target(0);
+    accumulate = device.is_cpu() && target.defined() && target.shape() == s.x_shape &&
+                 target.device() == device;
+    dx = accumulate ? target : Tensor::empty(s.x_shape, DType::f32, device);
+  }
+  if (need[1]) dw = Tensor::empty(s.w_shape, DType::f32, device);
+  if (need[2]) db = Tensor::empty(s.b_shape, DType::f32, device);
+  Tensor dx_rows = dx.defined() ? dx.view({rows, d}) : Tensor();
+  Tensor dw_flat = dw.defined() ? dw.view({d}) : Tensor();
+  Tensor db_flat = db.defined() ? db.view({d}) : Tensor();
+  kernels::layer_norm_backward.get(device)(s.x2, dy, s.w, s.mean, s.rstd, dx_rows, dw_flat, db_flat,
+                                           accumulate);
+  return {dx, dw, db};
+}
+
+// Normalises x as rows of its last d elements ([R, D] after flattening; any strides: made
+// contiguous), with optional per-column weight and bias (d elements, any shape). The node is
+// recorded on x, weight and bias themselves, not on flattened views of them, so that its
+// backward sees x's own gradient sum as its accumulation target.
+Tensor normalize_rows(const Tensor& x, int64_t d, const Tensor& weight, const Tensor& bias,
+                      double eps, const char* op) {
+  const int64_t rows = x.numel() / d;
+  SavedRows saved;
+  Tensor b, y;
+  {
+    NoGradGuard flat;  // views for the kernels, not recorded
+    saved.x2 = x.reshape({rows, d}).contiguous().detach();
+    if (weight.defined()) saved.w = weight.reshape({d}).contiguous().detach();
+    if (bias.defined()) b = bias.reshape({d}).contiguous();
+    y = Tensor::empty({rows, d}, DType::f32, x.device());
+  }
+  saved.mean = Tensor::empty({rows}, DType::f32, x.device());
+  saved.rstd = Tensor::empty({rows}, DType::f32, x.device());
+  kernels::layer_norm_forward.get(x.device())(saved.x2, saved.w, b, eps, y, saved.mean, saved.rstd);
+  {
+    NoGradGuard reshape;
+    y = y.view(x.shape());
+  }
+  if (autograd::needs_grad({x, weight, bias})) {
+    saved.x_shape = x.shape();
+    if (weight.defined()) saved.w_shape = weight.shape();
+    if (bias.defined()) saved.b_shape = bias.shape();
+    autograd::record(
+        op, {x, weight, bias}, {y},
+        [saved = std::move(saved)](const autograd::GradList& g, const autograd::NeedsGrad& need) {
+          return normalize_rows_backward(saved, g[0], need);
+        });
   }
   return y;
 }
@@ -65,8 +106,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   check_param(weight, d, x, "layer_norm", "weight");
   check_param(bias, d, x, "layer_norm", "bias");
   DPAR_CHECK(d > 0, "layer_norm: the normalised part of ", x.shape(), " is empty");
-  return normalize_rows(x.reshape({x.numel() / d, d}), weight, bias, eps, "layer_norm")
-      .view(x.shape());
+  return normalize_rows(x, d, weight, bias, eps, "layer_norm");
 }
 
 Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
@@ -83,9 +123,7 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, con
   // Each (sample, group) is one row of the layer-norm kernels; the per-channel affine map
   // follows as broadcast ops.
   const int64_t per_row = x.numel() / std::max<int64_t>(1, n * num_groups);
-  Tensor y =
-      normalize_rows(x.contiguous().view({n * num_groups, per_row}), {}, {}, eps, "group_norm")
-          .view(x.shape());
+  Tensor y = normalize_rows(x, per_row, {}, {}, eps, "group_norm");
   Shape channel_shape(static_cast<size_t>(x.dim()), 1);
   channel_shape[1] = c;
   if (weight.defined()) y = mul(y, weight.view(channel_shape));

@@ -30,6 +30,14 @@ using BackwardFn = std::function<GradList(const GradList& grad_outputs, const Ne
 bool needs_grad(std::initializer_list<Tensor> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
 
+// Inside a backward function: the running sum the engine already holds for input `input`'s
+// gradient (another path into that input, e.g. a residual connection, delivered first), when no
+// other tensor can see it - else undefined. A backward may add its gradient for that input into
+// it and return that same tensor: the sum is then complete without a pass of its own. It must
+// add exactly its gradient (sum + g, as the engine would) and return the target itself; adding
+// into it and returning anything else would count the gradient twice.
+Tensor accumulation_target(size_t input);
+
 // Records outputs = op(inputs) with the given backward. Outputs become non-leaf tensors that
 // require grad. Undefined inputs (e.g. an absent bias) are allowed and get invalid edges.
 void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,

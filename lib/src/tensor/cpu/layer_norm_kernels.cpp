@@ -112,12 +112,19 @@ void layer_norm_forward_cpu(const Tensor& x, const Tensor& weight, const Tensor&
   }
 }
 
+// dr += row, each sum rounded once: the same bits as adding dx to the other gradient after.
+// Kept out of backward_row so that no multiply there fuses with this add.
+void add_row(float* dr, const float* row, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) dr[j] += row[j];
+}
+
 // One pass over x and dy: blocks of rows in parallel, each writing its rows of dx and its own
 // partial weight and bias gradients, which are then added in block order - the same sums
-// whatever the thread count.
+// whatever the thread count. Accumulating, a row's dx goes through a row buffer (in L1) and is
+// then added into dx.
 void layer_norm_backward_cpu(const Tensor& x, const Tensor& dy, const Tensor& weight,
                              const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                             Tensor& dbias) {
+                             Tensor& dbias, bool accumulate_dx) {
   const int64_t rows = x.size(0), d = x.size(1);
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
@@ -129,17 +136,20 @@ void layer_norm_backward_cpu(const Tensor& x, const Tensor& dy, const Tensor& we
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
   std::vector<float> partial(static_cast<size_t>(blocks * 2 * d), 0.f);
   const bool wide = cpu_isa() == Isa::avx512;
+  const bool add_into_dx = pdx && accumulate_dx;
 #pragma omp parallel for schedule(static) if (rows * d > 32768)
   for (int64_t b = 0; b < blocks; ++b) {
     float* acc_w = partial.data() + b * 2 * d;
     float* acc_b = acc_w + d;
+    std::vector<float> row(add_into_dx ? static_cast<size_t>(d) : 0);
     for (int64_t r = b * kBlockRows; r < std::min(rows, (b + 1) * kBlockRows); ++r) {
-      float* dr = pdx ? pdx + r * d : nullptr;
+      float* dr = pdx ? (add_into_dx ? row.data() : pdx + r * d) : nullptr;
       if (wide) {
         backward_row_avx512(px + r * d, pdy + r * d, pw, pm[r], pr[r], d, dr, acc_w, acc_b);
       } else {
         backward_row_baseline(px + r * d, pdy + r * d, pw, pm[r], pr[r], d, dr, acc_w, acc_b);
       }
+      if (add_into_dx) add_row(pdx + r * d, row.data(), d);
     }
   }
   for (int64_t b = 1; b < blocks; ++b) {

@@ -104,7 +104,8 @@ void layer_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor
 
 void layer_norm_backward_cuda(const Tensor& x, const Tensor& dy, const Tensor& weight,
                               const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                              Tensor& dbias) {
+                              Tensor& dbias, bool accumulate_dx) {
+  DPAR_CHECK(!accumulate_dx, "layer_norm backward: the CUDA kernel writes dx, it does not add");
   DeviceGuard guard(x.device());
   const int64_t rows = x.size(0), d = x.size(1);
   const auto* px = static_cast<const float*>(x.raw_data());
