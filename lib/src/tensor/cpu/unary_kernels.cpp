@@ -50,8 +50,8 @@ constexpr int64_t kStreamMinBytes = int64_t{4} << 20;
 constexpr int kStreamBlock = 64;  // floats per step: four cache lines
 
 #if DPAR_HAVE_ISA_CLONES
-// unary_flat_avx512 with each 64-float block computed into registers (the same formula, so the
-// same bits) and written by streaming stores; out must start on a cache line.
+// unary_flat_avx512 with each 64-float block computed into a stack buffer in L1 (the same
+// formula, so the same bits) and copied out by streaming stores; out must start on a cache line.
 template <UnaryOp Op>
 DPAR_TARGET_AVX512 void unary_flat_streaming_avx512(const float* px, float* po, int64_t n,
                                                     kernels::UnaryArgs args) {
