@@ -46,16 +46,34 @@ bool pack_weights_first(char tb, int64_t m, int64_t n, int64_t k) {
   return tall_a && !wide_untransposed_b;
 }
 
+// Whether this is an AMD CPU. Its cores (Zen 4: AVX-512 on 256-bit datapaths) rank oneDNN's
+// two product paths differently from Intel's, where the choices below were first measured.
+bool amd_cpu() {
+#if defined(__x86_64__)
+  static const bool amd = [] {
+    __builtin_cpu_init();  // in case the first product runs in a static initialiser
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+
 // Whether c = a^T b with a long reduction (a linear layer's weight gradient G^T X, summed over
 // the batch's rows) runs faster on the matmul primitive than on sgemm, both in their plain
-// layouts. Measured on ViT-Tiny's layers (backward on one core, caches flushed, interleaved):
-// the primitive is faster where the gradient has at least twice as many rows as columns (qkv
-// 576x192: 13.9 -> 12.8 ms and 12.8 -> 12.3 ms for the whole backward; fc1 768x192: 18.7 ->
-// 16.7 and 18.5 -> 16.7 ms), no different at 192x192 and slower at 192x768 (fc2: 15.0 -> 15.9).
-// In the training step the gain is smaller: linear backward / forward time 2.09 -> 2.06 (five
-// alternating runs each), ~4 ms of a ~550 ms step.
+// layouts. Measured on ViT-Tiny's layers (backward on one core, caches flushed, interleaved)
+// on an Intel Xeon: the primitive is faster where the gradient has at least twice as many rows
+// as columns (qkv 576x192: 13.9 -> 12.8 ms and 12.8 -> 12.3 ms for the whole backward; fc1
+// 768x192: 18.7 -> 16.7 and 18.5 -> 16.7 ms), no different at 192x192 and slower at 192x768
+// (fc2: 15.0 -> 15.9). In the training step the gain is smaller: linear backward / forward
+// time 2.09 -> 2.06 (five alternating runs each), ~4 ms of a ~550 ms step.
+// On an AMD EPYC (Zen 4) sgemm is the faster one for every weight gradient (one core: qkv 8.8
+// against 9.1 ms, fc1 11.2 against 13.1 ms): the primitive first copies the transposed G
+// (jit_brgemm_matmul_copy_a_transposed, 2.5% of the step under perf). linear_backward over 8
+// ViT-Tiny steps: 2069-2168 ms on the primitive, 1955-1960 ms on sgemm (three alternations).
 bool weight_gradient_on_matmul(char ta, char tb, int64_t m, int64_t n, int64_t k) {
-  return ta == 'T' && tb == 'N' && k >= 4 * std::max(m, n) && m >= 2 * n;
+  return !amd_cpu() && ta == 'T' && tb == 'N' && k >= 4 * std::max(m, n) && m >= 2 * n;
 }
 
 // Whether product() runs c = op(a) op(b) (+ bias) on the matmul primitive rather than sgemm.
