@@ -1,5 +1,6 @@
 // matmul / linear, softmax / log_softmax, cross-entropy, argmax and top-k: values against
 // hand-computed numbers, gradients against finite differences, layouts and errors.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
@@ -173,6 +174,45 @@ TEST_CASE("the weight gradient over a long batch, tall or wide, against a double
     check_close(first, want, 1e-4);
     CHECK(weight_grad() == first);
   }
+}
+
+TEST_CASE("linear's backward where only a few rows of the gradient are nonzero", "[linear]") {
+  // A classifier that reads one token of a sequence (ViT's class token) leaves every other
+  // row of the last layers' gradients exactly zero: only the nonzero rows enter the products.
+  // Rows 3, 500 (its last element only) and 1099 are nonzero; row 7 holds -0.0, which counts
+  // as zero. The input is a transposed view, so its rows are gathered with a stride.
+  Generator gen(28);
+  const Tensor x = random_tensor({40, 1100}, gen).transpose(0, 1);
+  const Tensor w = random_tensor({24, 40}, gen), bias = random_tensor({24}, gen);
+  std::vector<float> gv(1100 * 24, 0.f);
+  const std::vector<float> dense = random_tensor({3, 24}, gen).to_float_vector();
+  std::copy_n(dense.begin(), 24, gv.begin() + 3 * 24);
+  gv[500 * 24 + 23] = dense[24];
+  std::copy_n(dense.begin() + 48, 24, gv.begin() + 1099 * 24);
+  for (int64_t j = 0; j < 24; ++j) gv[7 * 24 + j] = -0.f;
+  const Tensor g = Tensor::from_vector(gv, {1100, 24});
+  Tensor xg = x.detach().set_requires_grad(), wg = w.detach().set_requires_grad();
+  Tensor bg = bias.detach().set_requires_grad();
+  sum(mul(linear(xg, wg, bg), g)).backward();
+  check_close(xg.grad().to_float_vector(), naive_matmul(g, w), 1e-5);
+  check_close(wg.grad().to_float_vector(),
+              naive_matmul(g.transpose(0, 1).contiguous(), x.contiguous()), 1e-5);
+  check_close(bg.grad().to_float_vector(), naive_column_sums(g), 1e-6);
+  const std::vector<float> dx = xg.grad().to_float_vector();
+  for (const int64_t row : {0, 7, 501, 1098}) {
+    INFO("dX row " << row);
+    CHECK(std::all_of(dx.begin() + row * 40, dx.begin() + (row + 1) * 40,
+                      [](float v) { return v == 0.f; }));
+  }
+  // Finite differences through a head that reads two of six rows, with and without a bias.
+  Tensor x6 = random_tensor({6, 5}, gen).set_requires_grad();
+  Tensor w6 = random_tensor({4, 5}, gen).set_requires_grad();
+  Tensor b6 = random_tensor({4}, gen).set_requires_grad();
+  gradcheck(
+      [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]).slice(0, 1, 3); },
+      {x6, w6, b6});
+  gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1]).slice(0, 4, 5); },
+            {x6, w6});
 }
 
 TEST_CASE("linear on a tall input: weights in oneDNN's blocked layout, forward and dX",
