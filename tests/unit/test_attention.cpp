@@ -1,6 +1,7 @@
 // scaled_dot_product_attention: the fused CPU kernel against the same maths as an op chain
 // (no mask, u8 and f32 masks, causal, custom scale), gradients against finite differences,
 // and argument errors.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -206,6 +207,56 @@ TEST_CASE("attention rows longer than a vector: tails, masks, the causal cut, gr
       }
     }
   }
+}
+
+TEST_CASE("attention's backward where only a few query rows of the gradient are nonzero",
+          "[attention]") {
+  // A classifier that reads the class token: in the last block only query 0's output reaches
+  // the loss, so dO is zero but for that row (here also row 40 in head 0, and none at all in
+  // head 1 of the second sample). The fused backward computes with those rows alone; against
+  // the op chain, plain, masked and causal, and dQ exactly zero on the other rows.
+  Generator gen(7);
+  const int64_t lq = 65, lk = 65;
+  for (const int variant : {0, 1, 2}) {
+    INFO("variant " << variant);
+    Tensor q = random_tensor({2, 2, lq, 8}, gen).set_requires_grad();
+    Tensor k = random_tensor({2, 2, lk, 8}, gen).set_requires_grad();
+    Tensor v = random_tensor({2, 2, lk, 5}, gen).set_requires_grad();
+    const Tensor additive = variant == 1 ? random_tensor({lq, lk}, gen) : Tensor();
+    const bool causal = variant == 2;
+    std::vector<float> gv(2 * 2 * lq * 5, 0.f);
+    const std::vector<float> dense = random_tensor({5, 5}, gen).to_float_vector();
+    for (int64_t slice = 0; slice < 4; ++slice) {
+      if (slice == 3) continue;  // sample 1, head 1: no gradient at all
+      std::copy_n(dense.begin() + slice * 5, 5, gv.begin() + slice * lq * 5);
+    }
+    std::copy_n(dense.begin() + 20, 5, gv.begin() + 40 * 5);
+    const Tensor g = Tensor::from_vector(gv, {2, 2, lq, 5});
+    auto grads = [&](const Tensor& out) {
+      sum(mul(out, g)).backward();
+      std::vector<std::vector<float>> got;
+      for (Tensor* t : {&q, &k, &v}) {
+        got.push_back(t->grad().to_float_vector());
+        t->set_grad(Tensor());
+      }
+      return got;
+    };
+    const Tensor fused = scaled_dot_product_attention(q, k, v, additive, 0.0, causal);
+    const Tensor chain =
+        reference(q, k, v, causal ? causal_additive(lq, lk) : additive, 1.0 / std::sqrt(8.0));
+    const auto fused_grads = grads(fused), chain_grads = grads(chain);
+    for (size_t i = 0; i < 3; ++i) CHECK(max_rel_error(fused_grads[i], chain_grads[i]) < 1e-3);
+    const std::vector<float>& dq = fused_grads[0];
+    for (const int64_t row : {1, 39, 41, 64}) {
+      INFO("dQ row " << row);
+      CHECK(std::all_of(dq.begin() + row * 8, dq.begin() + (row + 1) * 8,
+                        [](float x) { return x == 0.f; }));
+    }
+  }
+  // Finite differences through packed_self_attention read at its first token only.
+  gradcheck(
+      [](const std::vector<Tensor>& in) { return packed_self_attention(in[0], 2).slice(1, 0, 1); },
+      {random_tensor({2, 5, 3 * 4}, gen).set_requires_grad()});
 }
 
 TEST_CASE("attention argument errors name the tensors", "[attention]") {

@@ -24,6 +24,7 @@
 #include "dpar/core/error.h"
 #include "tensor/cpu/isa.h"
 #include "tensor/unary_math.h"
+#include "tensor/zero_rows.h"
 
 namespace dpar::cpu {
 namespace {
@@ -316,6 +317,62 @@ void sdpa_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const T
   }
 }
 
+// One slice's backward when only a few query rows of dO are nonzero (a classifier reading the
+// class token: in the last block only that query's output reaches the loss). Every other row
+// of dS and dQ is then exactly zero, so the products run on the nonzero rows R alone:
+// dV = P_R^T dO_R, dS_R = P_R * (dO_R V^T - rowsum(dO_R * O_R)), dQ_R = scale dS_R K and
+// dK = scale dS_R^T Q_R; the other rows of dQ are zero. The same sums as the full products
+// (rounded in another order), as linear_backward_rows (ops_linear.cpp) does for a linear layer.
+struct QueryRows {
+  std::vector<int64_t> rows;
+  std::vector<float> d_o, p, o, q, ds, dq;
+  int64_t lq = 0, lk = 0, e = 0, ev = 0;
+
+  // Finds dO's nonzero rows and copies the operands' rows R; false (dense) where they are more
+  // than half of lq.
+  bool gather(const float* d_o_in, int64_t ld_do, const float* p_in, const float* o_in,
+              int64_t ld_o, const float* q_in, int64_t ld_q, int64_t lq_, int64_t lk_, int64_t e_,
+              int64_t ev_) {
+    lq = lq_, lk = lk_, e = e_, ev = ev_;
+    rows.clear();
+    for (int64_t i = 0; i < lq; ++i) {
+      if (detail::row_is_zero(d_o_in + i * ld_do, ev)) continue;
+      rows.push_back(i);
+      if (2 * static_cast<int64_t>(rows.size()) > lq) return false;
+    }
+    const auto r = static_cast<size_t>(rows.size());
+    d_o.resize(r * ev), o.resize(r * ev), p.resize(r * lk), q.resize(r * e);
+    ds.resize(r * lk), dq.resize(r * e);
+    for (size_t t = 0; t < r; ++t) {
+      const int64_t i = rows[t];
+      std::copy_n(d_o_in + i * ld_do, ev, d_o.data() + t * ev);
+      std::copy_n(o_in + i * ld_o, ev, o.data() + t * ev);
+      std::copy_n(p_in + i * lk, lk, p.data() + t * lk);
+      std::copy_n(q_in + i * ld_q, e, q.data() + t * e);
+    }
+    return true;
+  }
+
+  void backward(const float* k, int64_t ld_k, const float* v, int64_t ld_v, float scale, float* d_q,
+                int64_t ld_dq, float* d_k, int64_t ld_dk, float* d_v, int64_t ld_dv) {
+    const auto r = static_cast<int64_t>(rows.size());
+    for (int64_t i = 0; i < lq; ++i) std::fill_n(d_q + i * ld_dq, e, 0.f);
+    if (r == 0) {
+      for (int64_t j = 0; j < lk; ++j) {
+        std::fill_n(d_k + j * ld_dk, e, 0.f);
+        std::fill_n(d_v + j * ld_dv, ev, 0.f);
+      }
+      return;
+    }
+    sgemm('T', 'N', lk, ev, r, 1.f, p.data(), lk, d_o.data(), ev, 0.f, d_v, ld_dv);
+    sgemm('N', 'T', r, lk, ev, 1.f, d_o.data(), ev, v, ld_v, 0.f, ds.data(), lk);
+    softmax_backward_rows(ds.data(), p.data(), d_o.data(), ev, o.data(), ev, r, lk, ev);
+    sgemm('N', 'N', r, e, lk, scale, ds.data(), lk, k, ld_k, 0.f, dq.data(), e);
+    for (int64_t t = 0; t < r; ++t) std::copy_n(dq.data() + t * e, e, d_q + rows[t] * ld_dq);
+    sgemm('T', 'N', lk, e, r, scale, ds.data(), lk, q.data(), e, 0.f, d_k, ld_dk);
+  }
+};
+
 void sdpa_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
                        const Tensor& out, const Tensor& dout, float scale, Tensor& dq, Tensor& dk,
                        Tensor& dv) {
@@ -328,8 +385,9 @@ void sdpa_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const bool prefetch = worth_prefetching(lq * e + lk * e + lk * ev + lq * ev);
 #pragma omp parallel
   {
-    // dS for one slice at a time, per thread.
+    // dS for one slice at a time, per thread, and the query rows of a sparse dO.
     std::vector<float> ds(static_cast<size_t>(lq * lk));
+    QueryRows sparse;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
       if (prefetch && b + 1 < batch) {
@@ -339,6 +397,11 @@ void sdpa_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const 
         prefetch_block(sdo[b + 1], lq, ev, sdo.ld);
       }
       const float* p = pp + b * lq * lk;
+      if (sparse.gather(sdo[b], sdo.ld, p, so[b], so.ld, sq[b], sq.ld, lq, lk, e, ev)) {
+        sparse.backward(sk[b], sk.ld, sv[b], sv.ld, scale, sdq[b], sdq.ld, sdk[b], sdk.ld, sdv[b],
+                        sdv.ld);
+        continue;
+      }
       // dV = P^T dO
       sgemm('T', 'N', lk, ev, lq, 1.f, p, lk, sdo[b], sdo.ld, 0.f, sdv[b], sdv.ld);
       // dS = P * (dO V^T - rowsum(dO * O))
