@@ -204,6 +204,14 @@ TEST_CASE("linear's backward where only a few rows of the gradient are nonzero",
     CHECK(std::all_of(dx.begin() + row * 40, dx.begin() + (row + 1) * 40,
                       [](float v) { return v == 0.f; }));
   }
+  // A gradient with no nonzero row at all (a zero-initialised head's first step): zeros.
+  Tensor xz = x.detach().set_requires_grad(), wz = w.detach().set_requires_grad();
+  Tensor bz = bias.detach().set_requires_grad();
+  sum(mul(linear(xz, wz, bz), Tensor::zeros({1100, 24}))).backward();
+  for (const Tensor& grad : {xz.grad(), wz.grad(), bz.grad()}) {
+    const std::vector<float> values = grad.to_float_vector();
+    CHECK(std::all_of(values.begin(), values.end(), [](float v) { return v == 0.f; }));
+  }
   // Finite differences through a head that reads two of six rows, with and without a bias.
   Tensor x6 = random_tensor({6, 5}, gen).set_requires_grad();
   Tensor w6 = random_tensor({4, 5}, gen).set_requires_grad();

@@ -180,23 +180,6 @@ std::optional<std::vector<int64_t>> sparse_rows(const Tensor& g) {
   return rows;
 }
 
-// A new contiguous [rows.size(), t.size(1)] f32 matrix of t's listed rows.
-Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
-  const int64_t n = t.size(1), s0 = t.stride(0), s1 = t.stride(1);
-  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), n}, DType::f32, t.device());
-  const auto* src = t.data<float>();
-  float* dst = out.data<float>();
-  for (const int64_t r : rows) {
-    const float* from = src + r * s0;
-    if (s1 == 1) {
-      dst = std::copy_n(from, n, dst);
-    } else {
-      for (int64_t j = 0; j < n; ++j) *dst++ = from[j * s1];
-    }
-  }
-  return out;
-}
-
 // linear_backward for a G whose nonzero rows are only `rows` (a classifier that reads one token
 // of a sequence model, e.g. ViT's class token: after its last block every other token's
 // gradient is exactly zero, through the final norm, the MLP and the attention's projection).
@@ -209,8 +192,9 @@ autograd::GradList linear_backward_rows(const Tensor& g, const Tensor& x, const 
                                         const autograd::NeedsGrad& need,
                                         const std::vector<int64_t>& rows) {
   Tensor gx, gw, gb;
-  const Tensor g_rows = take_rows(g, rows);
-  if (need[1]) gw = gemm(g_rows, true, take_rows(x, rows), false, {}, DType::f32);
+  const Tensor index = Tensor::from_vector(rows, {static_cast<int64_t>(rows.size())});
+  const Tensor g_rows = index_select(g, 0, index);
+  if (need[1]) gw = gemm(g_rows, true, index_select(x, 0, index), false, {}, DType::f32);
   if (need[2]) {
     gb = Tensor::empty({g.size(1)}, DType::f32, g.device());
     Tensor sums = gb.view({1, g.size(1)});
