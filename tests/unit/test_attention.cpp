@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -23,6 +24,18 @@ Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   Tensor s = mul(matmul(q, k.transpose(-2, -1)), scale);
   if (additive.defined()) s = add(s, additive);
   return matmul(softmax(s, -1), v);
+}
+
+// The gradients of sum(out * g) with respect to each of `inputs`, which are cleared after.
+std::vector<std::vector<float>> gradients(const Tensor& out, const Tensor& g,
+                                          std::initializer_list<Tensor*> inputs) {
+  sum(mul(out, g)).backward();
+  std::vector<std::vector<float>> got;
+  for (Tensor* t : inputs) {
+    got.push_back(t->grad().to_float_vector());
+    t->set_grad(Tensor());
+  }
+  return got;
 }
 
 Tensor causal_additive(int64_t lq, int64_t lk) {
@@ -189,20 +202,12 @@ TEST_CASE("attention rows longer than a vector: tails, masks, the causal cut, gr
         }
         const bool causal = variant == 2;
         const Tensor g = random_tensor({1, 2, lq, 5}, gen);
-        auto grads = [&](const Tensor& out) {
-          sum(mul(out, g)).backward();
-          std::vector<std::vector<float>> got;
-          for (Tensor* t : {&q, &k, &v}) {
-            got.push_back(t->grad().to_float_vector());
-            t->set_grad(Tensor());
-          }
-          return got;
-        };
         const Tensor fused = scaled_dot_product_attention(q, k, v, additive, 0.0, causal);
         const Tensor chain =
             reference(q, k, v, causal ? causal_additive(lq, lk) : additive, 1.0 / std::sqrt(8.0));
         CHECK(max_rel_error(fused.to_float_vector(), chain.to_float_vector()) < 1e-4);
-        const auto fused_grads = grads(fused), chain_grads = grads(chain);
+        const auto fused_grads = gradients(fused, g, {&q, &k, &v});
+        const auto chain_grads = gradients(chain, g, {&q, &k, &v});
         for (size_t i = 0; i < 3; ++i) CHECK(max_rel_error(fused_grads[i], chain_grads[i]) < 1e-3);
       }
     }
@@ -232,19 +237,11 @@ TEST_CASE("attention's backward where only a few query rows of the gradient are 
     }
     std::copy_n(dense.begin() + 20, 5, gv.begin() + 40 * 5);
     const Tensor g = Tensor::from_vector(gv, {2, 2, lq, 5});
-    auto grads = [&](const Tensor& out) {
-      sum(mul(out, g)).backward();
-      std::vector<std::vector<float>> got;
-      for (Tensor* t : {&q, &k, &v}) {
-        got.push_back(t->grad().to_float_vector());
-        t->set_grad(Tensor());
-      }
-      return got;
-    };
     const Tensor fused = scaled_dot_product_attention(q, k, v, additive, 0.0, causal);
     const Tensor chain =
         reference(q, k, v, causal ? causal_additive(lq, lk) : additive, 1.0 / std::sqrt(8.0));
-    const auto fused_grads = grads(fused), chain_grads = grads(chain);
+    const auto fused_grads = gradients(fused, g, {&q, &k, &v});
+    const auto chain_grads = gradients(chain, g, {&q, &k, &v});
     for (size_t i = 0; i < 3; ++i) CHECK(max_rel_error(fused_grads[i], chain_grads[i]) < 1e-3);
     const std::vector<float>& dq = fused_grads[0];
     for (const int64_t row : {1, 39, 41, 64}) {
