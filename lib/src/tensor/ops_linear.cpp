@@ -152,8 +152,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 namespace {
 
 // The rows of g (2-D, f32, on the CPU, rows of memory) that hold a nonzero element, when they
-// are at most half of them; nothing otherwise. Most rows of a dense gradient end the scan at
-// their first element, so it costs little where it finds nothing.
+// are at most half of them; nothing otherwise. A dense gradient is usually told by sixteen
+// sampled rows, each read up to its first nonzero group of 16 floats, so it costs next to
+// nothing where it finds nothing.
 std::optional<std::vector<int64_t>> sparse_rows(const Tensor& g) {
   if (!g.device().is_cpu() || g.dtype() != DType::f32 || g.dim() != 2 || g.stride(1) != 1) {
     return std::nullopt;
