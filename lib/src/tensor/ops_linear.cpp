@@ -173,11 +173,7 @@ std::optional<std::vector<int64_t>> sparse_rows(const Tensor& g) {
     if (nonzero >= 12) return std::nullopt;
   }
   std::vector<int64_t> rows;
-  for (int64_t i = 0; i < m; ++i) {
-    if (detail::row_is_zero(data + i * ld, n)) continue;
-    rows.push_back(i);
-    if (2 * static_cast<int64_t>(rows.size()) > m) return std::nullopt;
-  }
+  if (!detail::few_nonzero_rows(data, m, n, ld, rows)) return std::nullopt;
   return rows;
 }
 

@@ -4,6 +4,7 @@
 // of a linear layer and of attention then computes with the nonzero rows only.
 #include <bit>
 #include <cstdint>
+#include <vector>
 
 namespace dpar::detail {
 
@@ -20,6 +21,20 @@ inline bool row_is_zero(const float* row, int64_t n) {
   uint32_t bits = 0;
   for (; j < n; ++j) bits |= std::bit_cast<uint32_t>(row[j]);
   return (bits & kMagnitude) == 0;
+}
+
+// The rows of the m x n block at `data` (rows `ld` floats apart) that hold a nonzero element,
+// into `rows` (cleared first); false as soon as they are more than half of m, where computing
+// with them alone would save little and the caller runs the full products.
+inline bool few_nonzero_rows(const float* data, int64_t m, int64_t n, int64_t ld,
+                             std::vector<int64_t>& rows) {
+  rows.clear();
+  for (int64_t i = 0; i < m; ++i) {
+    if (row_is_zero(data + i * ld, n)) continue;
+    rows.push_back(i);
+    if (2 * static_cast<int64_t>(rows.size()) > m) return false;
+  }
+  return true;
 }
 
 }  // namespace dpar::detail

@@ -334,12 +334,7 @@ struct QueryRows {
               int64_t ld_o, const float* q_in, int64_t ld_q, int64_t lq_, int64_t lk_, int64_t e_,
               int64_t ev_) {
     lq = lq_, lk = lk_, e = e_, ev = ev_;
-    rows.clear();
-    for (int64_t i = 0; i < lq; ++i) {
-      if (detail::row_is_zero(d_o_in + i * ld_do, ev)) continue;
-      rows.push_back(i);
-      if (2 * static_cast<int64_t>(rows.size()) > lq) return false;
-    }
+    if (!detail::few_nonzero_rows(d_o_in, lq, ev, ld_do, rows)) return false;
     const auto r = static_cast<size_t>(rows.size());
     d_o.resize(r * ev), o.resize(r * ev), p.resize(r * lk), q.resize(r * e);
     ds.resize(r * lk), dq.resize(r * e);
