@@ -51,25 +51,31 @@ inline std::string peer_environment() {
   return "env LD_LIBRARY_PATH=" + quoted + "' ";
 }
 
-// Runs `<python> <peer dir>/<script> <args>` with OMP_NUM_THREADS=threads and returns the JSON
+// Runs `<program> <peer dir>/<script> <args>` with OMP_NUM_THREADS=threads and returns the JSON
 // object printed on its last stdout line. The peer's stderr goes to ours, so its warnings and
 // tracebacks stay in the benchmark's log.
-inline nlohmann::json run_peer(const std::string& script, const std::string& args, int threads) {
+inline nlohmann::json run_peer_program(const std::string& program, const std::string& script,
+                                       const std::string& args, int threads) {
   const std::string cmd = peer_environment() + "OMP_NUM_THREADS=" + std::to_string(threads) +
-                          " MKL_NUM_THREADS=" + std::to_string(threads) + " " + peer_python() +
-                          " " + peer_dir() + "/" + script + " " + args;
+                          " MKL_NUM_THREADS=" + std::to_string(threads) + " " + program + " " +
+                          peer_dir() + "/" + script + " " + args;
   FILE* pipe = popen(cmd.c_str(), "r");
-  DPAR_CHECK(pipe != nullptr, "bench: cannot start the PyTorch peer: ", cmd);
+  DPAR_CHECK(pipe != nullptr, "bench: cannot start the peer: ", cmd);
   std::string out, last;
   char buf[4096];
   while (fgets(buf, sizeof buf, pipe)) out += buf;
   const int status = pclose(pipe);
-  DPAR_CHECK(status == 0, "bench: PyTorch peer failed (status ", status, "): ", cmd);
+  DPAR_CHECK(status == 0, "bench: peer failed (status ", status, "): ", cmd);
   size_t end = out.find_last_not_of('\n');
   size_t start = out.rfind('\n', end);
   last = out.substr(start == std::string::npos ? 0 : start + 1,
                     end - (start == std::string::npos ? 0 : start + 1) + 1);
   return nlohmann::json::parse(last);
+}
+
+// A PyTorch peer: the script run by peer_python().
+inline nlohmann::json run_peer(const std::string& script, const std::string& args, int threads) {
+  return run_peer_program(peer_python(), script, args, threads);
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every dependency of dpar from Debian's archive. Idempotent: packages already
-# present are skipped, so test.sh and demo.sh can call it on every run cheaply.
+# Installs every dependency of dpar from Debian's archive, and bench_infer's onnxruntime peer
+# from the npm registry. Idempotent: what is already present is skipped, so test.sh and demo.sh
+# can call it on every run cheaply.
 set -euo pipefail
 
 packages=(
@@ -28,7 +29,12 @@ packages=(
   # and without this it is the reference BLAS (~5 GFLOPS, 10x below OpenBLAS), which would
   # make every benchmark ratio against PyTorch's linear layers meaningless.
   libopenblas0-openmp
+  # bench_infer's onnxruntime peer runs on Node.js (onnxruntime-node, installed below); npm
+  # comes with it where nodejs is NodeSource's, else from Debian's npm package.
+  nodejs
 )
+
+command -v npm > /dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -39,13 +45,30 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "bootstrap: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "bootstrap: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  echo "bootstrap: done"
 fi
 
-echo "bootstrap: installing ${missing[*]}"
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-echo "bootstrap: done"
+# onnxruntime (CPU) for bench_infer's peer: the npm package onnxruntime-node carries the
+# onnxruntime C library inside it, so --ignore-scripts skips only its optional GPU download.
+# bench_infer looks in the same place; a failed install is reported and the benchmark runs
+# without that peer, so nothing else depends on the registry being reachable.
+ort_version=1.30.0
+ort_dir="${DPAR_ORT_NODE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dpar/onnxruntime-node}"
+ort_package="$ort_dir/node_modules/onnxruntime-node/package.json"
+if ! grep -q "\"version\": \"$ort_version\"" "$ort_package" 2>/dev/null; then
+  mkdir -p "$ort_dir"
+  if npm install --prefix "$ort_dir" --ignore-scripts --no-audit --no-fund --loglevel=error \
+      "onnxruntime-node@$ort_version" > "$ort_dir/npm-install.log" 2>&1; then
+    echo "bootstrap: onnxruntime-node $ort_version installed in $ort_dir"
+  else
+    echo "bootstrap: warning: onnxruntime-node not installed (see $ort_dir/npm-install.log);" \
+      "bench_infer will run without its onnxruntime peer"
+  fi
+fi

@@ -4,6 +4,9 @@ torch::nn, on [batch, 1, img, img] inputs): N processes x --threads threads, glo
 the CPU; with --device cuda, nccl on GPU --gpu-index shared by every rank (each rank its own
 NCCL_HOSTID, sockets on lo, as bench_ddp's ranks), or GPU <rank> with --gpu-index -1.
 
+--channels-last puts the model and the input in torch.channels_last (PyTorch's fastest CPU
+setting for convolutional networks, and on the GPU with cudnn.benchmark); without it, NCHW.
+
 --model mobilenet_v3_large, --opt adamw and --zero (the optimizer state sharded by
 torch.distributed.optim.ZeroRedundancyOptimizer, ZeRO stage 1) are bench_ddp --shard's peer.
 
@@ -91,11 +94,15 @@ def make_model(a):
     return torchvision.models.mobilenet_v3_small(num_classes=1000)
 
 
+def memory_format(a):
+    return torch.channels_last if a.channels_last else torch.contiguous_format
+
+
 def make_batch(a, generator=None):
     channels, classes = (1, 10) if a.model == "resnet18" else (3, 1000)
     x = torch.randn(a.batch, channels, a.img, a.img, generator=generator)
     y = torch.randint(0, classes, (a.batch,), generator=generator)
-    return x, y
+    return x.contiguous(memory_format=memory_format(a)), y
 
 
 def worker(rank, world, port, a, results):
@@ -106,7 +113,7 @@ def worker(rank, world, port, a, results):
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank,
                             world_size=world)
     torch.manual_seed(0)
-    model = make_model(a).to(device)
+    model = make_model(a).to(device, memory_format=memory_format(a))
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = make_optimizer(a, ddp.parameters(), zero=a.zero)
@@ -120,7 +127,7 @@ def single(a):
     torch.set_num_threads(a.threads)
     device = pick_device(a, 0)
     torch.manual_seed(0)
-    model = make_model(a).to(device)
+    model = make_model(a).to(device, memory_format=memory_format(a))
     opt = make_optimizer(a, model.parameters(), zero=False)
     x, y = make_batch(a)
     return a.batch / train(model, opt, x.to(device), y.to(device), a.warmup, a.steps)
@@ -139,6 +146,7 @@ def main():
                    default="mobilenet_v3_small")
     p.add_argument("--opt", choices=["sgd", "adamw"], default="sgd")
     p.add_argument("--zero", action="store_true")
+    p.add_argument("--channels-last", action="store_true")
     p.add_argument("--gpu-index", type=int, default=0)
     a = p.parse_args()
     manager = mp.Manager()
@@ -150,7 +158,8 @@ def main():
     print(json.dumps({"img_per_s": total, "single_img_per_s": one,
                       "scaling": total / (a.world * one), "world": a.world, "batch": a.batch,
                       "params": sum(p.numel() for p in make_model(a).parameters()),
-                      "torch": torch.__version__}))
+                      "torch": torch.__version__,
+                      "layout": "channels_last" if a.channels_last else "nchw"}))
 
 
 if __name__ == "__main__":
