@@ -1,6 +1,11 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
-install(TARGETS dpar EXPORT dparTargets
+# libdpar_cuda (CUDA builds) goes beside libdpar, where libdpar looks for it at run time.
+set(DPAR_INSTALLED_LIBRARIES dpar)
+if(TARGET dpar_cuda)
+  list(APPEND DPAR_INSTALLED_LIBRARIES dpar_cuda)
+endif()
+install(TARGETS ${DPAR_INSTALLED_LIBRARIES} EXPORT dparTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

@@ -89,10 +89,11 @@ cp -r "$tipc/configs" "$tipc/results" "$root/src/$tipc/"
 cp -r "$tipc/data/lite" "$root/src/$tipc/data/"
 pwd >"$root/SOURCE_DIR"
 
-# Shared libraries: libdpar and everything the binaries link that is neither part of the C
-# library nor CUDA's (those come from the GPU machine).
+# Shared libraries: libdpar, its CUDA backend libdpar_cuda (which libdpar opens at run time,
+# beside itself, so no ldd sees it from most binaries), and everything they link that is
+# neither part of the C library nor CUDA's (those come from the GPU machine).
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libutil\.|libresolv\.|libcuda\.|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink|libcufft|libcurand|libcusparse|libcusolver)'
-for f in "${binaries[@]}"; do
+for f in "${binaries[@]}" lib/libdpar_cuda.so.0; do
   LD_LIBRARY_PATH="$build/lib:${LD_LIBRARY_PATH:-}" ldd "$build/$f" | awk '/=> \//{print $1, $3}'
 done | sort -u | while read -r name path; do
   [ -f "$path" ] || { echo "gpu-bundle: $name resolves to $path, not a file" >&2; exit 1; }
@@ -101,7 +102,10 @@ done | sort -u | while read -r name path; do
   cp -L "$path" "$root/lib/$name"
   strip --strip-unneeded "$root/lib/$name" 2>/dev/null || true
 done
-[ -e "$root/lib/libdpar.so.0" ] || { echo "gpu-bundle: libdpar.so.0 was not packed" >&2; exit 1; }
+[ -e "$root/lib/libdpar_cuda.so.0" ] || cp -L "$build/lib/libdpar_cuda.so.0" "$root/lib/"
+for lib in libdpar.so.0 libdpar_cuda.so.0; do
+  [ -e "$root/lib/$lib" ] || { echo "gpu-bundle: $lib was not packed" >&2; exit 1; }
+done
 cp scripts/gpu-run.sh scripts/gpu-probe.sh scripts/gpu-call.sh scripts/ncu-kernels.py "$root/"
 
 mkdir -p "$(dirname "$out")"

@@ -64,3 +64,10 @@ cmake -S . -B "$build-cpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPAR_WERROR=ON 
   -DDPAR_WITH_CUDA=OFF -DDPAR_WITH_TORCH=OFF -DDPAR_BUILD_BENCH=OFF
 cmake --build "$build-cpu" -j "$jobs"
 ctest --test-dir "$build-cpu" -j "$jobs" --output-on-failure --timeout 600 -L unit
+
+# A CPU run of the CUDA build has the CPU-only build's footprint: libdpar opens its CUDA backend
+# (libdpar_cuda: cuBLAS, cuDNN, NCCL) only when a CUDA device is first used.
+if [ -e "$build/lib/libdpar_cuda.so" ]; then
+  echo "== footprint of a CPU run: CUDA build vs CPU-only build"
+  /usr/bin/python3 tests/footprint/cpu_run_footprint.py "$build" "$build-cpu"
+fi

@@ -17,7 +17,7 @@ size=$(stat -c %s "$work/b/dpar-gpu.tar.gz")
 [ "$size" -le $((64 * 1024 * 1024)) ] && echo "ok: $size bytes" || { echo "FAIL: $size bytes > 64 MiB"; fail=1; }
 # The bundle must carry what the binaries link that is not CUDA's or the C library's.
 tar -tJf "$work/b/dpar-gpu.tar.gz" >"$work/list"
-for lib in libdpar libdnnl libgloo libstdc++; do
+for lib in libdpar.so libdpar_cuda.so libdnnl libgloo libstdc++; do
   grep -q "dpar-gpu/lib/$lib" "$work/list" && echo "ok: packs $lib" || { echo "FAIL: no $lib in the bundle"; fail=1; }
 done
 # ... and the scripts the GPU machine runs from the bundle's root.

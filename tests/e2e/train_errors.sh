@@ -29,4 +29,11 @@ expect 1 "has neither Fashion-MNIST idx files nor a train/ folder" -- --data-pat
 expect 2 "is larger than the 64 training images" -- --limit-train 64 --batch-size 128 --limit-val 8
 printf 'not a safetensors file' >"$work/bad.safetensors"
 expect 1 "bad.safetensors" -- --pretrained "$work/bad.safetensors" --limit-train 64 --limit-val 8
+# A CUDA backend that cannot be loaded (here: a file that is not there) is the reason the GPU
+# is unavailable, named with the loader's error. (A CPU-only build says it has no CUDA.)
+DPAR_CUDA_BACKEND=/nonexistent/libdpar_cuda.so.0 expect 2 "--device gpu: device cuda:0 is not available: " -- --device gpu --limit-train 64 --limit-val 8
+if ! grep -qF "dpar was built without CUDA" "$work/err" &&
+   ! grep -qF "the CUDA backend cannot be loaded (DPAR_CUDA_BACKEND): /nonexistent/libdpar_cuda.so.0: cannot open shared object file" "$work/err"; then
+  echo "FAIL: the missing CUDA backend is not named"; fail=1
+fi
 exit $fail

@@ -1,8 +1,12 @@
 // Device selection without a GPU (the CI machines): asking for a CUDA device gives one error
-// line that says why, and Module::to keeps the handles it was given.
+// line that says why, and Module::to keeps the handles it was given. The CUDA backend
+// (libdpar_cuda) stays out of a process until a CUDA device is used.
 #include <catch2/catch.hpp>
+#include <fstream>
 
+#include "core/cuda_backend.h"
 #include "dpar/dpar.h"
+#include "dpar/optim/sgd.h"
 #include "unit/helpers.h"
 
 using namespace dpar;
@@ -65,4 +69,58 @@ TEST_CASE("pinned memory without a GPU is refused with the reason") {
                data::DataLoader loader(dataset, sampler, {.batch_size = 2, .pin_memory = true});
              }),
              Catch::StartsWith("DataLoader: pin_memory: pin_memory: pinned host memory needs "));
+}
+
+namespace {
+// The lines of /proc/self/maps naming a CUDA library or dpar's CUDA backend.
+std::vector<std::string> mapped_cuda_libraries() {
+  std::ifstream maps("/proc/self/maps");
+  std::vector<std::string> found;
+  std::string line;
+  while (std::getline(maps, line)) {
+    for (const char* lib : {"libdpar_cuda", "libcudart", "libcublas", "libcudnn", "libnccl"}) {
+      if (line.find(lib) != std::string::npos) found.push_back(line);
+    }
+  }
+  return found;
+}
+}  // namespace
+
+// Each Catch test case runs in a process of its own under ctest, so this one sees a process
+// that has done CPU work only.
+TEST_CASE("CPU training in a CUDA build leaves the CUDA backend and its libraries unloaded") {
+  manual_seed(0);
+  nn::Linear layer(8, 4);
+  optim::SGD opt(layer.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  const Tensor x = Tensor::ones({16, 8});
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    sum(relu(layer.forward(x))).backward();
+    opt.step();
+  }
+  (void)cuda_device_summary(Device::cpu());
+  synchronize(Device::cpu());
+  check_device_available(Device::cpu());
+  CHECK_FALSE(detail::cuda_backend_loaded());
+  CHECK(mapped_cuda_libraries().empty());
+}
+
+TEST_CASE("the CUDA backend loads at the first CUDA query, or the reason says why it cannot") {
+  REQUIRE_FALSE(detail::cuda_backend_loaded());
+  const int count = cuda_device_count();
+  if (!built_with_cuda()) {
+    CHECK(count == 0);
+    CHECK(cuda_unavailable_reason() == "dpar was built without CUDA");
+    CHECK_FALSE(detail::cuda_backend_loaded());
+    return;
+  }
+  if (detail::cuda_backend() == nullptr) {
+    // A CUDA build whose backend cannot load here (no CUDA libraries): the reason is the load's.
+    CHECK(count == 0);
+    CHECK_THAT(cuda_unavailable_reason(), Catch::StartsWith("the CUDA backend cannot be loaded"));
+    return;
+  }
+  CHECK(detail::cuda_backend_loaded());
+  CHECK_FALSE(mapped_cuda_libraries().empty());
+  if (count == 0) CHECK_FALSE(cuda_unavailable_reason().empty());
 }

@@ -1,7 +1,9 @@
 #include "dpar/core/device.h"
 
 #include <cctype>
+#include <cstdio>
 
+#include "core/cuda_backend.h"
 #include "dpar/core/cuda_profiler.h"
 #include "dpar/core/error.h"
 
@@ -31,14 +33,45 @@ bool built_with_cuda() {
 #endif
 }
 
-#ifndef DPAR_WITH_CUDA
-int cuda_device_count() { return 0; }
-std::string cuda_unavailable_reason() { return "dpar was built without CUDA"; }
-void synchronize(Device) {}
-std::string cuda_device_summary(Device) { return {}; }
-void set_cuda_profiler_capture(bool) {}
-CudaDeviceInfo cuda_device_info(Device) { return {}; }
-#endif
+// The CUDA queries go to libdpar_cuda, loaded by the first of them (core/cuda_backend.h); where
+// it is absent or cannot be loaded they answer as a machine without a GPU, and the reason is
+// the load error.
+int cuda_device_count() {
+  const detail::CudaBackendApi* api = detail::cuda_backend();
+  return api ? api->device_count() : 0;
+}
+
+std::string cuda_unavailable_reason() {
+  const detail::CudaBackendApi* api = detail::cuda_backend();
+  return api ? api->unavailable_reason() : detail::cuda_backend_error();
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+  const detail::CudaBackendApi* api = detail::cuda_backend();
+  DPAR_CHECK(api != nullptr, "synchronize(", device.str(), "): ", detail::cuda_backend_error());
+  api->synchronize(device);
+}
+
+CudaDeviceInfo cuda_device_info(Device device) {
+  if (device.is_cpu()) return {};
+  const detail::CudaBackendApi* api = detail::cuda_backend();
+  return api ? api->device_info(device) : CudaDeviceInfo{};
+}
+
+std::string cuda_device_summary(Device device) {
+  const CudaDeviceInfo info = cuda_device_info(device);
+  if (info.name.empty()) return {};
+  char memory[32];
+  std::snprintf(memory, sizeof(memory), "%.1f GiB", info.memory_gib);
+  return "CUDA runtime " + info.runtime_version + ", driver " + info.driver_version + ", cuDNN " +
+         info.cudnn_version + ", " + info.name + ", " + memory;
+}
+
+void set_cuda_profiler_capture(bool capture) {
+  if (const detail::CudaBackendApi* api = detail::cuda_backend())
+    api->set_profiler_capture(capture);
+}
 
 void check_device_available(Device device) {
   if (device.is_cpu()) return;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/cuda_backend.h"
 #include "distributed/gloo/process_group_gloo.h"
 #include "distributed/gpu_groups.h"
 #include "distributed/store_common.h"
@@ -212,14 +213,16 @@ std::shared_ptr<Work> Group::reduce_scatter(Tensor output, std::vector<Tensor> i
 
 void Group::barrier() { backend_for(Device::cpu()).barrier(/*async_op=*/false); }
 
-#ifndef DPAR_WITH_CUDA
 namespace detail {
-std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store>, int, int,
-                                              const ProcessGroupOptions&) {
-  DPAR_FAIL("make_nccl_group: dpar was built without CUDA, so there is no NCCL backend");
+// NCCL lives in the CUDA backend library, loaded here if no CUDA tensor has loaded it yet.
+std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store> store, int rank, int size,
+                                              const ProcessGroupOptions& options) {
+  const ::dpar::detail::CudaBackendApi* api = ::dpar::detail::cuda_backend();
+  DPAR_CHECK(api != nullptr,
+             "make_nccl_group: there is no NCCL backend: ", ::dpar::detail::cuda_backend_error());
+  return api->make_nccl_group(std::move(store), rank, size, options);
 }
 }  // namespace detail
-#endif
 
 std::vector<std::string> allgather_strings(Group& group, const std::string& mine) {
   const int n = group.size();

@@ -117,9 +117,10 @@ std::array<Allocator*, kNumDeviceTypes>& allocator_table() {
 
 Allocator& allocator_for(Device device) {
   detail::ensure_backends_registered();
+  if (device.type == DeviceType::CUDA) detail::ensure_cuda_backend();
   Allocator* a = allocator_table()[static_cast<int>(device.type)];
   DPAR_CHECK(a != nullptr, "no allocator for device ", device.str(),
-             built_with_cuda() ? "" : " (dpar was built without CUDA)");
+             detail::missing_backend_note(device));
   return *a;
 }
 

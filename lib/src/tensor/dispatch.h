@@ -15,8 +15,13 @@ namespace dpar::detail {
 // asynchronously, at the next synchronisation, and the error names this kernel.
 inline thread_local const char* last_cuda_kernel = "none";
 
-// Registers every built backend once (CPU always, CUDA when DPAR_WITH_CUDA).
+// Registers the CPU backend once. The CUDA backend is a library of its own, loaded and
+// registered the first time a CUDA device is used (core/cuda_backend.h).
 void ensure_backends_registered();
+// Loads and registers the CUDA backend once; false when there is none (why: cuda_backend_error).
+bool ensure_cuda_backend();
+// " (<why the CUDA backend is missing>)" for a CUDA device when it is, else "".
+std::string missing_backend_note(Device device);
 
 template <class Fn>
 class KernelSlot {
@@ -26,17 +31,21 @@ class KernelSlot {
   void set(DeviceType type, Fn* fn) { table_[static_cast<int>(type)] = fn; }
   Fn* get(Device device) const {
     ensure_backends_registered();
+    if (device.type == DeviceType::CUDA) {
+      ensure_cuda_backend();
+      last_cuda_kernel = name_;
+    }
     Fn* fn = table_[static_cast<int>(device.type)];
-    if (device.type == DeviceType::CUDA) last_cuda_kernel = name_;
     if (!fn) {
       DPAR_FAIL("kernel ", name_, " is not available on device ", device.str(),
-                built_with_cuda() || device.is_cpu() ? "" : " (dpar was built without CUDA)");
+                missing_backend_note(device));
     }
     return fn;
   }
   // Whether a backend filled the slot for this device (for ops with an optional fast path).
   bool available(Device device) const {
     ensure_backends_registered();
+    if (device.type == DeviceType::CUDA) ensure_cuda_backend();
     return table_[static_cast<int>(device.type)] != nullptr;
   }
   const char* name() const { return name_; }
@@ -46,11 +55,8 @@ class KernelSlot {
   std::array<Fn*, kNumDeviceTypes> table_{};
 };
 
-// Backend registration entry points, called once by ensure_backends_registered().
+// The CPU backend's registration, called once by ensure_backends_registered().
 void register_cpu_backend();
-#ifdef DPAR_WITH_CUDA
-void register_cuda_backend();
-#endif
 
 }  // namespace dpar::detail
 

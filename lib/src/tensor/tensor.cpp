@@ -119,7 +119,7 @@ Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
   // Pinned memory belongs to the CUDA backend (cudaHostAlloc); the first device must be usable.
   const Device gpu = Device::cuda(0);
   DPAR_CHECK(kernels::alloc_pinned.available(gpu),
-             "pin_memory: pinned host memory needs CUDA, and dpar was built without CUDA");
+             "pin_memory: pinned host memory needs CUDA:", detail::missing_backend_note(gpu));
   DPAR_CHECK(cuda_device_count() > 0,
              "pin_memory: pinned host memory needs a CUDA device: ", cuda_unavailable_reason());
   const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "dpar/core/error.h"
+#include "tensor/cuda/backend.h"
 #include "tensor/cuda/cuda_allocator.h"
 #include "tensor/cuda/cuda_context.h"
 
@@ -400,9 +401,14 @@ void ProcessGroupNccl::watchdog_loop() {
   }
 }
 
-std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store> store, int rank, int size,
-                                              const ProcessGroupOptions& options) {
-  return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options);
+}  // namespace dpar::dist::detail
+
+namespace dpar::cuda {
+
+std::shared_ptr<dist::ProcessGroup> make_nccl_group(std::shared_ptr<dist::Store> store, int rank,
+                                                    int size,
+                                                    const dist::ProcessGroupOptions& options) {
+  return std::make_shared<dist::detail::ProcessGroupNccl>(std::move(store), rank, size, options);
 }
 
-}  // namespace dpar::dist::detail
+}  // namespace dpar::cuda

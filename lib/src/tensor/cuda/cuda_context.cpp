@@ -11,7 +11,7 @@
 #include <mutex>
 #include <string>
 
-#include "dpar/core/cuda_profiler.h"
+#include "tensor/cuda/backend.h"
 #include "tensor/cuda/deferred_error.h"
 #include "tensor/dispatch.h"
 
@@ -122,8 +122,10 @@ void synchronize(int device) {
 
 }  // namespace dpar::cuda
 
-// ---- public device queries (dpar/core/device.h) -----------------------------------------------
-namespace dpar {
+// ---- the device queries behind dpar/core/device.h ------------------------------------------
+// libdpar's public functions (core/device.cpp) reach these through the backend table
+// (backend_entry.cpp), so they run only once libdpar_cuda is loaded.
+namespace dpar::cuda {
 
 namespace {
 // cudaGetDeviceCount's status, cached: it initialises the runtime once per process.
@@ -139,13 +141,13 @@ cudaError_t device_count_status(int* count) {
 }
 }  // namespace
 
-int cuda_device_count() {
+int device_count() {
   int count = 0;
   device_count_status(&count);
   return count;
 }
 
-std::string cuda_unavailable_reason() {
+std::string unavailable_reason() {
   int count = 0;
   const cudaError_t status = device_count_status(&count);
   if (status == cudaErrorNoDevice || (status == cudaSuccess && count == 0)) {
@@ -167,20 +169,20 @@ std::string cuda_unavailable_reason() {
   return {};
 }
 
-void synchronize(Device device) {
+void synchronize_device(Device device) {
   if (device.is_cpu()) return;
-  cuda::DeviceGuard guard(device);
-  cuda::synchronize(device.index);
+  DeviceGuard guard(device);
+  synchronize(device.index);
 }
 
-CudaDeviceInfo cuda_device_info(Device device) {
+CudaDeviceInfo device_info(Device device) {
   CudaDeviceInfo info;
-  if (device.is_cpu() || cuda_device_count() <= device.index) return info;
+  if (device.is_cpu() || device_count() <= device.index) return info;
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
   cudaDeviceProp prop{};
-  cuda::check(cudaGetDeviceProperties(&prop, device.index), "cudaGetDeviceProperties");
+  check(cudaGetDeviceProperties(&prop, device.index), "cudaGetDeviceProperties");
   auto version = [](int v) {
     return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
   };
@@ -194,19 +196,10 @@ CudaDeviceInfo cuda_device_info(Device device) {
   return info;
 }
 
-std::string cuda_device_summary(Device device) {
-  const CudaDeviceInfo info = cuda_device_info(device);
-  if (info.name.empty()) return {};
-  char memory[32];
-  std::snprintf(memory, sizeof(memory), "%.1f GiB", info.memory_gib);
-  return "CUDA runtime " + info.runtime_version + ", driver " + info.driver_version + ", cuDNN " +
-         info.cudnn_version + ", " + info.name + ", " + memory;
+void set_profiler_capture(bool capture) {
+  if (device_count() == 0) return;
+  check(capture ? cudaProfilerStart() : cudaProfilerStop(),
+        capture ? "cudaProfilerStart" : "cudaProfilerStop");
 }
 
-void set_cuda_profiler_capture(bool capture) {
-  if (cuda_device_count() == 0) return;
-  cuda::check(capture ? cudaProfilerStart() : cudaProfilerStop(),
-              capture ? "cudaProfilerStart" : "cudaProfilerStop");
-}
-
-}  // namespace dpar
+}  // namespace dpar::cuda

@@ -2,6 +2,7 @@
 // function; the host-side libraries (cuDNN, cuBLAS) register from their .cpp files.
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/allocator.h"
+#include "tensor/cuda/backend.h"
 #include "tensor/cuda/cuda_allocator.h"
 #include "tensor/cuda/cuda_context.h"
 #include "tensor/dispatch.h"
@@ -23,29 +24,26 @@ void register_pinned_memory();
 void register_index_kernels();
 void register_layer_norm_kernels();
 void register_window_pool_kernels();
-}  // namespace cuda
 
-namespace detail {
-
-void register_cuda_backend() {
-  register_allocator(DeviceType::CUDA, cuda::device_allocator());
-  cuda::register_core_kernels();
-  cuda::register_elementwise_kernels();
-  cuda::register_unary_kernels();
-  cuda::register_pool_kernels();
-  cuda::register_norm_kernels();
-  cuda::register_conv_kernels();
-  cuda::register_linear_kernels();
-  cuda::register_softmax_kernels();
-  cuda::register_optim_kernels();
-  cuda::register_optim_multi_kernels();
-  cuda::register_amp_kernels();
-  cuda::register_pinned_memory();
-  cuda::register_index_kernels();
-  cuda::register_layer_norm_kernels();
-  cuda::register_window_pool_kernels();
-  profiler::set_device_sync(&cuda::wait_for_device_work);
+void register_backend() {
+  register_allocator(DeviceType::CUDA, device_allocator());
+  register_core_kernels();
+  register_elementwise_kernels();
+  register_unary_kernels();
+  register_pool_kernels();
+  register_norm_kernels();
+  register_conv_kernels();
+  register_linear_kernels();
+  register_softmax_kernels();
+  register_optim_kernels();
+  register_optim_multi_kernels();
+  register_amp_kernels();
+  register_pinned_memory();
+  register_index_kernels();
+  register_layer_norm_kernels();
+  register_window_pool_kernels();
+  profiler::set_device_sync(&wait_for_device_work);
 }
 
-}  // namespace detail
+}  // namespace cuda
 }  // namespace dpar
