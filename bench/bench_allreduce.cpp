@@ -1,15 +1,18 @@
-// All-reduce throughput of dpar's Gloo process group beside raw Gloo, 2 ranks, in the same
-// invocation. Started on its own it re-launches itself through dpar-launch (2 processes on
-// loopback); under a launcher (DPAR_RANK set, or --worker) it is one of the ranks. For every
-// size both ranks time dpar's synchronous `default_group().allreduce({t}, Sum, false)` (what
-// raw Gloo's call is: blocking) and a plain gloo::allreduce on a second Gloo context
-// rendezvoused through the same store and bound to the same address, alternating the two so
-// they share the machine's noise. Rank 0 prints ours, the peer (raw Gloo) and the ratio per
-// size. dpar's group runs its own rings with a CRC-32C on every hop (checked_ring.h), so the
-// ratio includes what the checks cost; raw Gloo checks nothing. --async times
-// `allreduce({t})->wait()` instead, which hands the call to the group's communication thread and
-// back. --diag adds voluntary context switches and CPU time per call: each thread hand-off is a
-// context switch.
+// All-reduce throughput of dpar's Gloo process group beside raw Gloo and Open MPI, 2 ranks, in
+// the same invocation. The default group reduces through shared memory when every rank is on
+// this host (shm_allreduce.h); a second group with shared memory off times dpar's TCP ring
+// beside it; after the table rank 0 runs Open MPI's MPI_Allreduce on its shared-memory transport
+// (bench/peers/mpi_allreduce.cpp under mpirun) at the sizes from 1 MB, the other ranks idle.
+// Started on its own it re-launches itself through dpar-launch (2 processes on loopback); under a
+// launcher (DPAR_RANK set, or --worker) it is one of the ranks. For every size both ranks time
+// dpar's synchronous `default_group().allreduce({t}, Sum, false)` (what raw Gloo's call is:
+// blocking) and a plain gloo::allreduce on a second Gloo context rendezvoused through the same
+// store and bound to the same address, alternating the two so they share the machine's noise. Rank
+// 0 prints ours, the peer (raw Gloo) and the ratio per size. dpar's group runs its own rings with a
+// CRC-32C on every hop (checked_ring.h), so the ratio includes what the checks cost; raw Gloo
+// checks nothing. --async times `allreduce({t})->wait()` instead, which hands the call to the
+// group's communication thread and back. --diag adds voluntary context switches and CPU time per
+// call: each thread hand-off is a context switch.
 // --device gpu measures dpar's NCCL group instead, beside raw NCCL and torch.distributed
 // (bench_allreduce_nccl.cpp; CUDA builds).
 // On a busy machine every wake-up may wait for a time slice, which swamps the comparison;
@@ -42,6 +45,7 @@
 #include "distributed/flight_recorder.h"
 #include "distributed/gloo/bind_address.h"
 #include "distributed/gloo/gloo_mesh.h"
+#include "distributed/gloo/process_group_gloo.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
 
@@ -56,6 +60,7 @@ struct Options {
   bool check = true;
   bool diag = false;
   bool async = false;
+  bool mpi = true;
 };
 
 // ---- driver: re-launch through dpar-launch -------------------------------------------------
@@ -138,6 +143,7 @@ struct Row {
   size_t bytes;
   int64_t iters;
   double ours_s;  // median seconds per call
+  double ring_s;  // dpar's TCP ring (a second group with shared memory off)
   double raw_s;
   // Median over repetitions of (dpar time / gloo time) of the two adjacent runs: on a busy
   // machine neighbours share the noise, so this is steadier than the ratio of the medians.
@@ -148,6 +154,62 @@ struct Row {
   double ours_csw, raw_csw;
   double ours_cpu_s, raw_cpu_s;
 };
+
+// Runs bench/peers/mpi_allreduce (built where Open MPI is found) under mpirun on Open MPI's
+// shared-memory transport and prints its bandwidth beside dpar's for the rows >= 1 MB.
+void run_open_mpi(const std::vector<Row>& rows, int world, const Options& opt) {
+  const std::string peer = DPAR_MPI_PEER;
+  if (peer.empty() || access(peer.c_str(), X_OK) != 0) {
+    std::printf("\n  Open MPI peer skipped: %s%s\n",
+                peer.empty() ? "this build found no MPI (scripts/bootstrap.sh installs Open MPI)"
+                             : "no executable ",
+                peer.c_str());
+    return;
+  }
+  std::string sizes;
+  for (const Row& r : rows) {
+    if (r.bytes < (1u << 20)) continue;
+    if (!sizes.empty()) sizes += ',';
+    sizes += std::to_string(r.bytes);
+  }
+  if (sizes.empty()) return;
+  // Open MPI's defaults: for ranks of one host it picks its shared-memory transport (vader,
+  // with single-copy CMA where the kernel allows it) and binds each rank to a core. Where CMA is
+  // refused (some containers), the same without the single-copy mechanism.
+  const std::string mpirun =
+      "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(world);
+  const std::string args = " " + peer + " --sizes " + sizes + " --min-seconds " +
+                           std::to_string(opt.min_seconds) + " --reps " + std::to_string(opt.reps);
+  nlohmann::json result;
+  std::string how = "its defaults";
+  try {
+    result = bench::run_command_json(mpirun + args + " 2>/dev/null");
+  } catch (const std::exception&) {
+    how = "btl_vader_single_copy_mechanism none";
+    try {
+      result =
+          bench::run_command_json(mpirun + " --mca btl_vader_single_copy_mechanism none" + args);
+    } catch (const std::exception& e) {
+      std::printf("\n  Open MPI peer failed: %s\n", e.what());
+      return;
+    }
+  }
+  std::printf("\n  %s, %d ranks on this host (%s), MPI_Allreduce f32 sum in place:\n",
+              result.at("library").get<std::string>().c_str(), world, how.c_str());
+  const auto& mpi_sizes = result.at("sizes");
+  const auto& mpi_seconds = result.at("seconds");
+  for (size_t i = 0; i < mpi_sizes.size(); ++i) {
+    const size_t bytes = mpi_sizes[i].get<size_t>();
+    const double mpi_bw = static_cast<double>(bytes) / mpi_seconds[i].get<double>() / 1e9;
+    for (const Row& r : rows) {
+      if (r.bytes != bytes) continue;
+      const double ours = static_cast<double>(bytes) / r.ours_s / 1e9;
+      std::printf("  %8s: open mpi %7.3f GB/s, dpar %7.3f GB/s: dpar/open mpi %.2fx%s\n",
+                  bench::size_text(bytes).c_str(), mpi_bw, ours, ours / mpi_bw,
+                  bytes == (10u << 20) ? " (target >= 1 at 10 MB)" : "");
+    }
+  }
+}
 
 struct Usage {
   int64_t csw = 0;
@@ -173,6 +235,15 @@ int run_worker(const Options& opt) {
   const std::string address = dist::detail::default_bind_address(group.store().get());
   const bool detail = dist::ProcessGroupOptions::from_env().debug_detail;
   RawGloo raw(group.store(), rank, world, address);
+  // dpar's own TCP ring beside the default group (which uses shared memory when every rank is
+  // on this host): the same group with shared memory off.
+  dist::ProcessGroupOptions ring_options = dist::ProcessGroupOptions::from_env();
+  ring_options.shared_memory = false;
+  const auto ring_group = dist::make_gloo_group(
+      std::make_shared<dist::PrefixStore>("bench_allreduce/ring", group.store()), rank, world,
+      ring_options);
+  const auto* gloo_backend = dynamic_cast<const dist::detail::ProcessGroupGloo*>(backend.get());
+  const std::string transport = gloo_backend ? gloo_backend->allreduce_transport() : "?";
 
   std::vector<size_t> sizes;
   for (size_t b = 1024; b <= (64u << 20); b *= 4) sizes.push_back(b);
@@ -191,17 +262,21 @@ int run_worker(const Options& opt) {
         detail ? "ON (slows every call)" : "off",
         opt.async ? "allreduce({t})->wait() (async)" : "allreduce({t}, Sum, false) (sync)");
     std::printf(
-        "  dpar: its CRC-32C-checked ring; peer: raw gloo::allreduce (default algorithm, "
-        "gloo::sum<float>, no checksum) on a second context, same store and address\n");
+        "  dpar: the default group, allreduce over %s; dpar ring: the same group with shared "
+        "memory off (its CRC-32C-checked TCP ring); peer: raw gloo::allreduce (default "
+        "algorithm, gloo::sum<float>, no checksum) on a second context, same store and "
+        "address\n",
+        transport.c_str());
     std::printf(
         "  median of %lld repetitions, >= %.2f s each; GB/s = 1e9 B/s; busbw = "
         "2(n-1)/n x algbw\n  ratio and overhead %%: median over repetitions of the adjacent "
         "dpar/gloo pair\n\n",
         static_cast<long long>(opt.reps), opt.min_seconds);
-    std::printf("%8s %7s | %11s %8s %8s | %11s %8s | %6s %9s %8s\n", "size", "iters", "dpar/call",
-                "algbw", "busbw", "gloo/call", "algbw", "ratio", "overhead", "");
-    std::printf("%8s %7s | %11s %8s %8s | %11s %8s | %6s %9s %8s\n", "", "", "", "GB/s", "GB/s", "",
-                "GB/s", "bw", "%", "us");
+    std::printf("%8s %7s | %11s %8s %8s | %11s %8s | %11s %8s | %6s %9s %8s\n", "size", "iters",
+                "dpar/call", "algbw", "busbw", "ring/call", "algbw", "gloo/call", "algbw", "ratio",
+                "overhead", "");
+    std::printf("%8s %7s | %11s %8s %8s | %11s %8s | %11s %8s | %6s %9s %8s\n", "", "", "", "GB/s",
+                "GB/s", "", "GB/s", "", "GB/s", "bw", "%", "us");
     std::fflush(stdout);
   }
 
@@ -219,17 +294,21 @@ int run_worker(const Options& opt) {
       }
     };
     auto theirs = [&] { raw.allreduce(buf.data(), n); };
+    auto ring = [&] { ring_group->allreduce({t}, dist::ReduceOp::Sum, /*async_op=*/false); };
 
     if (opt.check) {
       t.fill_(rank + 1);
       std::fill(buf.begin(), buf.end(), static_cast<float>(rank + 1));
       ours();
       theirs();
+      Tensor u = Tensor::full({static_cast<int64_t>(n)}, rank + 1);
+      ring_group->allreduce({u}, dist::ReduceOp::Sum, /*async_op=*/false);
       const float* p = t.data<float>();
+      const float* q = u.data<float>();
       for (size_t i = 0; i < n; ++i) {
-        DPAR_CHECK(p[i] == expect && buf[i] == expect, "bench_allreduce: wrong sum at element ", i,
-                   " of ", bench::size_text(bytes), ": dpar ", p[i], ", gloo ", buf[i],
-                   ", expected ", expect);
+        DPAR_CHECK(p[i] == expect && buf[i] == expect && q[i] == expect,
+                   "bench_allreduce: wrong sum at element ", i, " of ", bench::size_text(bytes),
+                   ": dpar ", p[i], ", dpar ring ", q[i], ", gloo ", buf[i], ", expected ", expect);
       }
     }
     // Zeros stay zeros under repeated sums: no overflow or denormals skew the timing.
@@ -248,54 +327,70 @@ int run_worker(const Options& opt) {
         if (raw.broadcast_from_0(s >= 0.05 || k >= (1 << 16))) return s / static_cast<double>(k);
       }
     };
-    const double est = std::min(per_call(ours), per_call(theirs));
-    const int64_t iters = raw.broadcast_from_0(
-        std::max<int64_t>(1, static_cast<int64_t>(std::ceil(opt.min_seconds / est))));
+    // Calls per timed loop, each implementation its own: shared memory can be hundreds of
+    // times faster than TCP at small sizes, and one count for all would time either a few
+    // microseconds of one or minutes of another.
+    auto iterations = [&](auto&& fn) {
+      return raw.broadcast_from_0(
+          std::max<int64_t>(1, static_cast<int64_t>(std::ceil(opt.min_seconds / per_call(fn)))));
+    };
+    const int64_t ours_iters = iterations(ours), raw_iters = iterations(theirs),
+                  ring_iters = iterations(ring);
+    const int64_t iters = ours_iters;
 
-    Usage ours_use, raw_use;
+    Usage ours_use, raw_use, ring_use;
     auto timed = [&](auto&& fn, Usage& use) {
+      const int64_t n_calls = &use == &ours_use  ? ours_iters
+                              : &use == &raw_use ? raw_iters
+                                                 : ring_iters;
       raw.barrier();
       const Usage u0 = Usage::now();
       const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < iters; ++i) fn();
-      const double s = bench::seconds_since(t0) / static_cast<double>(iters);
+      for (int64_t i = 0; i < n_calls; ++i) fn();
+      const double s = bench::seconds_since(t0) / static_cast<double>(n_calls);
       const Usage u1 = Usage::now();
       use.csw += u1.csw - u0.csw;
       use.cpu_s += u1.cpu_s - u0.cpu_s;
       return s;
     };
-    std::vector<double> ours_t, raw_t;
+    std::vector<double> ours_t, raw_t, ring_t;
     for (int64_t r = 0; r < opt.reps; ++r) {
-      // ABBA order: neither implementation always runs first after the barrier.
+      // ABBA order: no implementation always runs first after the barrier.
       if (r % 2 == 0) {
         ours_t.push_back(timed(ours, ours_use));
         raw_t.push_back(timed(theirs, raw_use));
+        ring_t.push_back(timed(ring, ring_use));
       } else {
+        ring_t.push_back(timed(ring, ring_use));
         raw_t.push_back(timed(theirs, raw_use));
         ours_t.push_back(timed(ours, ours_use));
       }
     }
     std::vector<double> pair_ratio;
     for (size_t r = 0; r < ours_t.size(); ++r) pair_ratio.push_back(ours_t[r] / raw_t[r]);
-    const double calls = static_cast<double>(iters * opt.reps);
+    const double ours_calls = static_cast<double>(ours_iters * opt.reps);
+    const double raw_calls = static_cast<double>(raw_iters * opt.reps);
     const Row row{bytes,
                   iters,
                   median(ours_t),
+                  median(ring_t),
                   median(raw_t),
                   median(pair_ratio),
-                  static_cast<double>(ours_use.csw) / calls,
-                  static_cast<double>(raw_use.csw) / calls,
-                  ours_use.cpu_s / calls,
-                  raw_use.cpu_s / calls};
+                  static_cast<double>(ours_use.csw) / ours_calls,
+                  static_cast<double>(raw_use.csw) / raw_calls,
+                  ours_use.cpu_s / ours_calls,
+                  raw_use.cpu_s / raw_calls};
     rows.push_back(row);
     if (rank == 0) {
       const double algbw = static_cast<double>(bytes) / row.ours_s / 1e9;
       const double raw_bw = static_cast<double>(bytes) / row.raw_s / 1e9;
       const double bus = 2.0 * (world - 1) / world;
-      std::printf("%8s %7lld | %9.1fus %8.3f %8.3f | %9.1fus %8.3f | %6.3f %8.1f%% %8.1f",
-                  bench::size_text(bytes).c_str(), static_cast<long long>(iters), row.ours_s * 1e6,
-                  algbw, algbw * bus, row.raw_s * 1e6, raw_bw, 1 / row.time_ratio,
-                  (row.time_ratio - 1) * 100, (row.ours_s - row.raw_s) * 1e6);
+      const double ring_bw = static_cast<double>(bytes) / row.ring_s / 1e9;
+      std::printf(
+          "%8s %7lld | %9.1fus %8.3f %8.3f | %9.1fus %8.3f | %9.1fus %8.3f | %6.3f %8.1f%% %8.1f",
+          bench::size_text(bytes).c_str(), static_cast<long long>(iters), row.ours_s * 1e6, algbw,
+          algbw * bus, row.ring_s * 1e6, ring_bw, row.raw_s * 1e6, raw_bw, 1 / row.time_ratio,
+          (row.time_ratio - 1) * 100, (row.ours_s - row.raw_s) * 1e6);
       if (opt.diag) {
         std::printf(" | %5.1f %5.1f %8.1f %8.1f", row.ours_csw, row.raw_csw, row.ours_cpu_s * 1e6,
                     row.raw_cpu_s * 1e6);
@@ -339,6 +434,13 @@ int run_worker(const Options& opt) {
         "at 10 / 16 / 64 MB\n");
     std::printf("  load average before / after: %s / %s (2 ranks on %ld CPU(s))\n",
                 load_before.c_str(), bench::load_average().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  }
+  // Open MPI's shared-memory allreduce at the same sizes (>= 1 MB), run by rank 0 while the
+  // other ranks wait, so the two never share the cores.
+  if (opt.mpi) {
+    if (rank == 0) run_open_mpi(rows, world, opt);
+    if (rank == 0) group.store()->set("bench_allreduce/mpi_done", {1});
+    group.store()->wait({"bench_allreduce/mpi_done"}, std::chrono::minutes(30));
   }
   dist::destroy();
   return 0;
@@ -413,6 +515,8 @@ int main(int argc, char** argv) {
                                 "also print context switches and CPU time per call (this process)");
     auto& async = flags.add_bool(
         "async", false, "time the asynchronous call and wait() instead of the synchronous call");
+    auto& mpi = flags.add_bool("mpi", true,
+                               "also run Open MPI's shared-memory allreduce (mpirun) at >= 1 MB");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCH_PATH, "dpar-launch to start ranks");
     auto& start_port = flags.add_int("start-port", 0, "dpar-launch --start_port (0: a free one)");
     auto& worker = flags.add_bool("worker", false, "run as a rank (set by the driver)");
@@ -448,6 +552,6 @@ int main(int argc, char** argv) {
           {largest, reps, static_cast<int>(gpu_index), static_cast<bool>(peer), max_iters});
 #endif
     }
-    return run_worker({largest, min_seconds, reps, check, diag, async});
+    return run_worker({largest, min_seconds, reps, check, diag, async, mpi});
   });
 }

@@ -51,26 +51,30 @@ inline std::string peer_environment() {
   return "env LD_LIBRARY_PATH=" + quoted + "' ";
 }
 
+// Runs a shell command and returns the JSON object on its last stdout line (stderr to ours).
+inline nlohmann::json run_command_json(const std::string& cmd) {
+  FILE* pipe = popen(cmd.c_str(), "r");
+  DPAR_CHECK(pipe != nullptr, "bench: cannot start: ", cmd);
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, pipe)) out += buf;
+  const int status = pclose(pipe);
+  DPAR_CHECK(status == 0, "bench: failed (status ", status, "): ", cmd);
+  const size_t end = out.find_last_not_of('\n');
+  DPAR_CHECK(end != std::string::npos, "bench: no output from: ", cmd);
+  const size_t start = out.rfind('\n', end);
+  const size_t from = start == std::string::npos ? 0 : start + 1;
+  return nlohmann::json::parse(out.substr(from, end - from + 1));
+}
+
 // Runs `<program> <peer dir>/<script> <args>` with OMP_NUM_THREADS=threads and returns the JSON
 // object printed on its last stdout line. The peer's stderr goes to ours, so its warnings and
 // tracebacks stay in the benchmark's log.
 inline nlohmann::json run_peer_program(const std::string& program, const std::string& script,
                                        const std::string& args, int threads) {
-  const std::string cmd = peer_environment() + "OMP_NUM_THREADS=" + std::to_string(threads) +
+  return run_command_json(peer_environment() + "OMP_NUM_THREADS=" + std::to_string(threads) +
                           " MKL_NUM_THREADS=" + std::to_string(threads) + " " + program + " " +
-                          peer_dir() + "/" + script + " " + args;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  DPAR_CHECK(pipe != nullptr, "bench: cannot start the peer: ", cmd);
-  std::string out, last;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, pipe)) out += buf;
-  const int status = pclose(pipe);
-  DPAR_CHECK(status == 0, "bench: peer failed (status ", status, "): ", cmd);
-  size_t end = out.find_last_not_of('\n');
-  size_t start = out.rfind('\n', end);
-  last = out.substr(start == std::string::npos ? 0 : start + 1,
-                    end - (start == std::string::npos ? 0 : start + 1) + 1);
-  return nlohmann::json::parse(last);
+                          peer_dir() + "/" + script + " " + args);
 }
 
 // A PyTorch peer: the script run by peer_python().

@@ -29,6 +29,8 @@ packages=(
   # and without this it is the reference BLAS (~5 GFLOPS, 10x below OpenBLAS), which would
   # make every benchmark ratio against PyTorch's linear layers meaningless.
   libopenblas0-openmp
+  # bench_allreduce's Open MPI peer (its shared-memory MPI_Allreduce, under mpirun).
+  openmpi-bin libopenmpi-dev
   # bench_infer's onnxruntime peer runs on Node.js (onnxruntime-node, installed below); npm
   # comes with it where nodejs is NodeSource's, else from Debian's npm package.
   nodejs

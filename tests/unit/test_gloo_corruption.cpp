@@ -128,6 +128,9 @@ std::vector<RankOutcome> run_corrupted(
                                                     StoreIdentity{"gloocorrupt", 2, r}, so);
         ProcessGroupOptions o;
         o.timeout = std::chrono::seconds(20);
+        // The bytes must cross the proxied TCP connections: the two ranks share this host, so
+        // their allreduce would otherwise go through shared memory.
+        o.shared_memory = false;
         // Leaving the scope destroys the group, which closes its connections: the peer's
         // pending transfers then fail at once instead of at the timeout.
         auto group = make_gloo_group(std::make_shared<ProxyingStore>(client, r, proxies), r, 2, o);

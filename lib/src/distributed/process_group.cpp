@@ -50,6 +50,11 @@ ProcessGroupOptions ProcessGroupOptions::from_env() {
     options.cuda_backend = text;
     check_cuda_backend(options.cuda_backend, "DPAR_DIST_BACKEND");
   }
+  if (const char* text = std::getenv("DPAR_SHM"); text != nullptr && *text != '\0') {
+    const std::string value = text;
+    DPAR_CHECK(value == "0" || value == "1", "DPAR_SHM: expected 1 or 0, got '", value, "'");
+    options.shared_memory = value == "1";
+  }
   return options;
 }
 

@@ -61,8 +61,11 @@ struct ProcessGroupOptions {
   // that will not come. Group sets it for the backends it creates, so Group::abort (e.g. an
   // elastic job's, after a member's heartbeat stopped) stops a connect in progress too.
   std::function<std::string()> cancel_connect;
-  // Reads DPAR_TIMEOUT and DPAR_STALL_WARNING (seconds), DPAR_DEBUG and DPAR_DIST_BACKEND
-  // (nccl or gloo: the cuda_backend) from the environment into these options.
+  // CPU allreduce through shared memory when every rank of the group runs on this host (same
+  // machine and network namespace), bitwise equal to the TCP ring; DPAR_SHM=0 turns it off.
+  bool shared_memory = true;
+  // Reads DPAR_TIMEOUT and DPAR_STALL_WARNING (seconds), DPAR_DEBUG, DPAR_DIST_BACKEND
+  // (nccl or gloo: the cuda_backend) and DPAR_SHM (1 or 0) from the environment.
   static ProcessGroupOptions from_env();
 };
 

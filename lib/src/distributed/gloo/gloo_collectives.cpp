@@ -75,18 +75,24 @@ void ProcessGroupGloo::run_allreduce(PendingOp& op) {
       offset += t.nbytes();
     }
   }
-  // Reduce-scatter, then allgather, both checked hop by hop; an average is divided on this
-  // rank's chunk only, before the gather hands it to everyone.
-  RingBuffer ring{data, allreduce_chunks(static_cast<size_t>(info.numel), size_, element_size),
-                  element_size};
+  // An average is divided on each chunk by its owner, before the others copy it.
   ChunkFn finish;
   if (info.reduce_op == ReduceOp::Avg) {
     finish = [&](uint8_t* chunk, size_t count) {
       divide_in_place(chunk, count, info.dtype, size_);
     };
   }
-  ring_allreduce(context_, ring, reduce_function(info.dtype, info.reduce_op, "allreduce"), finish,
-                 tag(info), options_.timeout, ring_scratch_);
+  const ReduceFn reduce = reduce_function(info.dtype, info.reduce_op, "allreduce");
+  if (shm_) {
+    // Every rank on this host: through the shared segment, in the ring's order (same bits).
+    shm_->allreduce(data, allreduce_chunk_bounds(info.numel, size_, element_size), element_size,
+                    reduce, finish, options_.timeout, [this] { return abort_reason(); });
+  } else {
+    // Reduce-scatter, then allgather, both checked hop by hop.
+    RingBuffer ring{data, allreduce_chunks(static_cast<size_t>(info.numel), size_, element_size),
+                    element_size};
+    ring_allreduce(context_, ring, reduce, finish, tag(info), options_.timeout, ring_scratch_);
+  }
   if (!direct) {
     size_t offset = 0;
     for (Tensor& t : tensors) {

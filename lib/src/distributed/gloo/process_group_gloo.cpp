@@ -91,6 +91,17 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
                 ") could not connect to the other ranks within ", format_duration(options_.timeout),
                 " (listening on ", bind_address_, "): ", clean_gloo_message(e.what()));
     }
+    if (options_.shared_memory) {
+      try {
+        shm_ = ShmAllreduce::connect(*store_, rank, size, options_.timeout, &no_shm_reason_);
+      } catch (const std::exception& e) {
+        DPAR_FAIL(
+            "make_gloo_group: rank ", rank, " (world size ", size,
+            ") could not agree on a shared-memory transport with the other ranks: ", e.what());
+      }
+    } else {
+      no_shm_reason_ = "turned off (DPAR_SHM=0)";
+    }
     fingerprints_.resize(static_cast<size_t>(size));
     note_gloo_group(this, [this] {
       const CollectiveInfo* info = running_info_.load();
@@ -340,6 +351,12 @@ void ProcessGroupGloo::execute(PendingOp& op) {
                   ? failure_message(info, clean_gloo_message(what), timed_out, in_check)
                   : failure_message(info, "aborted: " + aborted, false, in_check, false);
     finish(failed_);
+  } catch (const ShmFailure& e) {
+    // A peer that stalled (timed out), exited or was aborted mid-collective: the ranks are out
+    // of step over the segment, so the group cannot go on.
+    failed_ = failure_message(info, e.what(), e.timed_out, in_check, e.timed_out);
+    close_connections();
+    finish(failed_);
   } catch (const CorruptedTransfer& e) {
     // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
     // the other ranks are says nothing about bytes that changed on the wire, so it is left out.
@@ -389,6 +406,10 @@ void ProcessGroupGloo::check_fingerprints(const CollectiveInfo& info) {
   gloo::allgather(opts);
   const std::string mismatch = find_mismatch(fingerprints_);
   DPAR_CHECK(mismatch.empty(), mismatch, " (DPAR_DEBUG=DETAIL, reported on rank ", rank_, ")");
+}
+
+std::string ProcessGroupGloo::allreduce_transport() const {
+  return shm_ ? "shared memory" : "tcp (" + no_shm_reason_ + ")";
 }
 
 uint8_t* ProcessGroupGloo::staging(size_t bytes) {

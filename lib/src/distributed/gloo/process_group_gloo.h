@@ -24,6 +24,7 @@
 #include "distributed/collective_check.h"
 #include "distributed/flight_recorder.h"
 #include "distributed/gloo/checked_ring.h"
+#include "distributed/gloo/shm_allreduce.h"
 #include "distributed/progress_heartbeat.h"
 #include "distributed/work_impl.h"
 #include "dpar/distributed/process_group.h"
@@ -67,6 +68,9 @@ class ProcessGroupGloo final : public ProcessGroup,
 
   const ProcessGroupOptions& options() const { return options_; }
   const std::string& bind_address() const { return bind_address_; }
+  // How allreduce travels: "shared memory" (every rank on this host) or "tcp", and why not
+  // shared memory where it is not.
+  std::string allreduce_transport() const;
 
  private:
   struct PendingOp {
@@ -105,6 +109,8 @@ class ProcessGroupGloo final : public ProcessGroup,
   std::shared_ptr<Store> store_;  // this group's prefixed view
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<ShmAllreduce> shm_;  // allreduce between ranks of one host, else null
+  std::string no_shm_reason_;
   std::unique_ptr<ProgressHeartbeat> heartbeat_;
   std::unique_ptr<FlightRecorder> recorder_;
 
