@@ -27,6 +27,10 @@ struct alignas(64) RankControl {
   std::atomic<uint32_t> arrived;   // barriers this rank has reached (wraps; compared by difference)
   std::atomic<uint32_t> sleepers;  // ranks asleep on `arrived`: the arriving rank wakes them
   std::atomic<int32_t> pid;
+  // What this rank is all-reducing (elements and their size), checked by every rank after the
+  // first barrier: over TCP a mismatch fails in the transport, here it would pass silently.
+  std::atomic<uint64_t> numel;
+  std::atomic<uint32_t> element_size;
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "barrier words must be lock-free");
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex words are 32 bits");
@@ -219,6 +223,20 @@ void ShmAllreduce::barrier(Millis timeout, const std::function<std::string()>& c
     wait_for((rank_ + r) % size_, target, deadline, timeout, cancelled);
 }
 
+void ShmAllreduce::check_same_call(int64_t numel, size_t element_size) const {
+  for (int r = 0; r < size_; ++r) {
+    const RankControl& c = control(base_, r);
+    const uint64_t theirs = c.numel.load();
+    const uint32_t their_size = c.element_size.load();
+    if (theirs == static_cast<uint64_t>(numel) && their_size == element_size) continue;
+    throw ShmFailure("rank " + std::to_string(r) + " all-reduces " + std::to_string(theirs) +
+                         " elements of " + std::to_string(their_size) + " bytes, rank " +
+                         std::to_string(rank_) + " " + std::to_string(numel) + " of " +
+                         std::to_string(element_size) + ": the ranks called different collectives",
+                     false);
+  }
+}
+
 void ShmAllreduce::allreduce(uint8_t* data, const std::vector<int64_t>& bounds, size_t element_size,
                              ReduceFn reduce, const ChunkFn& finish, Millis timeout,
                              const std::function<std::string()>& cancelled) {
@@ -243,6 +261,9 @@ void ShmAllreduce::allreduce(uint8_t* data, const std::vector<int64_t>& bounds, 
     return data + (static_cast<size_t>(bounds[c]) + static_cast<size_t>(p) * piece) * element_size;
   };
   const int64_t pieces = (longest + static_cast<int64_t>(piece) - 1) / static_cast<int64_t>(piece);
+  RankControl& mine = control(base_, rank_);
+  mine.numel.store(static_cast<uint64_t>(bounds[n]));
+  mine.element_size.store(static_cast<uint32_t>(element_size));
   for (int64_t p = 0; p < pieces; ++p) {
     const int set = static_cast<int>(pieces_++ % 2);
     auto at = [&](int r, int c) {
@@ -251,6 +272,7 @@ void ShmAllreduce::allreduce(uint8_t* data, const std::vector<int64_t>& bounds, 
     for (int c = 0; c < n; ++c)
       std::memcpy(at(rank_, c), at_data(c, p), count(c, p) * element_size);
     barrier(timeout, cancelled);
+    if (p == 0) check_same_call(bounds[n], element_size);
     // This rank's chunk, folded in the ring's order: rank c+1's bytes first, then each next
     // rank's (own) (op) the partial, this rank's last.
     const int c = rank_;

@@ -75,6 +75,8 @@ class ShmAllreduce {
   uint8_t* slot(int set, int rank) const;
   // Marks this rank's arrival at the next barrier and waits for every rank's.
   void barrier(Millis timeout, const std::function<std::string()>& cancelled);
+  // Throws ShmFailure when another rank's call reduces other sizes (read after a barrier).
+  void check_same_call(int64_t numel, size_t element_size) const;
   void wait_for(int peer, uint32_t target, std::chrono::steady_clock::time_point deadline,
                 Millis timeout, const std::function<std::string()>& cancelled);
 
