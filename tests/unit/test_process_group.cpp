@@ -13,54 +13,19 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "distributed/gloo/process_group_gloo.h"
 #include "dpar/core/random.h"
 #include "dpar/distributed/process_group.h"
 #include "dpar/distributed/store.h"
 #include "dpar/tensor/storage.h"
+#include "unit/thread_ranks.h"
 
 using namespace dpar;
 using namespace dpar::dist;
+using namespace dpar::test;
 
 namespace {
 
 constexpr int64_t kBig = (1 << 20) + 3;
-
-ProcessGroupOptions test_options(Millis timeout = std::chrono::seconds(20)) {
-  ProcessGroupOptions o;
-  o.timeout = timeout;
-  return o;
-}
-
-std::shared_ptr<StoreClient> connect(const StoreServer& server, int rank, int size) {
-  StoreClientOptions options;
-  options.log_waiting = false;
-  options.connect_timeout = std::chrono::seconds(20);
-  return std::make_shared<StoreClient>(server.endpoint(), StoreIdentity{"pgtest", size, rank},
-                                       options);
-}
-
-// Runs body(rank, store) on `size` threads against one fresh store server; fails the test
-// with every rank's error.
-void run_ranks(int size, const std::function<void(int, std::shared_ptr<Store>)>& body) {
-  StoreServer server("127.0.0.1", 0, "pgtest", size);
-  std::vector<std::string> errors(size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r, connect(server, r, size));
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < size; ++r) {
-    INFO("rank " << r << " of " << size);
-    CHECK(errors[r] == "");
-  }
-}
 
 void run_group(int size, const std::function<void(int, ProcessGroup&)>& body,
                ProcessGroupOptions options = test_options()) {
@@ -68,10 +33,6 @@ void run_group(int size, const std::function<void(int, ProcessGroup&)>& body,
     auto pg = make_gloo_group(store, rank, size, options);
     body(rank, *pg);
   });
-}
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
 }
 
 // Reads any dtype as doubles in logical order (i64 exactly).
@@ -410,53 +371,6 @@ TEST_CASE("reduce_scatter over allreduce's chunks sums bitwise as the allreduce"
     expect(std::memcmp(mine.data<float>(), expected.data<float>(), mine.nbytes()) == 0,
            "the reduce-scatter's slice differs bitwise from the allreduce's");
   });
-}
-
-TEST_CASE("allreduce through shared memory is bitwise the TCP ring's", "[process_group]") {
-  // Ranks of one host reduce through a shared segment; with shared_memory off, through Gloo's
-  // TCP ring. Sums of three or four floats of wide range depend on their order, so any
-  // difference in the fold order, the chunks or the pieces (sizes below span one piece, several,
-  // and uneven last pieces) shows as a differing bit.
-  for (int size : {2, 3, 4}) {
-    run_ranks(size, [&](int rank, std::shared_ptr<Store> store) {
-      ProcessGroupOptions tcp_options = test_options();
-      tcp_options.shared_memory = false;
-      auto shm = make_gloo_group(store, rank, size, test_options());
-      auto tcp = make_gloo_group(store, rank, size, tcp_options);
-      const auto* shm_gloo = dynamic_cast<const dist::detail::ProcessGroupGloo*>(shm.get());
-      const auto* tcp_gloo = dynamic_cast<const dist::detail::ProcessGroupGloo*>(tcp.get());
-      expect(shm_gloo->allreduce_transport() == "shared memory",
-             "same-host ranks use " + shm_gloo->allreduce_transport());
-      expect(tcp_gloo->allreduce_transport() == "tcp (turned off (DPAR_SHM=0))",
-             "DPAR_SHM=0 gives " + tcp_gloo->allreduce_transport());
-      Generator gen(1000 + static_cast<uint64_t>(rank));
-      for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{100003}, int64_t{1000003}}) {
-        for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
-          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
-            std::vector<float> v(static_cast<size_t>(n));
-            for (int64_t i = 0; i < n; ++i) v[i] = gen.normal() * static_cast<float>(1 << (i % 12));
-            Tensor a = Tensor::from_vector(v, {n}).to(dtype), b = a.clone();
-            shm->allreduce({a}, op)->wait();
-            tcp->allreduce({b}, op)->wait();
-            expect(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0,
-                   label("shared memory vs tcp", dtype, op, n) + " on " + std::to_string(size) +
-                       " ranks: the results differ bitwise");
-          }
-        }
-      }
-      // Fused and non-contiguous tensors go through the staging buffer, then the same path.
-      Tensor x =
-          Tensor::from_vector(std::vector<float>(60, 0.1f * static_cast<float>(rank + 1)), {6, 10});
-      Tensor y = x.clone();
-      Tensor xt = x.transpose(0, 1), yt = y.transpose(0, 1);
-      Tensor s1 = Tensor::full({5}, 1.0f / 3.0f), s2 = s1.clone();
-      shm->allreduce({xt, s1})->wait();
-      tcp->allreduce({yt, s2})->wait();
-      expect(x.to_float_vector() == y.to_float_vector() &&
-                 s1.to_float_vector() == s2.to_float_vector(),
-             "fused allreduce differs between shared memory and tcp");
-    });
-  }
 }
 
 TEST_CASE("async: collectives run in issue order, wait and is_completed", "[process_group]") {
