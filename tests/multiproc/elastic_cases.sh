@@ -137,8 +137,10 @@ case $case_name in
     expect_text "$work/joinstop/$victim/workerlog.0" "elastic_worker: stopped as it joins"
     for name in $(survivors joinstop); do
       finished_as_two joinstop 30 "$name"
-      # A round of 3 with the joiner formed, then one without it.
-      grep -q "elastic: round [1-9][0-9]*: rank [0-2] of 3 (join" "$work/joinstop/$name/workerlog.0" &&
+      # A round of 3 with the joiner formed, then one without it. The round of 3 is named after
+      # whichever came first: the joiner's request ("join") or the survivors' report of the
+      # killed member ("failure", when the all-reduce noticed the death at once: shared memory).
+      grep -Eq "elastic: round [1-9][0-9]*: rank [0-2] of 3 \((join|failure)" "$work/joinstop/$name/workerlog.0" &&
         ok "join_stopped: node $name saw the joiner's round" || fail "join_stopped: node $name never saw the joiner's round"
       [ "$(grep -c "elastic_worker: round 0:" "$work/joinstop/$name/workerlog.0")" = 1 ] &&
         ok "join_stopped: node $name's process never restarted" || fail "join_stopped: node $name restarted"

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <immintrin.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -171,9 +172,30 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::connect(Store& store, int rank, int 
 }
 
 ShmAllreduce::ShmAllreduce(int rank, int size, uint8_t* base, size_t bytes)
-    : rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes(size)) {}
+    : rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes(size)) {
+  // A pidfd per peer (every pid is in the segment once all ranks mapped it): it turns readable
+  // the moment the peer exits, before its parent reaps it, as a TCP peer's socket closes. Where
+  // pidfd_open is missing, -1, and kill(pid, 0) is asked instead.
+  for (int r = 0; r < size_; ++r) {
+    const int32_t pid = control(base_, r).pid.load();
+    peer_pidfds_.push_back(r == rank_ ? -1 : static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  }
+}
 
-ShmAllreduce::~ShmAllreduce() { munmap(base_, bytes_); }
+ShmAllreduce::~ShmAllreduce() {
+  for (int fd : peer_pidfds_) {
+    if (fd >= 0) close(fd);
+  }
+  munmap(base_, bytes_);
+}
+
+bool ShmAllreduce::peer_exited(int peer) const {
+  if (const int fd = peer_pidfds_[static_cast<size_t>(peer)]; fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, 0) > 0;
+  }
+  return kill(control(base_, peer).pid.load(), 0) != 0 && errno == ESRCH;
+}
 
 uint8_t* ShmAllreduce::slot(int set, int rank) const {
   return base_ + control_bytes(size_) +
@@ -197,15 +219,16 @@ void ShmAllreduce::wait_for(int peer, uint32_t target,
     if (!reached(seen)) futex_wait(c.arrived, seen, 1000000);  // 1 ms, then look around
     c.sleepers.fetch_sub(1);
     if (reached(c.arrived.load(std::memory_order_acquire))) return;
+    // After every nap: a dead peer must fail the collective at once, as a closed TCP connection
+    // does, before its launcher restarts it (an elastic job then sees the death first).
+    if (peer_exited(peer)) {
+      throw ShmFailure("rank " + std::to_string(peer) + " (pid " + std::to_string(c.pid.load()) +
+                           ") exited in the middle of the collective",
+                       false);
+    }
     if (naps % 16 != 15) continue;
     if (std::string why = cancelled ? cancelled() : ""; !why.empty()) {
       throw ShmFailure("aborted: " + why, false);
-    }
-    const int32_t pid = c.pid.load();
-    if (kill(pid, 0) != 0 && errno == ESRCH) {
-      throw ShmFailure("rank " + std::to_string(peer) + " (pid " + std::to_string(pid) +
-                           ") exited in the middle of the collective",
-                       false);
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       throw ShmFailure("timed out after " + std::to_string(timeout.count()) + " ms", true);

@@ -75,6 +75,8 @@ class ShmAllreduce {
   uint8_t* slot(int set, int rank) const;
   // Marks this rank's arrival at the next barrier and waits for every rank's.
   void barrier(Millis timeout, const std::function<std::string()>& cancelled);
+  // Whether the peer's process has exited (its pidfd is readable, or kill(pid, 0) says ESRCH).
+  bool peer_exited(int peer) const;
   // Throws ShmFailure when another rank's call reduces other sizes (read after a barrier).
   void check_same_call(int64_t numel, size_t element_size) const;
   void wait_for(int peer, uint32_t target, std::chrono::steady_clock::time_point deadline,
@@ -84,9 +86,10 @@ class ShmAllreduce {
   uint8_t* base_;
   size_t bytes_;
   size_t slot_bytes_;
-  uint32_t barriers_ = 0;      // barriers passed; equal on every rank between collectives
-  uint64_t pieces_ = 0;        // pieces done: which slot set the next one uses
-  std::vector<uint8_t> fold_;  // the running partial of this rank's chunk piece
+  uint32_t barriers_ = 0;         // barriers passed; equal on every rank between collectives
+  uint64_t pieces_ = 0;           // pieces done: which slot set the next one uses
+  std::vector<uint8_t> fold_;     // the running partial of this rank's chunk piece
+  std::vector<int> peer_pidfds_;  // per rank: a pidfd of its process, or -1
 };
 
 }  // namespace dpar::dist::detail
