@@ -339,10 +339,7 @@ int run_worker(const Options& opt) {
     const int64_t iters = ours_iters;
 
     Usage ours_use, raw_use, ring_use;
-    auto timed = [&](auto&& fn, Usage& use) {
-      const int64_t n_calls = &use == &ours_use  ? ours_iters
-                              : &use == &raw_use ? raw_iters
-                                                 : ring_iters;
+    auto timed = [&](auto&& fn, Usage& use, int64_t n_calls) {
       raw.barrier();
       const Usage u0 = Usage::now();
       const auto t0 = std::chrono::steady_clock::now();
@@ -357,13 +354,13 @@ int run_worker(const Options& opt) {
     for (int64_t r = 0; r < opt.reps; ++r) {
       // ABBA order: no implementation always runs first after the barrier.
       if (r % 2 == 0) {
-        ours_t.push_back(timed(ours, ours_use));
-        raw_t.push_back(timed(theirs, raw_use));
-        ring_t.push_back(timed(ring, ring_use));
+        ours_t.push_back(timed(ours, ours_use, ours_iters));
+        raw_t.push_back(timed(theirs, raw_use, raw_iters));
+        ring_t.push_back(timed(ring, ring_use, ring_iters));
       } else {
-        ring_t.push_back(timed(ring, ring_use));
-        raw_t.push_back(timed(theirs, raw_use));
-        ours_t.push_back(timed(ours, ours_use));
+        ring_t.push_back(timed(ring, ring_use, ring_iters));
+        raw_t.push_back(timed(theirs, raw_use, raw_iters));
+        ours_t.push_back(timed(ours, ours_use, ours_iters));
       }
     }
     std::vector<double> pair_ratio;
