@@ -88,10 +88,17 @@ void ProcessGroupGloo::run_allreduce(PendingOp& op) {
     shm_->allreduce(data, allreduce_chunk_bounds(info.numel, size_, element_size), element_size,
                     reduce, finish, options_.timeout, [this] { return abort_reason(); });
   } else {
-    // Reduce-scatter, then allgather, both checked hop by hop.
+    // Reduce-scatter, then allgather, both checked hop by hop; the hops inside a host through
+    // shared memory where there are such hops (same order, same bits).
     RingBuffer ring{data, allreduce_chunks(static_cast<size_t>(info.numel), size_, element_size),
                     element_size};
-    ring_allreduce(context_, ring, reduce, finish, tag(info), options_.timeout, ring_scratch_);
+    if (links_.in_use()) {
+      hybrid_ring_allreduce(
+          context_, links_, ring, reduce, finish, tag(info), options_.timeout,
+          [this] { return abort_reason(); }, hybrid_scratch_);
+    } else {
+      ring_allreduce(context_, ring, reduce, finish, tag(info), options_.timeout, ring_scratch_);
+    }
   }
   if (!direct) {
     size_t offset = 0;

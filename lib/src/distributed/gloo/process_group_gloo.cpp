@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <mutex>
+#include <set>
 
 #include "distributed/gloo/bind_address.h"
 #include "distributed/gloo/gloo_mesh.h"
@@ -93,7 +94,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     }
     if (options_.shared_memory) {
       try {
-        shm_ = ShmAllreduce::connect(*store_, rank, size, options_.timeout, &no_shm_reason_);
+        connect_shared_memory();
       } catch (const std::exception& e) {
         DPAR_FAIL(
             "make_gloo_group: rank ", rank, " (world size ", size,
@@ -131,6 +132,29 @@ ProcessGroupGloo::~ProcessGroupGloo() {
   close_connections();
   device_.reset();
 }
+
+void ProcessGroupGloo::connect_shared_memory() {
+  if (size_ < 2) {
+    no_shm_reason_ = "a world of one";
+    return;
+  }
+  const std::vector<std::string> hosts = exchange_host_identities(
+      *store_, rank_, size_,
+      options_.host_identity.empty() ? shm_host_identity() : options_.host_identity,
+      options_.timeout);
+  // Every rank sees every identity, so every rank takes the same branch.
+  if (std::all_of(hosts.begin(), hosts.end(), [&](const auto& h) { return h == hosts[0]; })) {
+    shm_ = ShmAllreduce::connect(*store_, rank_, size_, options_.timeout, &no_shm_reason_);
+  } else {
+    links_ = connect_ring_links(*store_, rank_, size_, hosts, options_.timeout, &no_shm_reason_);
+    if (!links_.summary.empty()) return;
+    const std::set<std::string> distinct(hosts.begin(), hosts.end());
+    no_shm_reason_ =
+        "the ranks run on " + std::to_string(distinct.size()) + " hosts; " + no_shm_reason_;
+  }
+}
+
+void ProcessGroupGloo::give_up_links(const std::string& why) { links_.mark_broken(why); }
 
 void ProcessGroupGloo::close_connections() {
   std::lock_guard<std::mutex> lock(sockets_mutex_);
@@ -297,6 +321,7 @@ void ProcessGroupGloo::execute(PendingOp& op) {
   if (failed_.empty()) {
     if (std::string aborted = abort_reason(); !aborted.empty()) {
       failed_ = "the group was aborted: " + aborted;
+      give_up_links(failed_);
     }
   }
   if (!failed_.empty()) {
@@ -350,12 +375,14 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     failed_ = aborted.empty()
                   ? failure_message(info, clean_gloo_message(what), timed_out, in_check)
                   : failure_message(info, "aborted: " + aborted, false, in_check, false);
+    give_up_links(failed_);
     finish(failed_);
   } catch (const ShmFailure& e) {
     // A peer that stalled (timed out), exited or was aborted mid-collective: the ranks are out
     // of step over the segment, so the group cannot go on.
     failed_ = failure_message(info, e.what(), e.timed_out, in_check, e.timed_out);
     close_connections();
+    give_up_links(failed_);
     finish(failed_);
   } catch (const CorruptedTransfer& e) {
     // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
@@ -364,6 +391,7 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     // Closing the connections now makes the peers' pending transfers fail at once, instead of
     // at the timeout, even while this process lives on.
     close_connections();
+    give_up_links(failed_);
     finish(failed_);
   } catch (const std::exception& e) {
     // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.
@@ -409,7 +437,9 @@ void ProcessGroupGloo::check_fingerprints(const CollectiveInfo& info) {
 }
 
 std::string ProcessGroupGloo::allreduce_transport() const {
-  return shm_ ? "shared memory" : "tcp (" + no_shm_reason_ + ")";
+  if (shm_) return "shared memory";
+  if (!links_.summary.empty()) return links_.summary;
+  return "tcp (" + no_shm_reason_ + ")";
 }
 
 uint8_t* ProcessGroupGloo::staging(size_t bytes) {

@@ -24,6 +24,7 @@
 #include "distributed/collective_check.h"
 #include "distributed/flight_recorder.h"
 #include "distributed/gloo/checked_ring.h"
+#include "distributed/gloo/hybrid_ring.h"
 #include "distributed/gloo/shm_allreduce.h"
 #include "distributed/progress_heartbeat.h"
 #include "distributed/work_impl.h"
@@ -68,8 +69,9 @@ class ProcessGroupGloo final : public ProcessGroup,
 
   const ProcessGroupOptions& options() const { return options_; }
   const std::string& bind_address() const { return bind_address_; }
-  // How allreduce travels: "shared memory" (every rank on this host) or "tcp", and why not
-  // shared memory where it is not.
+  // How allreduce travels: "shared memory" (every rank on this host), "shared memory within
+  // hosts (k of n ring hops), tcp between them" (hybrid_ring.h) or "tcp", and why not shared
+  // memory where it is not.
   std::string allreduce_transport() const;
 
  private:
@@ -86,6 +88,10 @@ class ProcessGroupGloo final : public ProcessGroup,
   std::shared_ptr<Work> enqueue(CollectiveInfo info, std::vector<Tensor> tensors, Tensor single,
                                 bool async_op);
   void comm_loop();
+  // Picks the shared-memory transport from every rank's host (a collective over the store).
+  void connect_shared_memory();
+  // The collective failed here: the ranks across this rank's shared-memory hops fail too, now.
+  void give_up_links(const std::string& why);
   void close_connections();  // drops the context (closing its sockets) and forgets the sockets
   std::string abort_reason();
   void execute(PendingOp& op);
@@ -110,6 +116,7 @@ class ProcessGroupGloo final : public ProcessGroup,
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<ShmAllreduce> shm_;  // allreduce between ranks of one host, else null
+  RingLinks links_;                    // otherwise this rank's ring hops within its host, if any
   std::string no_shm_reason_;
   std::unique_ptr<ProgressHeartbeat> heartbeat_;
   std::unique_ptr<FlightRecorder> recorder_;
@@ -117,6 +124,7 @@ class ProcessGroupGloo final : public ProcessGroup,
   // State of the thread running a collective (see running_).
   std::vector<uint64_t> staging_;  // uint64_t elements: aligned for every dtype
   RingScratch ring_scratch_;
+  HybridScratch hybrid_scratch_;
   std::vector<Fingerprint> fingerprints_;
   // The collective this group is running, for the line written if Gloo's thread takes the
   // process down (gloo_terminate.h).

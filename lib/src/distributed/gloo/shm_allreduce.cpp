@@ -1,40 +1,25 @@
 #include "distributed/gloo/shm_allreduce.h"
 
-#include <fcntl.h>
-#include <immintrin.h>
-#include <linux/futex.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <climits>
 #include <cstring>
-#include <fstream>
-#include <random>
 
 #include "dpar/core/error.h"
 
 namespace dpar::dist::detail {
 namespace {
 
-// One cache line per rank, so a rank's arrivals never share a line with another's.
-struct alignas(64) RankControl {
-  std::atomic<uint32_t> arrived;   // barriers this rank has reached (wraps; compared by difference)
-  std::atomic<uint32_t> sleepers;  // ranks asleep on `arrived`: the arriving rank wakes them
-  std::atomic<int32_t> pid;
+// Two cache lines per rank, so a rank's arrivals never share a line with another's.
+struct RankControl {
+  ShmCounter arrived;  // barriers this rank has reached; its pid
   // What this rank is all-reducing (elements and their size), checked by every rank after the
   // first barrier: over TCP a mismatch fails in the transport, here it would pass silently.
-  std::atomic<uint64_t> numel;
+  alignas(64) std::atomic<uint64_t> numel;
   std::atomic<uint32_t> element_size;
 };
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "barrier words must be lock-free");
-static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex words are 32 bits");
 
 constexpr size_t kPage = 4096;
 constexpr size_t kMaxSegmentBytes = 64 << 20;
@@ -45,65 +30,7 @@ size_t control_bytes(int size) {
 
 RankControl& control(uint8_t* base, int rank) { return reinterpret_cast<RankControl*>(base)[rank]; }
 
-uint32_t* futex_word(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
-
-// Shared (not process-private) futex: the waiters are other processes.
-void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, long nanoseconds) {
-  timespec ts{0, nanoseconds};
-  syscall(SYS_futex, futex_word(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-void futex_wake_all(std::atomic<uint32_t>& word) {
-  syscall(SYS_futex, futex_word(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-std::string read_first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string namespace_inode(const char* path) {
-  struct stat st {};
-  return stat(path, &st) == 0 ? std::to_string(st.st_ino) : std::string("?");
-}
-
-std::string errno_text(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
-
-struct Mapping {
-  uint8_t* base = nullptr;
-  std::string error;
-};
-
-// Maps the segment (created by rank 0, sized and backed first so that a full /dev/shm is an
-// error here rather than a SIGBUS at the first touch).
-Mapping map_segment(const std::string& name, size_t bytes, bool create) {
-  const int fd = shm_open(name.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
-  if (fd < 0) return {nullptr, errno_text("shm_open")};
-  if (create) {
-    const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (err != 0) {
-      close(fd);
-      shm_unlink(name.c_str());
-      return {nullptr, std::string("posix_fallocate of ") + std::to_string(bytes >> 20) +
-                           " MiB in /dev/shm: " + std::strerror(err)};
-    }
-  }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) return {nullptr, errno_text("mmap")};
-  return {static_cast<uint8_t*>(base), ""};
-}
-
 }  // namespace
-
-std::string shm_host_identity() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  return "boot " + read_first_line("/proc/sys/kernel/random/boot_id") + ", host " + host +
-         ", net ns " + namespace_inode("/proc/self/ns/net") + ", pid ns " +
-         namespace_inode("/proc/self/ns/pid");
-}
 
 size_t ShmAllreduce::slot_bytes(int size) {
   const size_t most = kMaxSegmentBytes / (2 * static_cast<size_t>(size)) / kPage * kPage;
@@ -126,35 +53,24 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::connect(Store& store, int rank, int 
   auto text = [](const Bytes& b) { return std::string(b.begin(), b.end()); };
   auto bytes_of = [](const std::string& s) { return Bytes(s.begin(), s.end()); };
 
-  // 1. Same host? Every rank sees every identity, so every rank decides alike.
-  const std::string me = shm_host_identity();
-  store.set(key("host", rank), bytes_of(me));
-  store.wait(all_keys("host"), timeout);
-  for (int r = 0; r < size; ++r) {
-    if (text(store.get(key("host", r))) != me) {
-      return refuse("rank " + std::to_string(r) + " runs on another host");
-    }
-  }
-
-  // 2. Rank 0 creates the segment and publishes its name, or why it could not.
+  // 1. Rank 0 creates the segment and publishes its name, or why it could not.
   const size_t slot = slot_bytes(size);
   const size_t bytes = control_bytes(size) + 2 * static_cast<size_t>(size) * slot;
   std::string name;
-  Mapping mapping;
+  ShmMapping mapping;
   if (rank == 0) {
-    std::random_device random;
-    name = "/dpar-shm-" + std::to_string(getpid()) + "-" + std::to_string(random());
-    mapping = map_segment(name, bytes, /*create=*/true);
+    name = new_shm_segment_name("shm");
+    mapping = map_shm_segment(name, bytes, /*create=*/true);
     store.set("shm/segment", bytes_of(mapping.base ? name : "!" + mapping.error));
   } else {
     store.wait({"shm/segment"}, timeout);
     name = text(store.get("shm/segment"));
-    mapping = name.rfind('!', 0) == 0 ? Mapping{nullptr, "rank 0: " + name.substr(1)}
-                                      : map_segment(name, bytes, /*create=*/false);
+    mapping = name.rfind('!', 0) == 0 ? ShmMapping{nullptr, 0, "rank 0: " + name.substr(1)}
+                                      : map_shm_segment(name, bytes, /*create=*/false);
   }
-  if (mapping.base) control(mapping.base, rank).pid.store(static_cast<int32_t>(getpid()));
+  if (mapping.base) control(mapping.base, rank).arrived.pid.store(static_cast<int32_t>(getpid()));
 
-  // 3. Every rank says whether it mapped it; rank 0 then unlinks the name, so the segment goes
+  // 2. Every rank says whether it mapped it; rank 0 then unlinks the name, so the segment goes
   // away with the last process that maps it, however the job ends.
   store.set(key("mapped", rank), bytes_of(mapping.base ? "" : mapping.error));
   store.wait(all_keys("mapped"), timeout);
@@ -173,29 +89,12 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::connect(Store& store, int rank, int 
 
 ShmAllreduce::ShmAllreduce(int rank, int size, uint8_t* base, size_t bytes)
     : rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes(size)) {
-  // A pidfd per peer (every pid is in the segment once all ranks mapped it): it turns readable
-  // the moment the peer exits, before its parent reaps it, as a TCP peer's socket closes. Where
-  // pidfd_open is missing, -1, and kill(pid, 0) is asked instead.
-  for (int r = 0; r < size_; ++r) {
-    const int32_t pid = control(base_, r).pid.load();
-    peer_pidfds_.push_back(r == rank_ ? -1 : static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
-  }
+  // Every pid is in the segment once all ranks mapped it.
+  for (int r = 0; r < size_; ++r)
+    peers_.emplace_back(r == rank_ ? ShmPeer() : ShmPeer(r, control(base_, r).arrived.pid.load()));
 }
 
-ShmAllreduce::~ShmAllreduce() {
-  for (int fd : peer_pidfds_) {
-    if (fd >= 0) close(fd);
-  }
-  munmap(base_, bytes_);
-}
-
-bool ShmAllreduce::peer_exited(int peer) const {
-  if (const int fd = peer_pidfds_[static_cast<size_t>(peer)]; fd >= 0) {
-    pollfd p{fd, POLLIN, 0};
-    return poll(&p, 1, 0) > 0;
-  }
-  return kill(control(base_, peer).pid.load(), 0) != 0 && errno == ESRCH;
-}
+ShmAllreduce::~ShmAllreduce() { munmap(base_, bytes_); }
 
 uint8_t* ShmAllreduce::slot(int set, int rank) const {
   return base_ + control_bytes(size_) +
@@ -203,47 +102,15 @@ uint8_t* ShmAllreduce::slot(int set, int rank) const {
              slot_bytes_;
 }
 
-void ShmAllreduce::wait_for(int peer, uint32_t target,
-                            std::chrono::steady_clock::time_point deadline, Millis timeout,
-                            const std::function<std::string()>& cancelled) {
-  RankControl& c = control(base_, peer);
-  auto reached = [&](uint32_t v) { return static_cast<int32_t>(v - target) >= 0; };
-  // A short spin first: a peer a few microseconds behind is the common case.
-  for (int i = 0; i < 2000; ++i) {
-    if (reached(c.arrived.load(std::memory_order_acquire))) return;
-    _mm_pause();
-  }
-  for (int64_t naps = 0;; ++naps) {
-    c.sleepers.fetch_add(1);
-    const uint32_t seen = c.arrived.load();
-    if (!reached(seen)) futex_wait(c.arrived, seen, 1000000);  // 1 ms, then look around
-    c.sleepers.fetch_sub(1);
-    if (reached(c.arrived.load(std::memory_order_acquire))) return;
-    // After every nap: a dead peer must fail the collective at once, as a closed TCP connection
-    // does, before its launcher restarts it (an elastic job then sees the death first).
-    if (peer_exited(peer)) {
-      throw ShmFailure("rank " + std::to_string(peer) + " (pid " + std::to_string(c.pid.load()) +
-                           ") exited in the middle of the collective",
-                       false);
-    }
-    if (naps % 16 != 15) continue;
-    if (std::string why = cancelled ? cancelled() : ""; !why.empty()) {
-      throw ShmFailure("aborted: " + why, false);
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw ShmFailure("timed out after " + std::to_string(timeout.count()) + " ms", true);
-    }
-  }
-}
-
 void ShmAllreduce::barrier(Millis timeout, const std::function<std::string()>& cancelled) {
   const uint32_t target = ++barriers_;
-  RankControl& mine = control(base_, rank_);
-  mine.arrived.store(target);
-  if (mine.sleepers.load() > 0) futex_wake_all(mine.arrived);
+  shm_advance(control(base_, rank_).arrived, target);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int r = 1; r < size_; ++r)
-    wait_for((rank_ + r) % size_, target, deadline, timeout, cancelled);
+  for (int r = 1; r < size_; ++r) {
+    const int peer = (rank_ + r) % size_;
+    shm_wait(control(base_, peer).arrived, target, peers_[static_cast<size_t>(peer)], nullptr,
+             deadline, timeout, cancelled);
+  }
 }
 
 void ShmAllreduce::check_same_call(int64_t numel, size_t element_size) const {

@@ -29,29 +29,17 @@
 
 #include "distributed/gloo/checked_ring.h"
 #include "distributed/gloo/reduce_functions.h"
+#include "distributed/gloo/shm_common.h"
 #include "dpar/distributed/store.h"
 
 namespace dpar::dist::detail {
 
-// A shared-memory collective that cannot finish: it reached the group timeout (handled as a
-// Gloo timeout is: the group fails, naming the ranks that have not arrived), a peer process is
-// gone, or the group was aborted. The ranks are out of step afterwards: the group fails.
-struct ShmFailure : std::runtime_error {
-  ShmFailure(const std::string& what, bool timed_out)
-      : std::runtime_error(what), timed_out(timed_out) {}
-  bool timed_out;
-};
-
-// This process's host identity as the shared-memory transport sees it: boot id, hostname and
-// the inodes of the network and pid namespaces.
-std::string shm_host_identity();
-
 class ShmAllreduce {
  public:
-  // Collective over the group's (prefixed) store: every rank publishes its host identity, and
-  // when all match, rank 0 creates the segment and the others map it. Every rank gets the same
-  // answer: the transport, or nullptr with the reason in *why_not (ranks on several hosts, or a
-  // segment that could not be made; the group then reduces over Gloo alone).
+  // Collective over the group's (prefixed) store, for ranks whose host identities (as
+  // exchange_host_identities gave them) all match: rank 0 creates the segment and the others map
+  // it. Every rank gets the same answer: the transport, or nullptr with the reason in *why_not
+  // (a segment that could not be made; the group then reduces over Gloo alone).
   static std::unique_ptr<ShmAllreduce> connect(Store& store, int rank, int size, Millis timeout,
                                                std::string* why_not);
   ~ShmAllreduce();
@@ -75,21 +63,17 @@ class ShmAllreduce {
   uint8_t* slot(int set, int rank) const;
   // Marks this rank's arrival at the next barrier and waits for every rank's.
   void barrier(Millis timeout, const std::function<std::string()>& cancelled);
-  // Whether the peer's process has exited (its pidfd is readable, or kill(pid, 0) says ESRCH).
-  bool peer_exited(int peer) const;
   // Throws ShmFailure when another rank's call reduces other sizes (read after a barrier).
   void check_same_call(int64_t numel, size_t element_size) const;
-  void wait_for(int peer, uint32_t target, std::chrono::steady_clock::time_point deadline,
-                Millis timeout, const std::function<std::string()>& cancelled);
 
   const int rank_, size_;
   uint8_t* base_;
   size_t bytes_;
   size_t slot_bytes_;
-  uint32_t barriers_ = 0;         // barriers passed; equal on every rank between collectives
-  uint64_t pieces_ = 0;           // pieces done: which slot set the next one uses
-  std::vector<uint8_t> fold_;     // the running partial of this rank's chunk piece
-  std::vector<int> peer_pidfds_;  // per rank: a pidfd of its process, or -1
+  uint32_t barriers_ = 0;       // barriers passed; equal on every rank between collectives
+  uint64_t pieces_ = 0;         // pieces done: which slot set the next one uses
+  std::vector<uint8_t> fold_;   // the running partial of this rank's chunk piece
+  std::vector<ShmPeer> peers_;  // per rank, watched while waiting for it
 };
 
 }  // namespace dpar::dist::detail

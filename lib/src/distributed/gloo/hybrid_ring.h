@@ -1,0 +1,43 @@
+#pragma once
+// The hierarchical allreduce of a group spread over several hosts with several ranks on some:
+// the ring allreduce of checked_ring.h, whose hops between two ranks of one host go through
+// shared memory (shm_link.h) and whose hops between hosts go through Gloo's TCP pairs, every
+// TCP segment checked by CRC-32C.
+//
+// Why a ring with mixed hops rather than "reduce within each host, allreduce between hosts,
+// broadcast within each host": dpar promises that switching transport never changes a bit, and
+// the ring fixes the order of every sum (chunk c is folded starting at rank c+1, then c+2, ...,
+// each hop computing own (op) arrived). A host-first reduction folds in another order, so its
+// result differs in the last bits from the TCP ring's whenever the sums round. The mixed ring
+// keeps the ring's order exactly. Its traffic between hosts is the ring's: the one hop out of
+// each host carries 2(n-1)/n of the data (n ranks), where a host-level allreduce would carry
+// 2(h-1)/h (h hosts): 1.5x as much for 2 hosts of 2 ranks, the price of reproducible sums. What
+// it saves is the loopback TCP of every hop inside a host: its system calls, copies and checksums.
+#include <gloo/context.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "distributed/gloo/checked_ring.h"
+#include "distributed/gloo/shm_link.h"
+
+namespace dpar::dist::detail {
+
+// Reused between calls: where TCP segments arrive, and the CRCs of a step's segments.
+struct HybridScratch {
+  std::vector<uint8_t> segments;
+  std::vector<uint32_t> sent_crcs, received_crcs;
+};
+
+// Reduce-scatter, `finish` on this rank's chunk (may be empty), allgather; on return every chunk
+// holds the finished reduction, bitwise what ring_allreduce gives. Throws gloo::Exception (TCP
+// hop timeout or failure), ShmFailure (shared-memory hop: peer exited, gave up, timeout, abort)
+// or CorruptedTransfer (a TCP segment failed its CRC).
+void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                           const RingBuffer& buffer, ReduceFn reduce, const ChunkFn& finish,
+                           uint32_t tag, Millis timeout,
+                           const std::function<std::string()>& cancelled, HybridScratch& scratch);
+
+}  // namespace dpar::dist::detail
