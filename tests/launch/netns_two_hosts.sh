@@ -5,8 +5,8 @@
 # as on real machines. The job's program and its arguments are parameters, so the same script
 # runs a collective test program later:
 #
-#   netns_two_hosts.sh [--expect-env | --expect-failure=TEXT] [--nproc=N] [--ps] <dpar-launch>
-#                      <program> [args...]
+#   netns_two_hosts.sh [--expect-env | --expect-failure=TEXT] [--nproc=N] [--ps]
+#                      [--logs-to=DIR] <dpar-launch> <program> [args...]
 #
 # Both launchers must exit 0. --expect-env also checks the env_worker output: world size 2N,
 # ranks, node ranks and endpoints agree across the two hosts.
@@ -19,6 +19,8 @@
 # --expect-failure=TEXT runs a failure drill instead: both launchers must exit non-zero and
 # host a's launcher must print TEXT; the two share one flight-record folder (as nodes on a
 # shared filesystem would), so the verdict sees both hosts' ranks.
+# --logs-to=DIR copies both hosts' launcher output and worker logs to DIR/a and DIR/b (for a
+# caller's own checks).
 # Exit status: 0 passed, 1 failed, 77 skipped (no CAP_NET_ADMIN or no `ip`; the reason is
 # printed). NETNS_TEST_TIMEOUT (default 45 s) bounds each launcher.
 set -u
@@ -26,17 +28,19 @@ expect_env=0
 nproc=
 ps=0
 expect_failure=
+logs_to=
 while [ $# -gt 0 ]; do
   case $1 in
     --expect-env) expect_env=1; shift ;;
     --expect-failure=*) expect_failure=${1#--expect-failure=}; shift ;;
     --nproc=*) nproc=${1#--nproc=}; shift ;;
     --ps) ps=1; shift ;;
+    --logs-to=*) logs_to=${1#--logs-to=}; shift ;;
     *) break ;;
   esac
 done
 if [ $# -lt 2 ]; then
-  echo "usage: $0 [--expect-env | --expect-failure=TEXT] [--nproc=N] [--ps] <dpar-launch> <program> [args...]" >&2
+  echo "usage: $0 [--expect-env | --expect-failure=TEXT] [--nproc=N] [--ps] [--logs-to=DIR] <dpar-launch> <program> [args...]" >&2
   exit 1
 fi
 [ -n "$nproc" ] || nproc=$((ps ? 1 : 2))
@@ -55,6 +59,12 @@ ip_a=10.231.0.1
 ip_b=10.231.0.2
 work=$(mktemp -d)
 cleanup() {
+  if [ -n "$logs_to" ]; then
+    for node in a b; do
+      mkdir -p "$logs_to/$node"
+      cp -r "$work/$node/." "$work/$node.out" "$work/$node.err" "$logs_to/$node/" 2>/dev/null
+    done
+  fi
   ip netns del "$ns_a" 2>/dev/null
   ip netns del "$ns_b" 2>/dev/null
   rm -rf "$work"

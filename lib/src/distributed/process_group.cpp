@@ -45,6 +45,7 @@ ProcessGroupOptions ProcessGroupOptions::from_env() {
     DPAR_CHECK(level == "OFF" || level == "INFO" || level == "DETAIL",
                "DPAR_DEBUG: expected OFF, INFO or DETAIL, got '", text, "'");
     options.debug_detail = level == "DETAIL";
+    options.debug_info = level != "OFF";
   }
   if (const char* text = std::getenv("DPAR_DIST_BACKEND"); text != nullptr && *text != '\0') {
     options.cuda_backend = text;

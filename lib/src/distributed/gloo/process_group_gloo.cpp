@@ -15,6 +15,7 @@
 #include "distributed/gloo/gloo_mesh.h"
 #include "distributed/gloo/gloo_terminate.h"
 #include "distributed/gloo/reduce_functions.h"
+#include "distributed/store_common.h"
 #include "dpar/core/error.h"
 
 namespace dpar::dist::detail {
@@ -102,6 +103,11 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
       }
     } else {
       no_shm_reason_ = "turned off (DPAR_SHM=0)";
+    }
+    if (options_.debug_info || options_.debug_detail) {
+      log_line(options_.log, name + " rank " + std::to_string(rank) + " of " +
+                                 std::to_string(size) + ": allreduce through " +
+                                 allreduce_transport());
     }
     fingerprints_.resize(static_cast<size_t>(size));
     note_gloo_group(this, [this] {
