@@ -111,29 +111,35 @@ struct RankOutcome {
   double seconds = 0;
 };
 
-// Two ranks, each through its ProxyingStore, make a Gloo group and run `op` once on
-// rank-dependent data; returns what each saw.
+// Two ranks (or one per entry of `hosts`, standing for ranks on those hosts), each through its
+// ProxyingStore, make a Gloo group and run `op` once on rank-dependent data; returns what each
+// saw.
 std::vector<RankOutcome> run_corrupted(
-    Proxies& proxies, const std::function<std::vector<float>(ProcessGroup&, int)>& op) {
-  StoreServer server("127.0.0.1", 0, "gloocorrupt", 2);
-  std::vector<RankOutcome> out(2);
+    Proxies& proxies, const std::function<std::vector<float>(ProcessGroup&, int)>& op,
+    const std::vector<std::string>& hosts = {}) {
+  const int size = hosts.empty() ? 2 : static_cast<int>(hosts.size());
+  StoreServer server("127.0.0.1", 0, "gloocorrupt", size);
+  std::vector<RankOutcome> out(static_cast<size_t>(size));
   std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < size; ++r) {
     ranks.emplace_back([&, r] {
       const auto start = std::chrono::steady_clock::now();
       try {
         StoreClientOptions so;
         so.log_waiting = false;
         auto client = std::make_shared<StoreClient>(server.endpoint(),
-                                                    StoreIdentity{"gloocorrupt", 2, r}, so);
+                                                    StoreIdentity{"gloocorrupt", size, r}, so);
         ProcessGroupOptions o;
         o.timeout = std::chrono::seconds(20);
-        // The bytes must cross the proxied TCP connections: the two ranks share this host, so
-        // their allreduce would otherwise go through shared memory.
-        o.shared_memory = false;
+        // The bytes must cross the proxied TCP connections: the ranks share this host, so their
+        // allreduce would otherwise go through shared memory. With `hosts`, the hops between
+        // two of them go through the proxies, the others through shared memory.
+        o.shared_memory = !hosts.empty();
+        if (!hosts.empty()) o.host_identity = hosts[static_cast<size_t>(r)];
         // Leaving the scope destroys the group, which closes its connections: the peer's
         // pending transfers then fail at once instead of at the timeout.
-        auto group = make_gloo_group(std::make_shared<ProxyingStore>(client, r, proxies), r, 2, o);
+        auto group =
+            make_gloo_group(std::make_shared<ProxyingStore>(client, r, proxies), r, size, o);
         out[static_cast<size_t>(r)].result = op(*group, r);
       } catch (const std::exception& e) {
         out[static_cast<size_t>(r)].error = e.what();
@@ -203,6 +209,43 @@ TEST_CASE("gloo: a byte flipped in an allreduce's payload fails it, naming the r
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += one[i];
     check_detected(out, proxies.flipped(), "allreduce(f32[" + std::to_string(numel) + "])",
                    {sum, sum});
+  }
+}
+
+TEST_CASE("gloo: a byte flipped on a TCP hop of the hierarchical allreduce fails it",
+          "[gloo][hostile]") {
+  // Ranks 0 and 1 stand for one host, rank 2 for another: the hops 1 -> 2 and 2 -> 0 cross the
+  // proxies, 0 -> 1 goes through shared memory. Segments with their CRCs apart (256 KiB) and
+  // small chunks with the CRC behind them (16 KiB) are both checked.
+  for (int64_t numel : {kNumel, int64_t{4096}}) {
+    Proxies proxies;
+    proxies.plan = payload_plan();
+    const auto out = run_corrupted(proxies,
+                                   [numel](ProcessGroup& pg, int rank) {
+                                     Tensor t = Tensor::from_vector(ramp(rank, numel), {numel});
+                                     pg.allreduce({t})->wait();
+                                     return t.to_float_vector();
+                                   },
+                                   {"host a", "host a", "host b"});
+    REQUIRE(proxies.flipped());
+    std::vector<float> sum = ramp(0, numel);
+    for (int r = 1; r < 3; ++r) {
+      const std::vector<float> v = ramp(r, numel);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+    }
+    int detected = 0;
+    for (size_t r = 0; r < out.size(); ++r) {
+      INFO("rank " << r << ": " << out[r].error);
+      CHECK(out[r].seconds < 15);
+      if (out[r].error.empty()) {
+        CHECK(out[r].result == sum);  // finished: then with the right numbers
+      } else if (out[r].error.find("CRC-32C") != std::string::npos) {
+        ++detected;
+        CHECK_THAT(out[r].error, Contains("allreduce(f32[" + std::to_string(numel) + "])") &&
+                                     Contains("corrupted in transit"));
+      }
+    }
+    CHECK(detected >= 1);
   }
 }
 

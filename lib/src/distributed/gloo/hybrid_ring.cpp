@@ -19,6 +19,8 @@ using Clock = std::chrono::steady_clock;
 constexpr uint8_t kHybridData = 0x45;
 constexpr uint8_t kHybridCrc = 0x46;
 constexpr size_t kCrcBytes = sizeof(uint32_t);
+// A chunk up to this size crosses a TCP hop as one message, its CRC behind it.
+constexpr size_t kInlineBytes = 64 << 10;
 
 // The chunks and their segments; a segment fits a shared-memory slot, and both ends of every
 // hop cut a chunk alike.
@@ -40,6 +42,9 @@ struct Geometry {
     return std::min(segment, buffer.chunk_bytes[static_cast<size_t>(c)] - i * segment);
   }
   size_t at(int c, size_t i) const { return offset[static_cast<size_t>(c)] + i * segment; }
+  bool inline_chunk(int c) const {
+    return buffer.chunk_bytes[static_cast<size_t>(c)] <= kInlineBytes;
+  }
   size_t most_segments() const {
     size_t most = 1;
     for (int c = 0; c + 1 < static_cast<int>(offset.size()); ++c)
@@ -57,7 +62,10 @@ struct Geometry {
   const Millis timeout;
 };
 
-// The hop to the next rank: its shared-memory link, or Gloo with each segment's CRC behind it.
+// The hop to the next rank: its shared-memory link, or Gloo. Over Gloo a chunk of at most
+// kInlineBytes is copied to a staging slot with its CRC behind it and goes as one message (a
+// second message costs more than the copy); a larger chunk's segments go straight from the
+// buffer, each followed by its CRC in a message of its own.
 class Outgoing {
  public:
   Outgoing(const std::shared_ptr<gloo::Context>& context, ShmLink* link, const Geometry& g,
@@ -68,24 +76,35 @@ class Outgoing {
     data_slot_ = gloo::Slot::build(kHybridData, tag);
     crc_slot_ = gloo::Slot::build(kHybridCrc, tag);
     if (crcs_.size() < g.most_segments()) crcs_.resize(g.most_segments());
+    if (scratch.out_stage.size() < kInlineBytes + kCrcBytes)
+      scratch.out_stage.resize(kInlineBytes + kCrcBytes);
+    stage_bytes_ = scratch.out_stage.data();
     data_ = context->createUnboundBuffer(g.buffer.data, g.offset.back());
     crc_buffer_ = context->createUnboundBuffer(crcs_.data(), crcs_.size() * kCrcBytes);
+    stage_ = context->createUnboundBuffer(stage_bytes_, kInlineBytes + kCrcBytes);
   }
 
-  // Segment i of chunk c. Over TCP the bytes go straight from the buffer (left untouched until
-  // end_step); through shared memory they are copied into a slot.
+  // Segment i of chunk c; what goes straight from the buffer stays untouched until end_step.
   void send(int c, size_t i) {
     const size_t at = g_.at(c, i), length = g_.length(c, i);
+    const uint8_t* bytes = g_.buffer.data + at;
     if (link_) {
-      link_->send(g_.buffer.data + at, length, g_.deadline, g_.timeout, cancelled_);
-      return;
+      link_->send(bytes, length, g_.deadline, g_.timeout, cancelled_);
+    } else if (g_.inline_chunk(c)) {
+      std::memcpy(stage_bytes_, bytes, length);
+      const uint32_t crc = crc32c(bytes, length);
+      std::memcpy(stage_bytes_ + length, &crc, kCrcBytes);
+      stage_->send(next_, data_slot_, 0, length + kCrcBytes);
+      ++staged_;
+    } else {
+      crcs_[i] = crc32c(bytes, length);
+      data_->send(next_, data_slot_, at, length);
+      crc_buffer_->send(next_, crc_slot_, i * kCrcBytes, kCrcBytes);
+      ++in_flight_;
     }
-    crcs_[i] = crc32c(g_.buffer.data + at, length);
-    data_->send(next_, data_slot_, at, length);
-    crc_buffer_->send(next_, crc_slot_, i * kCrcBytes, kCrcBytes);
-    ++in_flight_;
   }
   void end_step() {
+    for (; staged_ > 0; --staged_) stage_->waitSend(g_.remaining());
     for (; in_flight_ > 0; --in_flight_) {
       data_->waitSend(g_.remaining());
       crc_buffer_->waitSend(g_.remaining());
@@ -99,46 +118,61 @@ class Outgoing {
   std::vector<uint32_t>& crcs_;
   int next_ = 0;
   uint64_t data_slot_ = 0, crc_slot_ = 0;
-  std::unique_ptr<gloo::transport::UnboundBuffer> data_, crc_buffer_;
-  size_t in_flight_ = 0;
+  uint8_t* stage_bytes_ = nullptr;
+  std::unique_ptr<gloo::transport::UnboundBuffer> data_, crc_buffer_, stage_;
+  size_t in_flight_ = 0, staged_ = 0;
 };
 
-// The hop from the previous rank. Over TCP two segments are in flight into two staging halves,
-// so one is reduced while the next arrives; each is checked against its CRC before use.
+// The hop from the previous rank. Over Gloo the segments of the whole collective arrive in a
+// known order (`arrivals`), two receives always posted ahead into two staging halves, across
+// steps too: Gloo sends a message only once its receiver has announced the receive, so a
+// receive posted only when its step starts would add a round trip to every hop. Each segment is
+// checked against its CRC before use.
 class Incoming {
  public:
+  using Arrival = std::pair<int, size_t>;  // chunk, segment
+
   Incoming(const std::shared_ptr<gloo::Context>& context, ShmLink* link, const Geometry& g,
-           uint32_t tag, const std::function<std::string()>& cancelled, HybridScratch& scratch)
-      : g_(g), link_(link), cancelled_(cancelled), scratch_(scratch), rank_(context->rank) {
-    prev_ = (context->rank + context->size - 1) % context->size;
+           std::vector<Arrival> arrivals, uint32_t tag,
+           const std::function<std::string()>& cancelled, HybridScratch& scratch)
+      : g_(g),
+        link_(link),
+        cancelled_(cancelled),
+        scratch_(scratch),
+        arrivals_(std::move(arrivals)),
+        rank_(context->rank),
+        prev_((context->rank + context->size - 1) % context->size) {
     if (link_) return;
     data_slot_ = gloo::Slot::build(kHybridData, tag);
     crc_slot_ = gloo::Slot::build(kHybridCrc, tag);
-    if (scratch.segments.size() < 2 * g.segment) scratch.segments.resize(2 * g.segment);
-    if (scratch.received_crcs.size() < g.most_segments())
-      scratch.received_crcs.resize(g.most_segments());
-    staging_ = context->createUnboundBuffer(scratch.segments.data(), 2 * g.segment);
+    stride_ = (g.segment + kCrcBytes + 63) / 64 * 64;  // halves stay aligned for every dtype
+    if (scratch.segments.size() < 2 * stride_) scratch.segments.resize(2 * stride_);
+    if (scratch.received_crcs.size() < std::max<size_t>(arrivals_.size(), 1))
+      scratch.received_crcs.resize(std::max<size_t>(arrivals_.size(), 1));
+    staging_ = context->createUnboundBuffer(scratch.segments.data(), 2 * stride_);
     crc_buffer_ = context->createUnboundBuffer(scratch.received_crcs.data(),
                                                scratch.received_crcs.size() * kCrcBytes);
+    for (size_t k = 0; k < arrivals_.size() && k < 2; ++k) post(k);
   }
 
-  void begin_step(int c) {
-    c_ = c;
-    if (link_) return;
-    const size_t n = g_.segments(c);
-    for (size_t i = 0; i < n; ++i) crc_buffer_->recv(prev_, crc_slot_, i * kCrcBytes, kCrcBytes);
-    for (size_t i = 0; i < n && i < 2; ++i) post(i);
-  }
-  // Segment i of this step's chunk, as it arrived (valid until release).
-  const uint8_t* receive(size_t i) {
-    const size_t length = g_.length(c_, i);
+  // Segment i of chunk c, the next in order, as it arrived (valid until release).
+  const uint8_t* receive(int c, size_t i) {
+    const size_t length = g_.length(c, i);
     if (link_) return link_->receive(length, g_.deadline, g_.timeout, cancelled_);
+    const size_t k = next_++;
+    DPAR_CHECK(k < arrivals_.size() && arrivals_[k] == Arrival(c, i), "hybrid ring: segment ", i,
+               " of chunk ", c, " is not the one expected");
     staging_->waitRecv(g_.remaining());
-    crc_buffer_->waitRecv(g_.remaining());
-    const uint8_t* arrived = scratch_.segments.data() + (i & 1) * g_.segment;
-    const uint32_t got = crc32c(arrived, length), sent = scratch_.received_crcs[i];
-    if (got != sent) {
-      const size_t at = g_.at(c_, i);
+    const uint8_t* arrived = scratch_.segments.data() + (k & 1) * stride_;
+    uint32_t sent = 0;
+    if (g_.inline_chunk(c)) {
+      std::memcpy(&sent, arrived + length, kCrcBytes);
+    } else {
+      crc_buffer_->waitRecv(g_.remaining());
+      sent = scratch_.received_crcs[k];
+    }
+    if (const uint32_t got = crc32c(arrived, length); got != sent) {
+      const size_t at = g_.at(c, i);
       throw CorruptedTransfer(::dpar::detail::str_cat(
           "the ", length, " bytes rank ", rank_, " received from rank ", prev_, " (bytes ", at,
           "..", at + length, " of ", g_.offset.back(), ") failed their CRC-32C check (",
@@ -147,27 +181,45 @@ class Incoming {
     }
     return arrived;
   }
-  void release(size_t i) {
+  // The segment last received is used up: its half takes the one two ahead.
+  void release() {
     if (link_) {
       link_->release();
-    } else if (i + 2 < g_.segments(c_)) {
-      post(i + 2);
+    } else if (next_ + 1 < arrivals_.size()) {
+      post(next_ + 1);
     }
   }
 
  private:
-  void post(size_t i) { staging_->recv(prev_, data_slot_, (i & 1) * g_.segment, g_.length(c_, i)); }
+  void post(size_t k) {
+    const auto [c, i] = arrivals_[k];
+    const size_t length = g_.length(c, i);
+    if (g_.inline_chunk(c)) {
+      staging_->recv(prev_, data_slot_, (k & 1) * stride_, length + kCrcBytes);
+    } else {
+      staging_->recv(prev_, data_slot_, (k & 1) * stride_, length);
+      crc_buffer_->recv(prev_, crc_slot_, k * kCrcBytes, kCrcBytes);
+    }
+  }
 
   const Geometry& g_;
   ShmLink* link_;
   const std::function<std::string()>& cancelled_;
   HybridScratch& scratch_;
-  int rank_, prev_ = 0, c_ = 0;
+  const std::vector<Arrival> arrivals_;
+  const int rank_, prev_;
   uint64_t data_slot_ = 0, crc_slot_ = 0;
+  size_t stride_ = 0, next_ = 0;
   std::unique_ptr<gloo::transport::UnboundBuffer> staging_, crc_buffer_;
 };
 
 int wrap(int r, int n) { return (r % n + n) % n; }
+
+// One step of the ring: what this rank sends and receives, and whether it folds what arrives.
+struct Step {
+  int send_c, recv_c;
+  bool reducing;
+};
 
 }  // namespace
 
@@ -178,37 +230,44 @@ void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLi
   const int n = context->size, rank = context->rank;
   const Geometry g(buffer, timeout);
   if (n == 1 || g.offset.back() == 0) return;
+  // Reduce-scatter: chunk c starts at rank c+1 and picks up one contribution per hop. Then
+  // `finish`, then the allgather: each finished chunk travels on from its owner.
+  std::vector<Step> steps;
+  for (int s = 0; s + 1 < n; ++s)
+    steps.push_back({wrap(rank - s - 1, n), wrap(rank - s - 2, n), true});
+  for (int s = 0; s + 1 < n; ++s)
+    steps.push_back({wrap(rank - s, n), wrap(rank - s - 1, n), false});
+  std::vector<Incoming::Arrival> arrivals;
+  for (const Step& step : steps) {
+    for (size_t i = 0; i < g.segments(step.recv_c); ++i) arrivals.emplace_back(step.recv_c, i);
+  }
   Outgoing out(context, links.to_next.get(), g, tag, cancelled, scratch);
-  Incoming in(context, links.from_prev.get(), g, tag, cancelled, scratch);
-  // One step: send chunk send_c, receive chunk recv_c, segment by segment in lockstep. Segment i
-  // goes out before segment i comes in, so no hop waits on one that waits on it: a shared-memory
-  // send waits only for its consumer to have released segment i-kSlots.
-  auto step = [&](int send_c, int recv_c, bool reducing) {
-    in.begin_step(recv_c);
-    const size_t ns = g.segments(send_c), nr = g.segments(recv_c);
+  Incoming in(context, links.from_prev.get(), g, std::move(arrivals), tag, cancelled, scratch);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const Step& step = steps[k];
+    // Segment by segment in lockstep; segment i goes out before segment i comes in, so no hop
+    // waits on one that waits on it: a shared-memory send waits only for its consumer to have
+    // released segment i-kSlots.
+    const size_t ns = g.segments(step.send_c), nr = g.segments(step.recv_c);
     for (size_t i = 0; i < std::max(ns, nr); ++i) {
-      if (i < ns) out.send(send_c, i);
+      if (i < ns) out.send(step.send_c, i);
       if (i >= nr) continue;
-      const uint8_t* arrived = in.receive(i);
-      uint8_t* own = buffer.data + g.at(recv_c, i);
-      if (reducing) {
+      const uint8_t* arrived = in.receive(step.recv_c, i);
+      uint8_t* own = buffer.data + g.at(step.recv_c, i);
+      if (step.reducing) {
         // own (op) arrived, as every form of the ring folds: the same bits.
-        reduce(own, own, arrived, g.length(recv_c, i) / buffer.element_size);
+        reduce(own, own, arrived, g.length(step.recv_c, i) / buffer.element_size);
       } else {
-        std::memcpy(own, arrived, g.length(recv_c, i));
+        std::memcpy(own, arrived, g.length(step.recv_c, i));
       }
-      in.release(i);
+      in.release();
     }
     out.end_step();
-  };
-  // Reduce-scatter: chunk c starts at rank c+1 and picks up one contribution per hop.
-  for (int s = 0; s + 1 < n; ++s) step(wrap(rank - s - 1, n), wrap(rank - s - 2, n), true);
-  if (finish) {
-    finish(buffer.data + g.at(rank, 0),
-           buffer.chunk_bytes[static_cast<size_t>(rank)] / buffer.element_size);
+    if (finish && k + 2 == static_cast<size_t>(n)) {  // the last reduce-scatter step
+      finish(buffer.data + g.at(rank, 0),
+             buffer.chunk_bytes[static_cast<size_t>(rank)] / buffer.element_size);
+    }
   }
-  // Allgather: each finished chunk travels on from its owner.
-  for (int s = 0; s + 1 < n; ++s) step(wrap(rank - s, n), wrap(rank - s - 1, n), false);
 }
 
 }  // namespace dpar::dist::detail

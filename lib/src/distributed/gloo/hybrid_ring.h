@@ -25,9 +25,10 @@
 
 namespace dpar::dist::detail {
 
-// Reused between calls: where TCP segments arrive, and the CRCs of a step's segments.
+// Reused between calls: where TCP segments arrive, where a small chunk is staged with its CRC,
+// and the CRCs of the segments that travel apart from theirs.
 struct HybridScratch {
-  std::vector<uint8_t> segments;
+  std::vector<uint8_t> segments, out_stage;
   std::vector<uint32_t> sent_crcs, received_crcs;
 };
 

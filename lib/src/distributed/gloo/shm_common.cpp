@@ -68,7 +68,11 @@ std::vector<std::string> exchange_host_identities(Store& store, int rank, int si
 }
 
 void shm_advance(ShmCounter& counter, uint32_t value) {
-  counter.value.store(value, std::memory_order_release);
+  // Sequentially consistent, not a release store: a waiter announces itself (sleepers) and then
+  // reads the value; this side writes the value and then reads sleepers. Only a full fence
+  // between each pair keeps both from reading the old word (a lost wake-up: the waiter would
+  // sleep out its whole nap).
+  counter.value.store(value);
   if (counter.sleepers.load() > 0) shm_wake(counter);
 }
 
