@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
                              static_cast<int>(threads));
     };
     for (int64_t i = 0; i < warmup; ++i) step();
+    const uint64_t system_before = allocator_for(Device::cpu()).stats().system_allocations;
     const double ours_s = time_steps();
     const double ours = static_cast<double>(batch) / ours_s;
     const double peak_mb = sysinfo::peak_rss_mb();
@@ -105,11 +106,15 @@ int main(int argc, char** argv) {
                 static_cast<long long>(threads), static_cast<long long>(steps));
     std::printf("  dpar     %8.2f img/s  (%7.1f ms/step)  peak RSS %7.1f MB, training %7.1f MB\n",
                 ours, ours_s * 1e3, peak_mb, training_mb);
-    // The caching allocator keeps freed blocks by exact size: what it holds beyond its peak in
-    // use is memory no tensor needed at the same time.
-    std::printf("           tensor memory: peak in use %.1f MB, held by the allocator %.1f MB\n",
-                static_cast<double>(alloc.peak_allocated_bytes) / 1048576.0,
-                static_cast<double>(alloc.allocated_bytes + alloc.cached_bytes) / 1048576.0);
+    // The caching allocator keeps freed blocks for reuse (best fit, bounded): what it holds
+    // beyond its peak in use is memory no tensor needed at the same time; blocks it had to take
+    // from the system during the timed steps mean its bound is too tight for the step.
+    std::printf(
+        "           tensor memory: peak in use %.1f MB, held by the allocator %.1f MB, %.1f "
+        "system allocations per timed step\n",
+        static_cast<double>(alloc.peak_allocated_bytes) / 1048576.0,
+        static_cast<double>(alloc.allocated_bytes + alloc.cached_bytes) / 1048576.0,
+        static_cast<double>(alloc.system_allocations - system_before) / static_cast<double>(steps));
     if (peer) {
       const auto p = run_torch(/*channels_last=*/true);
       const double theirs = p.at("img_per_s").get<double>();

@@ -1,6 +1,11 @@
 #include "dpar/autograd/function.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "dpar/autograd/grad_mode.h"
+#include "dpar/core/error.h"
 
 namespace dpar::autograd {
 namespace {
@@ -26,7 +31,41 @@ class FunctionNode final : public Node {
   NeedsGrad needs_;
 };
 
+std::atomic<bool>& recompute_switch() {
+  static std::atomic<bool> on{[] {
+    const char* text = std::getenv("DPAR_RECOMPUTE");
+    if (text == nullptr || *text == '\0') return true;
+    DPAR_CHECK(std::strcmp(text, "0") == 0 || std::strcmp(text, "1") == 0,
+               "DPAR_RECOMPUTE: expected 1 or 0, got '", text, "'");
+    return std::strcmp(text, "1") == 0;
+  }()};
+  return on;
+}
+
 }  // namespace
+
+bool recompute_enabled() { return recompute_switch().load(std::memory_order_relaxed); }
+void set_recompute_enabled(bool on) { recompute_switch().store(on); }
+
+void set_recompute(const Tensor& t, std::function<Tensor()> recipe) {
+  TensorImpl* impl = t.impl();
+  DPAR_CHECK(impl != nullptr && impl->autograd != nullptr,
+             "set_recompute: the tensor is not a recorded result");
+  impl->autograd->recompute = std::move(recipe);
+}
+
+std::function<Tensor()> recompute_of(const Tensor& t) {
+  if (!t.defined() || t.impl()->autograd == nullptr || !recompute_enabled()) return {};
+  return t.impl()->autograd->recompute;
+}
+
+SavedTensor::SavedTensor(const Tensor& t) : shape_(t.defined() ? t.shape() : Shape{}) {
+  if (!t.defined()) return;
+  recompute_ = recompute_of(t);
+  if (!recompute_) tensor_ = t.detach();
+}
+
+Tensor SavedTensor::get() const { return recompute_ ? recompute_() : tensor_; }
 
 bool needs_grad(const std::vector<Tensor>& inputs) {
   if (!GradMode::is_enabled()) return false;

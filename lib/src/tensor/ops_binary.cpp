@@ -106,13 +106,20 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binary(kernels::BinaryOp::mul, "mul", a, b);
   if (autograd::needs_grad({a, b})) {
+    // An operand that can be made again (an activation) is kept as its recipe; then so can the
+    // product (e.g. the SE block's scaled activation, which the projection reads next).
+    const autograd::SavedTensor as(a), bs(b);
     autograd::record("mul", {a, b}, {out},
-                     [ad = a.detach(), bd = b.detach()](const autograd::GradList& g,
-                                                        const autograd::NeedsGrad& need) {
-                       return autograd::GradList{
-                           need[0] ? detail::sum_to_shape(mul(g[0], bd), ad.shape()) : Tensor(),
-                           need[1] ? detail::sum_to_shape(mul(g[0], ad), bd.shape()) : Tensor()};
+                     [as, bs](const autograd::GradList& g, const autograd::NeedsGrad& need) {
+                       Tensor ga, gb;
+                       if (need[0]) ga = detail::sum_to_shape(mul(g[0], bs.get()), as.shape());
+                       if (need[1]) gb = detail::sum_to_shape(mul(g[0], as.get()), bs.shape());
+                       return autograd::GradList{ga, gb};
                      });
+    if (as.recomputed() || bs.recomputed()) {
+      autograd::set_recompute(
+          out, [as, bs] { return binary(kernels::BinaryOp::mul, "mul", as.get(), bs.get()); });
+    }
   }
   return out;
 }

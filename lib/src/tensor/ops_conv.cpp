@@ -131,7 +131,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const bool params_need_grad = weight.requires_grad() || (kg.has_bias && bias.requires_grad());
   autograd::record(
       "conv2d", {x, weight, bias}, {y},
-      [g, kg, xs = params_need_grad ? xh.detach() : Tensor(),
+      [g, kg, xs = params_need_grad ? autograd::SavedTensor(xh) : autograd::SavedTensor(),
        ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format, compute,
        device](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
         const Tensor dy = detail::cast_for_compute(
@@ -149,7 +149,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
           dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, compute, device, weight_format);
           if (kg.has_bias) db = Tensor::empty({g.O}, compute, device);
           if (g.N > 0) {
-            kernels::conv2d_backward_weights.get(device)(kg, xs, dy, dw, db);
+            kernels::conv2d_backward_weights.get(device)(kg, xs.get(), dy, dw, db);
           } else {
             dw.zero_();
             if (db.defined()) db.zero_();

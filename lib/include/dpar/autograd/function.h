@@ -43,4 +43,36 @@ Tensor accumulation_target(size_t input);
 void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             BackwardFn backward);
 
+// A tensor a backward function reads. Where the tensor can be made again from what other
+// backward functions keep anyway (its producer attached a recipe: set_recompute), and
+// recomputation is on, only the recipe is kept, so the activation itself is freed after the
+// forward and made again, the same bits, when the backward runs. Else the detached tensor is
+// kept, as capturing x.detach() does.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t);
+  bool defined() const { return tensor_.defined() || static_cast<bool>(recompute_); }
+  const Shape& shape() const { return shape_; }
+  bool recomputed() const { return static_cast<bool>(recompute_); }
+  // The tensor (made again where only its recipe was kept).
+  Tensor get() const;
+
+ private:
+  Tensor tensor_;
+  std::function<Tensor()> recompute_;
+  Shape shape_;
+};
+
+// Attaches to t (a result that requires grad) the recipe that makes its values again; the recipe
+// must capture only detached tensors that the graph keeps anyway, and give the same bits.
+void set_recompute(const Tensor& t, std::function<Tensor()> recipe);
+// t's recipe when it has one and recomputation is on, else empty.
+std::function<Tensor()> recompute_of(const Tensor& t);
+
+// Recomputation of activations in backward (on by default; DPAR_RECOMPUTE=0 turns it off for the
+// process): trades a pass over each recomputed activation for its memory.
+bool recompute_enabled();
+void set_recompute_enabled(bool on);
+
 }  // namespace dpar::autograd

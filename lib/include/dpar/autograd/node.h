@@ -77,6 +77,11 @@ struct AutogradMeta {
   std::weak_ptr<Node> grad_accumulator;  // leaves: their AccumulateGrad, created on demand
   std::vector<std::pair<int, GradReadyHook>> ready_hooks;
   int next_hook_handle = 0;
+  // How to make this tensor's values again from what the backward of its producer keeps anyway
+  // (e.g. an activation from the batch norm output its op saved): an op that needs the tensor in
+  // its backward then keeps this recipe instead (SavedTensor), and the tensor itself is freed
+  // after the forward. Empty: the tensor must be kept.
+  std::function<Tensor()> recompute;
 };
 
 // The edge through which gradient flows into t: grad_fn for results, the accumulator for
