@@ -101,6 +101,25 @@ TEST_CASE("with recomputation off the graph keeps the activation until backward"
   CHECK(activation.expired());
 }
 
+TEST_CASE("an activation written in place is kept, not remade from before the write",
+          "[autograd][recompute]") {
+  // z *= 2 in place after the batch norm, then a convolution reads z: its weight gradient must
+  // use the written values, which a recipe from y would not give.
+  std::vector<float> grads[2];
+  for (bool recompute : {false, true}) {
+    autograd::set_recompute_enabled(recompute);
+    Block b = make_block();
+    Tensor running_mean = Tensor::zeros({16}), running_var = Tensor::ones({16});
+    Tensor z = batch_norm_act(conv2d(b.x, b.w1, Tensor(), {}), b.gamma, b.beta, running_mean,
+                              running_var, true, 0.1, 1e-3, Activation::hardswish);
+    mul_(z, 2.0);
+    sum(mul(conv2d(z, b.w2, Tensor(), {.padding = {1, 1}}), b.r)).backward();
+    grads[recompute ? 1 : 0] = b.w2.grad().to_float_vector();
+  }
+  autograd::set_recompute_enabled(true);
+  CHECK(grads[0] == grads[1]);
+}
+
 TEST_CASE("the CPU allocator's cache stays within its bound of the peak in use", "[allocator]") {
   // Blocks of growing sizes, each freed before the next: an unbounded cache would keep every
   // one (the sum of all sizes); the bound keeps what it holds near the largest.

@@ -59,6 +59,10 @@ std::function<Tensor()> recompute_of(const Tensor& t) {
   return t.impl()->autograd->recompute;
 }
 
+void drop_recompute(const Tensor& t) {
+  if (t.defined() && t.impl()->autograd != nullptr) t.impl()->autograd->recompute = nullptr;
+}
+
 SavedTensor::SavedTensor(const Tensor& t) : shape_(t.defined() ? t.shape() : Shape{}) {
   if (!t.defined()) return;
   recompute_ = recompute_of(t);

@@ -166,12 +166,14 @@ Tensor& add_(Tensor& self, const Tensor& other, double alpha) {
   check_float(other, "add_", "other");
   DPAR_CHECK(self.shape() == other.shape(), "add_: shape ", other.shape(), " does not match ",
              self.shape());
+  autograd::drop_recompute(self);
   kernels::add_inplace.get(self.device())(self, other, alpha);
   return self;
 }
 
 Tensor& mul_(Tensor& self, double value) {
   check_float(self, "mul_", "self");
+  autograd::drop_recompute(self);
   kernels::affine.get(self.device())(self, value, 0.0, self);
   return self;
 }

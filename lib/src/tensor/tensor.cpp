@@ -309,6 +309,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   DPAR_CHECK(src.defined(), "Tensor::copy_: source is undefined");
   DPAR_CHECK(shape() == src.shape(), "Tensor::copy_: shape ", src.shape(),
              " does not match destination ", shape());
+  autograd::drop_recompute(*this);
   if (device() == src.device()) {
     kernels::copy.get(device())(src, *this);
     return *this;
@@ -336,6 +337,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(double value) {
+  autograd::drop_recompute(*this);
   kernels::fill.get(device())(*this, value);
   return *this;
 }

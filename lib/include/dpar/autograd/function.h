@@ -69,6 +69,10 @@ class SavedTensor {
 void set_recompute(const Tensor& t, std::function<Tensor()> recipe);
 // t's recipe when it has one and recomputation is on, else empty.
 std::function<Tensor()> recompute_of(const Tensor& t);
+// An in-place write to t (copy_, fill_, add_, mul_) drops its recipe: an op that reads t later
+// must keep the written values, not remake the old ones. (Ops that saved the recipe before the
+// write still remake what they read.)
+void drop_recompute(const Tensor& t);
 
 // Recomputation of activations in backward (on by default; DPAR_RECOMPUTE=0 turns it off for the
 // process): trades a pass over each recomputed activation for its memory.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace dpar::dist::detail {
 
@@ -13,8 +14,11 @@ struct ShmLink::Control {
   ShmCounter sent;                       // segments published by the producer; its pid
   ShmCounter consumed;                   // segments released by the consumer; its pid
   alignas(64) uint64_t lengths[kSlots];  // bytes in each slot, set before it is published
-  std::atomic<uint32_t> broken;          // set once, by the side that gave up
-  char reason[512];                      // why, written before `broken`
+  // Each side's give-up mark, written only by that side (0: the producer, 1: the consumer).
+  struct Mark {
+    std::atomic<uint32_t> broken;  // set once
+    char reason[500];              // why, written before `broken`
+  } marks[2];
 };
 
 namespace {
@@ -41,10 +45,10 @@ uint8_t* ShmLink::slot(uint64_t index) const {
 
 ShmCheck ShmLink::broken_check() const {
   return [this]() -> std::string {
-    Control& c = control();
-    if (c.broken.load(std::memory_order_acquire) == 0) return {};
+    const Control::Mark& theirs = control().marks[producer_ ? 1 : 0];
+    if (theirs.broken.load(std::memory_order_acquire) == 0) return {};
     return "rank " + std::to_string(peer_.rank()) + " gave up on the collective: " +
-           std::string(c.reason, strnlen(c.reason, sizeof c.reason));
+           std::string(theirs.reason, strnlen(theirs.reason, sizeof theirs.reason));
   };
 }
 
@@ -86,11 +90,12 @@ void ShmLink::release() {
 
 void ShmLink::mark_broken(const std::string& why) {
   Control& c = control();
-  if (c.broken.load() != 0) return;
-  const size_t n = std::min(why.size(), sizeof c.reason - 1);
-  std::memcpy(c.reason, why.data(), n);
-  c.reason[n] = '\0';
-  c.broken.store(1, std::memory_order_release);
+  Control::Mark& mine = c.marks[producer_ ? 0 : 1];
+  if (mine.broken.load() != 0) return;
+  const size_t n = std::min(why.size(), sizeof mine.reason - 1);
+  std::memcpy(mine.reason, why.data(), n);
+  mine.reason[n] = '\0';
+  mine.broken.store(1, std::memory_order_release);
   // Whichever counter the other side sleeps on: wake it to see the mark.
   shm_wake(producer_ ? c.sent : c.consumed);
 }
@@ -124,6 +129,17 @@ RingLinks connect_ring_links(Store& store, int rank, int size,
     }
     store.set(key("segment", rank), bytes_of(out.base ? name : "!" + out.error));
   }
+  // Should a store call below fail (a peer gone while connecting), the segment goes with it
+  // rather than staying in /dev/shm until the machine restarts.
+  struct Cleanup {
+    const std::string& name;
+    ShmMapping& out;
+    bool unlinked = false;
+    ~Cleanup() {
+      if (out.base && !unlinked) shm_unlink(name.c_str());
+      if (out.base) munmap(out.base, out.bytes);
+    }
+  } cleanup{name, out};
   // 2. As consumer: map the previous rank's segment and say whether that worked. Every rank
   // publishes before it waits, so no two ranks wait on each other.
   if (same_host(prev, rank)) {
@@ -150,14 +166,13 @@ RingLinks connect_ring_links(Store& store, int rank, int size,
   if (same_host(rank, next)) {
     store.wait({key("mapped", rank)}, timeout);
     if (out.base) shm_unlink(name.c_str());
+    cleanup.unlinked = true;
     const std::string error = text(store.get(key("mapped", rank)));
     if (out.base && error.empty()) {
       auto* c = reinterpret_cast<ShmLink::Control*>(out.base);
       ShmPeer consumer(next, c->consumed.pid.load());
-      links.to_next.reset(
-          new ShmLink(std::move(out), /*producer=*/true, rank, std::move(consumer)));
-    } else if (out.base) {
-      munmap(out.base, out.bytes);
+      links.to_next.reset(new ShmLink(std::exchange(out, ShmMapping{}), /*producer=*/true, rank,
+                                      std::move(consumer)));
     }
   }
   // 4. The whole ring's count, for the group's description: every same-host hop's answer.
