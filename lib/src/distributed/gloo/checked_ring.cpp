@@ -55,12 +55,7 @@ class RingGeometry {
   // Throws CorruptedTransfer when the CRC of bytes [offset, offset + length) as they arrived
   // from the previous rank differs from the one it sent.
   void check(size_t offset, size_t length, uint32_t got, uint32_t sent) const {
-    if (got == sent) return;
-    throw CorruptedTransfer(::dpar::detail::str_cat(
-        "the ", length, " bytes rank ", rank_, " received from rank ", prev_, " (bytes ", offset,
-        "..", offset + length, " of ", offset_.back(), ") failed their CRC-32C check (",
-        ::dpar::detail::crc_pair(got, sent),
-        "): they were corrupted in transit between the two ranks"));
+    check_transfer(rank_, prev_, offset, length, offset_.back(), got, sent);
   }
 
  protected:
@@ -332,6 +327,16 @@ void allgather_segmented(const std::shared_ptr<gloo::Context>& context, const Ri
 }
 
 }  // namespace
+
+void check_transfer(int rank, int prev, size_t offset, size_t length, size_t total, uint32_t got,
+                    uint32_t sent) {
+  if (got == sent) return;
+  throw CorruptedTransfer(
+      ::dpar::detail::str_cat("the ", length, " bytes rank ", rank, " received from rank ", prev,
+                              " (bytes ", offset, "..", offset + length, " of ", total,
+                              ") failed their CRC-32C check (", ::dpar::detail::crc_pair(got, sent),
+                              "): they were corrupted in transit between the two ranks"));
+}
 
 void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const RingBuffer& buffer,
                          ReduceFn reduce, uint32_t tag, Millis timeout, RingScratch& scratch) {

@@ -35,6 +35,11 @@ struct CorruptedTransfer : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Throws CorruptedTransfer when the CRC of bytes [offset, offset + length) of a `total`-byte
+// collective, as `rank` received them from `prev`, differs from the one `prev` sent.
+void check_transfer(int rank, int prev, size_t offset, size_t length, size_t total, uint32_t got,
+                    uint32_t sent);
+
 // What a ring collective works on: `data` holds the concatenation of size() chunks, chunk r
 // being chunk_bytes[r] bytes (equal on every rank), each a whole number of elements.
 struct RingBuffer {

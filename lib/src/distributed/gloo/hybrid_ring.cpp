@@ -171,14 +171,8 @@ class Incoming {
       crc_buffer_->waitRecv(g_.remaining());
       sent = scratch_.received_crcs[k];
     }
-    if (const uint32_t got = crc32c(arrived, length); got != sent) {
-      const size_t at = g_.at(c, i);
-      throw CorruptedTransfer(::dpar::detail::str_cat(
-          "the ", length, " bytes rank ", rank_, " received from rank ", prev_, " (bytes ", at,
-          "..", at + length, " of ", g_.offset.back(), ") failed their CRC-32C check (",
-          ::dpar::detail::crc_pair(got, sent),
-          "): they were corrupted in transit between the two ranks"));
-    }
+    check_transfer(rank_, prev_, g_.at(c, i), length, g_.offset.back(), crc32c(arrived, length),
+                   sent);
     return arrived;
   }
   // The segment last received is used up: its half takes the one two ahead.
@@ -237,9 +231,11 @@ void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLi
     steps.push_back({wrap(rank - s - 1, n), wrap(rank - s - 2, n), true});
   for (int s = 0; s + 1 < n; ++s)
     steps.push_back({wrap(rank - s, n), wrap(rank - s - 1, n), false});
-  std::vector<Incoming::Arrival> arrivals;
-  for (const Step& step : steps) {
-    for (size_t i = 0; i < g.segments(step.recv_c); ++i) arrivals.emplace_back(step.recv_c, i);
+  std::vector<Incoming::Arrival> arrivals;  // what the TCP hop in posts its receives for
+  if (!links.from_prev) {
+    for (const Step& step : steps) {
+      for (size_t i = 0; i < g.segments(step.recv_c); ++i) arrivals.emplace_back(step.recv_c, i);
+    }
   }
   Outgoing out(context, links.to_next.get(), g, tag, cancelled, scratch);
   Incoming in(context, links.from_prev.get(), g, std::move(arrivals), tag, cancelled, scratch);
