@@ -202,28 +202,62 @@ std::vector<Desc> engine_configs(const Desc& graph, cudnnBackendHeurMode_t mode)
 
 enum class EngineKind { Refused, Precompiled, RuntimeCompiled };
 
+// The engine behind an engine configuration; false where cuDNN does not say.
+bool engine_of(const Desc& config, Desc& engine) {
+  cudnnBackendDescriptor_t raw = engine.get();
+  int64_t n = 0;
+  return cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                  &raw) == CUDNN_STATUS_SUCCESS;
+}
+
+// An engine's numerical notes (how its arithmetic departs from a plain f32 convolution).
+bool numerical_notes(const Desc& engine, std::vector<cudnnBackendNumericalNote_t>& out) {
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                               CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n,
+                               notes) != CUDNN_STATUS_SUCCESS)
+    return false;
+  out.assign(notes, notes + n);
+  return true;
+}
+
+// "fft,winograd": the notes DPAR_CUDNN_LOG_ALGOS prints beside a chosen engine.
+std::string describe_notes(const Desc& config) {
+  static const char* const names[CUDNN_NUMERICAL_NOTE_TYPE_COUNT] = {
+      "tensor-core",  "down-convert",     "reduced-precision-reduction",
+      "fft",          "nondeterministic", "winograd",
+      "winograd-4x4", "winograd-6x6",     "winograd-13x13",
+      "strict-nan"};
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  std::vector<cudnnBackendNumericalNote_t> notes;
+  if (!engine_of(config, engine) || !numerical_notes(engine, notes)) return "?";
+  std::string text;
+  for (cudnnBackendNumericalNote_t note : notes) {
+    if (note < 0 || note >= CUDNN_NUMERICAL_NOTE_TYPE_COUNT) continue;
+    if (!text.empty()) text += ',';
+    text += names[note];
+  }
+  return text.empty() ? "none" : text;
+}
+
 // Engines the search leaves out, as PyTorch's filter does: ones that convert inputs to a
 // narrower type, and TF32 tensor cores for f32 (dpar keeps f32 exact unless DPAR_ALLOW_TF32=1).
 // Engines compiled at run time (NVRTC) are told apart: they cost a compilation per problem.
 EngineKind engine_kind(const Desc& config, DType t, bool allow_tf32) {
   Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  cudnnBackendDescriptor_t raw = engine.get();
-  int64_t n = 0;
-  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &raw) != CUDNN_STATUS_SUCCESS)
-    return EngineKind::Refused;
-  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-  if (cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) != CUDNN_STATUS_SUCCESS)
-    return EngineKind::Refused;
-  for (int64_t i = 0; i < n; ++i) {
-    if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return EngineKind::Refused;
-    if (t == DType::f32 && !allow_tf32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE)
+  std::vector<cudnnBackendNumericalNote_t> notes;
+  if (!engine_of(config, engine) || !numerical_notes(engine, notes)) return EngineKind::Refused;
+  for (cudnnBackendNumericalNote_t note : notes) {
+    if (note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return EngineKind::Refused;
+    if (t == DType::f32 && !allow_tf32 && note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE)
       return EngineKind::Refused;
   }
   cudnnBackendBehaviorNote_t behaviour[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
-  if (cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
-                               CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n,
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
+                               CUDNN_TYPE_BEHAVIOR_NOTE, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n,
                                behaviour) != CUDNN_STATUS_SUCCESS)
     return EngineKind::Refused;
   for (int64_t i = 0; i < n; ++i) {
@@ -234,11 +268,10 @@ EngineKind engine_kind(const Desc& config, DType t, bool allow_tf32) {
 
 int64_t engine_index(const Desc& config) {
   Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  cudnnBackendDescriptor_t raw = engine.get();
   int64_t n = 0, index = -1;
-  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &raw) == CUDNN_STATUS_SUCCESS)
-    cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
+  if (engine_of(config, engine))
+    cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                             &index);
   return index;
 }
 
@@ -352,7 +385,9 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
   GraphPlan best;
   float best_ms = 0;
   int64_t best_engine = -1;
+  std::string best_notes;
   int timed = 0;
+  const bool benchmark = cudnn_benchmark();
   for (Desc& config : candidates) {
     auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     int64_t ws_size = 0, n = 0;
@@ -372,6 +407,13 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
     if (execute(handle, *plan, x.raw_data(), w.raw_data(), y.raw_data(), ws) !=
         CUDNN_STATUS_SUCCESS)
       continue;
+    if (!benchmark) {  // heuristics' order: the first engine that runs
+      best_engine = engine_index(config);
+      best_notes = describe_notes(config);
+      best.plan = std::move(plan);
+      best.workspace = ws_size;
+      break;
+    }
     check(cudaEventRecord(start, stream), "cudaEventRecord");
     bool ok = true;
     for (int i = 0; i < 3 && ok; ++i)
@@ -387,6 +429,7 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
     if (!best.plan || better(ms, ws_size, best_ms, best.workspace)) {
       best_ms = ms;
       best_engine = engine_index(config);
+      best_notes = describe_notes(config);
       best.plan = std::move(plan);
       best.workspace = ws_size;
     }
@@ -403,10 +446,10 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - search_start)
               .count();
       std::fprintf(stderr,
-                   "cudnn graph: %s, %s: engine %lld, %.3f ms, workspace %.1f MB (%d of %zu "
-                   "engines timed, %zu compiled at run time; search %.0f ms)\n",
+                   "cudnn graph: %s, %s: engine %lld (notes %s), %.3f ms, workspace %.1f MB "
+                   "(%d of %zu engines timed, %zu compiled at run time; search %.0f ms)\n",
                    description.c_str(), direction_name(direction),
-                   static_cast<long long>(best_engine), best_ms,
+                   static_cast<long long>(best_engine), best_notes.c_str(), best_ms,
                    static_cast<double>(best.workspace) / 1048576.0, timed, candidates.size(),
                    compiled, search_ms);
     } else {
@@ -429,6 +472,14 @@ bool env_flag(const char* name) {
 bool tf32_allowed() {
   static const bool allowed = env_flag("DPAR_ALLOW_TF32");
   return allowed;
+}
+
+bool cudnn_benchmark() {
+  static const bool on = [] {
+    const char* v = std::getenv("DPAR_CUDNN_BENCHMARK");
+    return v == nullptr || *v == 0 || std::string(v) != "0";
+  }();
+  return on;
 }
 
 bool log_cudnn_choices() {

@@ -26,6 +26,11 @@ struct ConvLayout {
 // Shared by both cuDNN paths (conv.cpp, conv_graph.cpp):
 bool tf32_allowed();       // DPAR_ALLOW_TF32=1
 bool log_cudnn_choices();  // DPAR_CUDNN_LOG_ALGOS=1
+// DPAR_CUDNN_BENCHMARK=0 (cudnn.benchmark = False): the graph API takes the first engine in
+// cuDNN's heuristic order that runs, untimed, so the choice, and with it the rounding, is the
+// same in every run on a given GPU and cuDNN. Timed (the default), the fastest engine can differ
+// from run to run where timings are close or the GPU is shared, and engines differ in rounding.
+bool cudnn_benchmark();
 // Geometry and the strides cuDNN is given: the part of a plan cache's key both paths share.
 std::vector<int64_t> conv_problem_key(const kernels::Conv2dGeometry& g, const ConvLayout& layout);
 
