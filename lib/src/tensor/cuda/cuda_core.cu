@@ -8,16 +8,12 @@
 
 #include "tensor/core_kernels.h"
 #include "tensor/cuda/cuda_context.h"
+#include "tensor/cuda/float_types.cuh"
 #include "tensor/cuda/pinned_memory.h"
 #include "tensor/cuda/strided_indexer.cuh"
 
 namespace dpar::cuda {
 namespace {
-
-template <class T>
-struct Tag {
-  using type = T;
-};
 
 template <class Fn>
 void visit_dtype(DType t, Fn&& fn) {
@@ -34,21 +30,6 @@ void visit_dtype(DType t, Fn&& fn) {
       return fn(Tag<uint8_t>{});
   }
   DPAR_FAIL("copy on CUDA: unsupported dtype ", t);
-}
-
-template <class T>
-inline constexpr bool kFloating =
-    std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
 }
 
 template <class T>

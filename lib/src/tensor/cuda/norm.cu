@@ -12,6 +12,9 @@
 //      it took 34-46 us a launch, more than the data passes themselves.)
 // Sums are accumulated in double: the batch variance is E[x^2] - mean^2, which double keeps
 // exact enough for any f32 data (and it matches the CPU's double sums in the backward).
+// x, y, dy and dx may be f16/bf16 (amp::Autocast's half-precision activations, as cuDNN's
+// batch norm takes them): they are read into f32, and the statistics, the parameters and
+// their gradients stay f32.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <cstdint>
 
 #include "tensor/cuda/cuda_context.h"
+#include "tensor/cuda/float_types.cuh"
 #include "tensor/cuda/strided_indexer.cuh"
 #include "tensor/nn_kernels.h"
 
@@ -43,7 +47,8 @@ struct BnLayout {
 
 BnLayout bn_layout(const Tensor& x, const char* op) {
   DPAR_CHECK(x.dim() == 4, op, " on CUDA needs a 4-D tensor, got shape ", x.shape());
-  DPAR_CHECK(x.dtype() == DType::f32, op, " on CUDA supports f32, got ", x.dtype());
+  DPAR_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f16 || x.dtype() == DType::bf16, op,
+             " on CUDA supports f32, f16 and bf16, got ", x.dtype());
   // When both predicates hold (C == 1 or H*W == 1) the two index maps above coincide.
   const bool nhwc = x.is_contiguous(MemoryFormat::ChannelsLast);
   DPAR_CHECK(nhwc || x.is_contiguous(), op,
@@ -52,14 +57,14 @@ BnLayout bn_layout(const Tensor& x, const char* op) {
   return {x.size(0), x.size(1), x.size(2) * x.size(3), nhwc};
 }
 
-// t must be an f32 tensor of like's shape in the layout L was taken from.
+// t must be a tensor of like's dtype and shape in the layout L was taken from.
 void check_like(const Tensor& t, const Tensor& like, const BnLayout& L, const char* op,
                 const char* name) {
-  DPAR_CHECK(t.defined() && t.dtype() == DType::f32 && t.shape() == like.shape() &&
+  DPAR_CHECK(t.defined() && t.dtype() == like.dtype() && t.shape() == like.shape() &&
                  t.is_contiguous(L.nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous),
-             op, " on CUDA: ", name, " must be f32 ", like.shape(), " in the layout of strides ",
-             like.strides(), "; got ", t.defined() ? t.str() : "undefined", " strides ",
-             t.defined() ? t.strides() : Shape{});
+             op, " on CUDA: ", name, " must be ", like.dtype(), " ", like.shape(),
+             " in the layout of strides ", like.strides(), "; got ",
+             t.defined() ? t.str() : "undefined", " strides ", t.defined() ? t.strides() : Shape{});
 }
 
 // Per-channel vectors: weight/bias/dweight/dbias contiguous [C] (or undefined where allowed),
@@ -85,23 +90,25 @@ struct Sums2 {
 };
 
 // Forward: (x, x^2).
+template <class T>
 struct MomentSums {
-  const float* x;
+  const T* x;
   __device__ Sums2 operator()(int64_t i, int64_t) const {
-    const double v = x[i];
+    const double v = to_float(x[i]);
     return {v, v * v};
   }
 };
 
 // Backward: (dy, dy * x_hat) with x_hat = (x - mean) * inv_std; coef from bn_backward_coef.
+template <class T>
 struct GradSums {
-  const float* src;
-  const float* dz;
+  const T* src;
+  const T* dz;
   const float* coef;
   int64_t C;
   __device__ Sums2 operator()(int64_t i, int64_t c) const {
-    const float v = src[i];
-    const float dy = dz[i];
+    const float v = to_float(src[i]);
+    const float dy = to_float(dz[i]);
     const float xh = (v - coef[c]) * coef[C + c];
     return {static_cast<double>(dy), static_cast<double>(dy * xh)};
   }
@@ -293,16 +300,39 @@ void launch_channel_elementwise(const F& f, const BnLayout& L, cudaStream_t stre
 }
 
 // y = scale * (x - mean) + bias (oneDNN's formula), coef as in bn_forward_coef.
+template <class T>
 struct ForwardApply {
-  const float* x;
-  float* y;
+  const T* x;
+  T* y;
   const float* coef;
   int64_t C;
   template <class Idx>
   __device__ void operator()(Idx i, Idx c) const {
-    y[i] = coef[c] * (x[i] - coef[C + c]) + coef[2 * C + c];
+    y[i] = from_float<T>(coef[c] * (to_float(x[i]) - coef[C + c]) + coef[2 * C + c]);
   }
 };
+
+template <class T>
+void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& mean,
+                   Tensor& var, bool use_batch_stats, double eps, Tensor& y, const BnLayout& L,
+                   cudaStream_t stream) {
+  constexpr const char* op = "batch_norm_forward";
+  const Device device = x.device();
+  const T* px = data_as<T>(x);
+  Tensor partial;
+  int64_t splits = 0;
+  if (use_batch_stats) partial = channel_sums(MomentSums<T>{px}, L, device, stream, op, splits);
+  Tensor coef = Tensor::empty({3 * L.C}, DType::f32, device);
+  auto* pc = static_cast<float*>(coef.raw_data());
+  bn_forward_coef<<<warp_per_channel_blocks(L.C), kThreads, 0, stream>>>(
+      use_batch_stats ? static_cast<const double*>(partial.raw_data()) : nullptr, splits,
+      static_cast<double>(L.count()), L.C, static_cast<float*>(mean.raw_data()), mean.stride(0),
+      static_cast<float*>(var.raw_data()), var.stride(0), f32_or_null(weight), f32_or_null(bias),
+      static_cast<float>(eps), pc);
+  check_launch(op);
+  launch_channel_elementwise(ForwardApply<T>{px, data_as<T>(y), pc, L.C}, L, stream);
+  check_launch(op);
+}
 
 void batch_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              Tensor& mean, Tensor& var, bool use_batch_stats,
@@ -319,21 +349,10 @@ void batch_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor
   if (L.numel() == 0) return;
   const Device device = x.device();
   cudaStream_t stream = current_stream(device.index);
-  const auto* px = static_cast<const float*>(x.raw_data());
-  Tensor partial;
-  int64_t splits = 0;
-  if (use_batch_stats) partial = channel_sums(MomentSums{px}, L, device, stream, op, splits);
-  Tensor coef = Tensor::empty({3 * L.C}, DType::f32, device);
-  auto* pc = static_cast<float*>(coef.raw_data());
-  bn_forward_coef<<<warp_per_channel_blocks(L.C), kThreads, 0, stream>>>(
-      use_batch_stats ? static_cast<const double*>(partial.raw_data()) : nullptr, splits,
-      static_cast<double>(L.count()), L.C, static_cast<float*>(mean.raw_data()), mean.stride(0),
-      static_cast<float*>(var.raw_data()), var.stride(0), f32_or_null(weight), f32_or_null(bias),
-      static_cast<float>(eps), pc);
-  check_launch(op);
-  launch_channel_elementwise(ForwardApply{px, static_cast<float*>(y.raw_data()), pc, L.C}, L,
-                             stream);
-  check_launch(op);
+  visit_float_dtype(x.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    forward_typed<T>(x, weight, bias, mean, var, use_batch_stats, eps, y, L, stream);
+  });
 }
 
 // ---- backward --------------------------------------------------------------------------------
@@ -370,17 +389,19 @@ __global__ void bn_backward_finish(const double* partial, int64_t splits, double
 }
 
 // dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat).
+template <class T>
 struct BackwardApply {
-  const float* src;
-  const float* dz;
-  float* dx;
+  const T* src;
+  const T* dz;
+  T* dx;
   const float* coef;
   int64_t C;
   template <class Idx>
   __device__ void operator()(Idx i, Idx c) const {
-    const float v = src[i];
+    const float v = to_float(src[i]);
     const float xh = (v - coef[c]) * coef[C + c];
-    dx[i] = coef[2 * C + c] * (dz[i] - coef[3 * C + c] - xh * coef[4 * C + c]);
+    dx[i] =
+        from_float<T>(coef[2 * C + c] * (to_float(dz[i]) - coef[3 * C + c] - xh * coef[4 * C + c]));
   }
 };
 
@@ -417,17 +438,20 @@ void batch_norm_backward_cuda(const Tensor& x, const Tensor& dy, const Tensor& w
       static_cast<const float*>(var.raw_data()), var.stride(0), f32_or_null(weight),
       static_cast<float>(eps), pc);
   check_launch(op);
-  const auto* px = static_cast<const float*>(x.raw_data());
-  const auto* pd = static_cast<const float*>(dy.raw_data());
-  int64_t splits = 0;
-  const Tensor partial = channel_sums(GradSums{px, pd, pc, L.C}, L, device, stream, op, splits);
-  bn_backward_finish<<<warp_per_channel_blocks(L.C), kThreads, 0, stream>>>(
-      static_cast<const double*>(partial.raw_data()), splits, static_cast<double>(L.count()), L.C,
-      use_batch_stats, f32_mut_or_null(dweight), f32_mut_or_null(dbias), pc);
-  check_launch(op);
-  launch_channel_elementwise(BackwardApply{px, pd, static_cast<float*>(dx.raw_data()), pc, L.C}, L,
-                             stream);
-  check_launch(op);
+  visit_float_dtype(x.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = data_as<T>(x);
+    const T* pd = data_as<T>(dy);
+    int64_t splits = 0;
+    const Tensor partial =
+        channel_sums(GradSums<T>{px, pd, pc, L.C}, L, device, stream, op, splits);
+    bn_backward_finish<<<warp_per_channel_blocks(L.C), kThreads, 0, stream>>>(
+        static_cast<const double*>(partial.raw_data()), splits, static_cast<double>(L.count()), L.C,
+        use_batch_stats, f32_mut_or_null(dweight), f32_mut_or_null(dbias), pc);
+    check_launch(op);
+    launch_channel_elementwise(BackwardApply<T>{px, pd, data_as<T>(dx), pc, L.C}, L, stream);
+    check_launch(op);
+  });
 }
 
 // ---- running statistics ----------------------------------------------------------------------

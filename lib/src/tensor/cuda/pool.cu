@@ -1,9 +1,11 @@
-// CUDA global average pooling (f32) over contiguous NCHW or channels-last NHWC inputs; the
+// CUDA global average pooling over contiguous NCHW or channels-last NHWC inputs, f32 or f16/bf16
+// (summed in f32, the input's dtype out: amp::Autocast's half-precision activations); the
 // layout is read from the strides as the CPU backend does (channels-last checked first).
 #include <algorithm>
 #include <cstdint>
 
 #include "tensor/cuda/cuda_context.h"
+#include "tensor/cuda/float_types.cuh"
 #include "tensor/cuda/strided_indexer.cuh"
 #include "tensor/nn_kernels.h"
 
@@ -14,19 +16,20 @@ constexpr int kWarp = 32;
 
 // NCHW: one warp per (n, c) plane so that the lanes read the plane's contiguous memory together.
 // The plane loop depends on the warp index only, so all 32 lanes reach the shuffles.
-__global__ void gap_forward_nchw_kernel(const float* x, float* y, int64_t planes, int64_t C,
-                                        int64_t HW, int64_t y_sn, int64_t y_sc, float scale) {
+template <class T>
+__global__ void gap_forward_nchw_kernel(const T* x, T* y, int64_t planes, int64_t C, int64_t HW,
+                                        int64_t y_sn, int64_t y_sc, float scale) {
   const int lane = static_cast<int>(threadIdx.x % kWarp);
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
   for (int64_t nc = warp; nc < planes; nc += warps) {
-    const float* plane = x + nc * HW;
+    const T* plane = x + nc * HW;
     float s = 0.0f;
-    for (int64_t p = lane; p < HW; p += kWarp) s += plane[p];
+    for (int64_t p = lane; p < HW; p += kWarp) s += to_float(plane[p]);
     for (int offset = kWarp / 2; offset > 0; offset /= 2) {
       s += __shfl_down_sync(0xffffffffu, s, offset);
     }
-    if (lane == 0) y[(nc / C) * y_sn + (nc % C) * y_sc] = s * scale;
+    if (lane == 0) y[(nc / C) * y_sn + (nc % C) * y_sc] = from_float<T>(s * scale);
   }
 }
 
@@ -37,7 +40,8 @@ __global__ void gap_forward_nchw_kernel(const float* x, float* y, int64_t planes
 // H100 idle: 50 us for an SE block's squeeze.)
 constexpr int kGapLanes = kThreads / kWarp;
 
-__global__ void gap_forward_nhwc_kernel(const float* x, float* y, int64_t N, int64_t C, int64_t HW,
+template <class T>
+__global__ void gap_forward_nhwc_kernel(const T* x, T* y, int64_t N, int64_t C, int64_t HW,
                                         int64_t y_sn, int64_t y_sc, float scale) {
   __shared__ float lane_sums[kGapLanes][kWarp];
   const int64_t c = blockIdx.x * static_cast<int64_t>(kWarp) + threadIdx.x;
@@ -45,28 +49,22 @@ __global__ void gap_forward_nhwc_kernel(const float* x, float* y, int64_t N, int
   for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
     float s = 0.0f;
     if (c < C) {
-      const float* xc = x + n * HW * C + c;
-      for (int64_t p = threadIdx.y; p < HW; p += kGapLanes) s += xc[p * C];
+      const T* xc = x + n * HW * C + c;
+      for (int64_t p = threadIdx.y; p < HW; p += kGapLanes) s += to_float(xc[p * C]);
     }
     lane_sums[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
       for (int l = 1; l < kGapLanes; ++l) s += lane_sums[l][threadIdx.x];
-      y[n * y_sn + c * y_sc] = s * scale;
+      y[n * y_sn + c * y_sc] = from_float<T>(s * scale);
     }
     __syncthreads();  // lane_sums is rewritten for the next sample
   }
 }
 
-void require_f32(const Tensor& t, const char* op, const char* which) {
-  DPAR_CHECK(t.dtype() == DType::f32, op, " on CUDA supports f32; ", which, " has dtype ",
-             t.dtype());
-}
-
 void global_avg_pool2d_forward_cuda(const Tensor& x, Tensor& y) {
   DeviceGuard guard(x.device());
-  require_f32(x, "global_avg_pool2d_forward", "x");
-  require_f32(y, "global_avg_pool2d_forward", "y");
+  require_same_float("global_avg_pool2d_forward", x, y, "y");
   DPAR_CHECK(x.dim() == 4 && y.dim() == 4,
              "global_avg_pool2d_forward on CUDA: expected 4-D x and "
              "y, got ",
@@ -74,48 +72,52 @@ void global_avg_pool2d_forward_cuda(const Tensor& x, Tensor& y) {
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
   if (y.numel() == 0) return;
   DPAR_CHECK(HW > 0, "global_avg_pool2d_forward on CUDA: empty spatial dims in ", x.shape());
-  const float* px = static_cast<const float*>(x.raw_data());
-  float* py = static_cast<float*>(y.raw_data());
   const float scale = 1.0f / static_cast<float>(HW);
-  if (x.is_contiguous(MemoryFormat::ChannelsLast)) {
-    const dim3 grid(static_cast<unsigned>((C + kWarp - 1) / kWarp),
-                    static_cast<unsigned>(std::min<int64_t>(N, 65535)));
-    gap_forward_nhwc_kernel<<<grid, dim3(kWarp, kGapLanes), 0, current_stream()>>>(
-        px, py, N, C, HW, y.stride(0), y.stride(1), scale);
-  } else {
-    DPAR_CHECK(x.is_contiguous(),
-               "global_avg_pool2d_forward on CUDA needs a contiguous or "
-               "channels-last input, got strides ",
-               x.strides());
-    gap_forward_nchw_kernel<<<blocks_for(N * C * kWarp), kThreads, 0, current_stream()>>>(
-        px, py, N * C, C, HW, y.stride(0), y.stride(1), scale);
-  }
+  const bool nhwc = x.is_contiguous(MemoryFormat::ChannelsLast);
+  DPAR_CHECK(nhwc || x.is_contiguous(),
+             "global_avg_pool2d_forward on CUDA needs a contiguous or channels-last input, got "
+             "strides ",
+             x.strides());
+  visit_float_dtype(x.dtype(), "global_avg_pool2d_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = data_as<T>(x);
+    T* py = data_as<T>(y);
+    if (nhwc) {
+      const dim3 grid(static_cast<unsigned>((C + kWarp - 1) / kWarp),
+                      static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+      gap_forward_nhwc_kernel<<<grid, dim3(kWarp, kGapLanes), 0, current_stream()>>>(
+          px, py, N, C, HW, y.stride(0), y.stride(1), scale);
+    } else {
+      gap_forward_nchw_kernel<<<blocks_for(N * C * kWarp), kThreads, 0, current_stream()>>>(
+          px, py, N * C, C, HW, y.stride(0), y.stride(1), scale);
+    }
+  });
   check_launch("global_avg_pool2d_forward");
 }
 
-__global__ void gap_backward_nchw_kernel(const float* dy, float* dx, int64_t n_total, int64_t C,
-                                         int64_t HW, int64_t dy_sn, int64_t dy_sc, float scale) {
+template <class T>
+__global__ void gap_backward_nchw_kernel(const T* dy, T* dx, int64_t n_total, int64_t C, int64_t HW,
+                                         int64_t dy_sn, int64_t dy_sc, float scale) {
   DPAR_CUDA_KERNEL_LOOP(i, n_total) {
     const int64_t nc = i / HW;
-    dx[i] = dy[(nc / C) * dy_sn + (nc % C) * dy_sc] * scale;
+    dx[i] = from_float<T>(to_float(dy[(nc / C) * dy_sn + (nc % C) * dy_sc]) * scale);
   }
 }
 
 // Idx is uint32_t where the tensor allows it: 64-bit division was most of this kernel's time.
-template <class Idx>
-__global__ void gap_backward_nhwc_kernel(const float* dy, float* dx, Idx n_total, Idx C, Idx HWC,
+template <class Idx, class T>
+__global__ void gap_backward_nhwc_kernel(const T* dy, T* dx, Idx n_total, Idx C, Idx HWC,
                                          int64_t dy_sn, int64_t dy_sc, float scale) {
   for (Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
        i += static_cast<Idx>(blockDim.x) * gridDim.x) {
     const Idx n = i / HWC, c = i % C;
-    dx[i] = dy[n * dy_sn + c * dy_sc] * scale;
+    dx[i] = from_float<T>(to_float(dy[n * dy_sn + c * dy_sc]) * scale);
   }
 }
 
 void global_avg_pool2d_backward_cuda(const Tensor& dy, Tensor& dx) {
   DeviceGuard guard(dx.device());
-  require_f32(dy, "global_avg_pool2d_backward", "dy");
-  require_f32(dx, "global_avg_pool2d_backward", "dx");
+  require_same_float("global_avg_pool2d_backward", dx, dy, "dy");
   DPAR_CHECK(dx.dim() == 4 && dy.dim() == 4,
              "global_avg_pool2d_backward on CUDA: expected 4-D dy "
              "and dx, got ",
@@ -123,26 +125,28 @@ void global_avg_pool2d_backward_cuda(const Tensor& dy, Tensor& dx) {
   const int64_t n_total = dx.numel();
   if (n_total == 0) return;
   const int64_t C = dx.size(1), HW = dx.size(2) * dx.size(3);
-  const float* pg = static_cast<const float*>(dy.raw_data());
-  float* px = static_cast<float*>(dx.raw_data());
   const float scale = 1.0f / static_cast<float>(HW);
-  if (dx.is_contiguous(MemoryFormat::ChannelsLast)) {
-    if (n_total <= INT32_MAX) {
-      gap_backward_nhwc_kernel<uint32_t><<<blocks_for(n_total), kThreads, 0, current_stream()>>>(
+  const bool nhwc = dx.is_contiguous(MemoryFormat::ChannelsLast);
+  DPAR_CHECK(nhwc || dx.is_contiguous(),
+             "global_avg_pool2d_backward on CUDA needs a contiguous or channels-last dx, got "
+             "strides ",
+             dx.strides());
+  visit_float_dtype(dx.dtype(), "global_avg_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pg = data_as<T>(dy);
+    T* px = data_as<T>(dx);
+    if (nhwc && n_total <= INT32_MAX) {
+      gap_backward_nhwc_kernel<uint32_t, T><<<blocks_for(n_total), kThreads, 0, current_stream()>>>(
           pg, px, static_cast<uint32_t>(n_total), static_cast<uint32_t>(C),
           static_cast<uint32_t>(HW * C), dy.stride(0), dy.stride(1), scale);
-    } else {
-      gap_backward_nhwc_kernel<int64_t><<<blocks_for(n_total), kThreads, 0, current_stream()>>>(
+    } else if (nhwc) {
+      gap_backward_nhwc_kernel<int64_t, T><<<blocks_for(n_total), kThreads, 0, current_stream()>>>(
           pg, px, n_total, C, HW * C, dy.stride(0), dy.stride(1), scale);
+    } else {
+      gap_backward_nchw_kernel<<<blocks_for(n_total), kThreads, 0, current_stream()>>>(
+          pg, px, n_total, C, HW, dy.stride(0), dy.stride(1), scale);
     }
-  } else {
-    DPAR_CHECK(dx.is_contiguous(),
-               "global_avg_pool2d_backward on CUDA needs a contiguous or "
-               "channels-last dx, got strides ",
-               dx.strides());
-    gap_backward_nchw_kernel<<<blocks_for(n_total), kThreads, 0, current_stream()>>>(
-        pg, px, n_total, C, HW, dy.stride(0), dy.stride(1), scale);
-  }
+  });
   check_launch("global_avg_pool2d_backward");
 }
 
