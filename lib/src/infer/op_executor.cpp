@@ -83,7 +83,8 @@ OpExecutor::OpExecutor(const Program& program, Device device, DType compute)
 
 Tensor OpExecutor::run(const Tensor& input) const {
   NoGradGuard no_grad;
-  // f16/bf16: convolutions and Gemm on the tensor cores, everything else in f32.
+  // f16/bf16: convolutions and Gemm on the tensor cores, their results kept in that dtype for
+  // the pointwise ops, pooling and adds after them; softmax runs in f32 (amp::Autocast).
   amp::Autocast autocast(compute_, compute_ != DType::f32);
   std::vector<Tensor> values = constants_;
   values[static_cast<size_t>(program_.input)] = input.to(device_);
@@ -140,7 +141,9 @@ Tensor OpExecutor::run(const Tensor& input) const {
     }
     values[static_cast<size_t>(op.dst)] = y;
   }
-  return values[static_cast<size_t>(program_.output)].contiguous();
+  // Under f16/bf16 the activations between ops stay in that dtype (amp::Autocast); the caller
+  // gets f32, as from an f32 model.
+  return values[static_cast<size_t>(program_.output)].contiguous().to(DType::f32);
 }
 
 }  // namespace dpar::infer::detail

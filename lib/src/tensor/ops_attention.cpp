@@ -8,6 +8,7 @@
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/attention_kernels.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/broadcast.h"
 
 namespace dpar {
@@ -98,10 +99,13 @@ void check_mask_dtype(const Tensor& attn_mask, const char* op) {
 
 }  // namespace
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
                                     std::optional<double> scale, Generator& gen) {
   DPAR_PROFILE_SCOPE("scaled_dot_product_attention");
+  // f16/bf16 CUDA operands (autocast activations) are attended in f32 (fp32 list).
+  const Tensor q = detail::f32_from_half(q_in), k = detail::f32_from_half(k_in),
+               v = detail::f32_from_half(v_in);
   const char* op = "scaled_dot_product_attention";
   for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}}) {
     DPAR_CHECK(t->defined() && t->dtype() == DType::f32 && t->dim() >= 2, op, ": ", name,
@@ -155,9 +159,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return out;
 }
 
-Tensor packed_self_attention(const Tensor& qkv, int64_t num_heads, const Tensor& attn_mask,
+Tensor packed_self_attention(const Tensor& qkv_in, int64_t num_heads, const Tensor& attn_mask,
                              double dropout_p, bool is_causal, Generator& gen) {
   DPAR_PROFILE_SCOPE("packed_self_attention");
+  const Tensor qkv = detail::f32_from_half(qkv_in);  // as scaled_dot_product_attention
   const char* op = "packed_self_attention";
   DPAR_CHECK(num_heads > 0, op, ": num_heads must be positive, got ", num_heads);
   DPAR_CHECK(qkv.defined() && qkv.dtype() == DType::f32 && qkv.dim() == 3 &&

@@ -3,6 +3,7 @@
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
 
@@ -48,8 +49,15 @@ namespace {
 
 void check_float(const Tensor& t, const char* op, const char* which) {
   DPAR_CHECK(t.defined(), op, ": ", which, " is undefined");
-  DPAR_CHECK(t.dtype() == DType::f32, op, ": ", which, " has dtype ", t.dtype(),
-             "; arithmetic supports f32 (convert with .to(DType::f32))");
+  DPAR_CHECK(detail::elementwise_dtype_ok(t), op, ": ", which, " has dtype ", t.dtype(), " on ",
+             t.device(), "; arithmetic supports f32, and f16/bf16 on CUDA (convert with .to())");
+}
+
+// An f16/bf16 operand meeting an f32 one (an autocast activation and an f32 tensor): both go
+// to f32, as PyTorch's type promotion has it.
+bool mixed_floats(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.dtype() != b.dtype() && detail::elementwise_dtype_ok(a) &&
+         detail::elementwise_dtype_ok(b);
 }
 
 Tensor binary(kernels::BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
@@ -66,7 +74,7 @@ Tensor binary(kernels::BinaryOp op, const char* name, const Tensor& a, const Ten
   } else if (b.shape() == shape && b.is_dense()) {
     out = Tensor::empty_like(b);
   } else {
-    out = Tensor::empty(shape, DType::f32, a.device());
+    out = Tensor::empty(shape, a.dtype(), a.device());
   }
   kernels::binary.get(a.device())(op, detail::expand_to(a, shape), detail::expand_to(b, shape),
                                   out);
@@ -76,6 +84,7 @@ Tensor binary(kernels::BinaryOp op, const char* name, const Tensor& a, const Ten
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (mixed_floats(a, b)) return add(detail::f32_from_half(a), detail::f32_from_half(b));
   Tensor out = binary(kernels::BinaryOp::add, "add", a, b);
   if (autograd::needs_grad({a, b})) {
     autograd::record("add", {a, b}, {out},
@@ -90,6 +99,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (mixed_floats(a, b)) return sub(detail::f32_from_half(a), detail::f32_from_half(b));
   Tensor out = binary(kernels::BinaryOp::sub, "sub", a, b);
   if (autograd::needs_grad({a, b})) {
     autograd::record("sub", {a, b}, {out},
@@ -104,6 +114,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (mixed_floats(a, b)) return mul(detail::f32_from_half(a), detail::f32_from_half(b));
   Tensor out = binary(kernels::BinaryOp::mul, "mul", a, b);
   if (autograd::needs_grad({a, b})) {
     // An operand that can be made again (an activation) is kept as its recipe; then so can the
@@ -125,6 +136,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (mixed_floats(a, b)) return div(detail::f32_from_half(a), detail::f32_from_half(b));
   Tensor out = binary(kernels::BinaryOp::div, "div", a, b);
   if (autograd::needs_grad({a, b})) {
     autograd::record("div", {a, b}, {out},

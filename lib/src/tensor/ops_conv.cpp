@@ -5,6 +5,7 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/nn_kernels.h"
@@ -31,7 +32,9 @@ kernels::Conv2dGeometry make_geometry(const Tensor& x, const Tensor& weight, con
   DPAR_CHECK(x.dim() == 4, "conv2d: expected a 4-D input [N,C,H,W], got ", x.shape());
   DPAR_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight [O,C/groups,kH,kW], got ",
              weight.shape());
-  check_f32(x, "input");
+  // f16/bf16 inputs on CUDA: the half-precision activations amp::Autocast passes between ops.
+  DPAR_CHECK(detail::elementwise_dtype_ok(x), "conv2d: input has dtype ", x.dtype(), " (shape ",
+             x.shape(), ") on ", x.device(), "; conv2d supports f32 (and f16/bf16 on CUDA)");
   check_f32(weight, "weight");
   DPAR_CHECK(x.device() == weight.device(), "conv2d: input on ", x.device(), " but weight on ",
              weight.device());
@@ -91,9 +94,11 @@ kernels::Conv2dGeometry make_geometry(const Tensor& x, const Tensor& weight, con
 // and under autocast they would round in f16/bf16. oneDNN fuses the bias on the CPU.
 bool bias_in_conv_kernel(Device device) { return !device.is_cuda(); }
 
-// y[n, o, h, w] += bias[o], all f32.
+// y[n, o, h, w] += bias[o], in y's dtype (an f16/bf16 y under autocast gets the bias rounded to
+// it, as cuDNN's fused bias would).
 void add_channel_bias(Tensor& y, const Tensor& bias) {
-  const Tensor b = bias.detach().reshape({1, bias.size(0), 1, 1});
+  const Tensor b =
+      detail::cast_for_compute(bias.detach(), y.dtype()).reshape({1, bias.size(0), 1, 1});
   kernels::binary.get(y.device())(kernels::BinaryOp::add, y, detail::expand_to(b, y.shape()), y);
 }
 
@@ -110,9 +115,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Tensor xc = detail::nn_layout_copy(x, MemoryFormat::ChannelsLast);
   const MemoryFormat weight_format =
       device.is_cuda() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  // Under autocast (CUDA) the convolution runs in f16/bf16 on casts of the f32 operands and
-  // its result comes back as f32; the backward uses the same dtype (amp::Autocast).
+  // Under autocast (CUDA) the convolution runs in f16/bf16 on casts of its operands and its
+  // result stays in that dtype (or comes back as f32: DPAR_AMP_ACTIVATIONS=f32); the backward
+  // uses the same dtype and returns each gradient in its input's dtype (amp::Autocast).
+  // Without autocast a CUDA input in f16/bf16 is computed in f32 and the result has its dtype.
   const DType compute = detail::autocast_compute_dtype(device);
+  const DType out_dtype =
+      compute != DType::f32 ? detail::autocast_output_dtype(compute) : x.dtype();
+  const DType x_dtype = x.dtype();
   const Tensor xh = detail::cast_for_compute(xc, compute);
   const Tensor wc =
       detail::cast_for_compute(detail::nn_layout_copy(weight, weight_format), compute);
@@ -123,7 +133,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, compute, device, MemoryFormat::ChannelsLast);
   const bool grad = autograd::needs_grad({x, weight, bias});
   if (g.N > 0) kernels::conv2d_forward.get(device)(kg, xh, wc, bc, y, grad);
-  y = detail::cast_for_compute(y, DType::f32);
+  y = detail::cast_for_compute(y, out_dtype);
   if (g.has_bias && !kg.has_bias) add_channel_bias(y, bias);
   if (!grad) return y;
 
@@ -132,7 +142,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   autograd::record(
       "conv2d", {x, weight, bias}, {y},
       [g, kg, xs = params_need_grad ? autograd::SavedTensor(xh) : autograd::SavedTensor(),
-       ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format, compute,
+       ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format, compute, x_dtype,
        device](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
         const Tensor dy = detail::cast_for_compute(
             detail::nn_layout_copy(grads[0], MemoryFormat::ChannelsLast), compute);
@@ -155,12 +165,15 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
             if (db.defined()) db.zero_();
           }
         }
-        // The bias gradient the op owns: the f32 output gradient summed over N, H and W.
+        // The bias gradient the op owns: the output gradient summed over N, H and W into f32
+        // (from f16/bf16 too, without a rounding in between).
         if (g.has_bias && !kg.has_bias && need[2]) {
-          db = detail::sum_to_shape(grads[0], {1, g.O, 1, 1}).reshape({g.O});
+          db = Tensor::empty({1, g.O, 1, 1}, DType::f32, device);
+          kernels::sum_to.get(device)(grads[0], db);
+          db = db.reshape({g.O});
         }
-        // Gradients reach the f32 inputs and master weights in f32.
-        return autograd::GradList{detail::cast_for_compute(dx, DType::f32),
+        // The input's gradient in its dtype; the master weights' in f32.
+        return autograd::GradList{detail::cast_for_compute(dx, x_dtype),
                                   need[1] ? detail::cast_for_compute(dw, DType::f32) : Tensor(),
                                   need[2] ? detail::cast_for_compute(db, DType::f32) : Tensor()};
       });

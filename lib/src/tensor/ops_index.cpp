@@ -3,6 +3,7 @@
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/broadcast.h"
 #include "tensor/index_kernels.h"
 
@@ -27,8 +28,10 @@ Tensor scalar_like(double value, const Tensor& like) {
   return Tensor::full({}, value, DType::f32, like.device());
 }
 
-Tensor compare(CompareOp op, const char* name, const Tensor& a, const Tensor& b) {
+Tensor compare(CompareOp op, const char* name, const Tensor& a_in, const Tensor& b_in) {
   DPAR_PROFILE_SCOPE(name);
+  // f16/bf16 CUDA operands (autocast activations) are read as f32 (fp32 list).
+  const Tensor a = detail::f32_from_half(a_in), b = detail::f32_from_half(b_in);
   check_f32(a, name, "first operand");
   check_f32(b, name, "second operand");
   DPAR_CHECK(a.device() == b.device(), name, ": operands on different devices (", a.device(),
@@ -54,7 +57,8 @@ Tensor expand_along(const Tensor& index, int64_t dim, const Shape& shape) {
   return Tensor::from_storage(index.storage(), index.storage_offset(), shape, strides, DType::i64);
 }
 
-MaxResult reduce_max(const Tensor& x, int64_t dim, bool keepdim, bool is_min) {
+MaxResult reduce_max(const Tensor& x_in, int64_t dim, bool keepdim, bool is_min) {
+  const Tensor x = detail::f32_from_half(x_in);
   const char* name = is_min ? "min" : "max";
   DPAR_PROFILE_SCOPE(name);
   check_f32(x, name, "input");
@@ -95,7 +99,8 @@ Tensor le(const Tensor& a, double b) { return le(a, scalar_like(b, a)); }
 Tensor gt(const Tensor& a, double b) { return gt(a, scalar_like(b, a)); }
 Tensor ge(const Tensor& a, double b) { return ge(a, scalar_like(b, a)); }
 
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+Tensor where(const Tensor& cond, const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = detail::f32_from_half(a_in), b = detail::f32_from_half(b_in);
   DPAR_PROFILE_SCOPE("where");
   DPAR_CHECK(cond.defined() && cond.dtype() == DType::u8,
              "where: the condition must be a u8 tensor (what comparisons return), got ",
@@ -132,7 +137,8 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   return where(mask, scalar_like(value, x), x);
 }
 
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+Tensor gather(const Tensor& x_in, int64_t dim, const Tensor& index) {
+  const Tensor x = detail::f32_from_half(x_in);
   DPAR_PROFILE_SCOPE("gather");
   check_f32(x, "gather", "input");
   check_index_tensor(index, x, "gather");
@@ -155,7 +161,8 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   return out;
 }
 
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
+  const Tensor x = detail::f32_from_half(x_in);
   DPAR_PROFILE_SCOPE("index_select");
   check_f32(x, "index_select", "input");
   check_index_tensor(index, x, "index_select");

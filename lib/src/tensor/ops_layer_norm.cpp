@@ -3,6 +3,7 @@
 #include "dpar/autograd/grad_mode.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/layer_norm_kernels.h"
 
 namespace dpar {
@@ -88,9 +89,10 @@ Tensor normalize_rows(const Tensor& x, int64_t d, const Tensor& weight, const Te
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
   DPAR_PROFILE_SCOPE("layer_norm");
+  const Tensor x = detail::f32_from_half(x_in);  // autocast's fp32 list
   DPAR_CHECK(x.defined() && x.dtype() == DType::f32, "layer_norm: input must be f32, got ",
              x.defined() ? x.str() : std::string("undefined"));
   const auto k = static_cast<int64_t>(normalized_shape.size());
@@ -109,9 +111,10 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return normalize_rows(x, d, weight, bias, eps, "layer_norm");
 }
 
-Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight, const Tensor& bias,
                   double eps) {
   DPAR_PROFILE_SCOPE("group_norm");
+  const Tensor x = detail::f32_from_half(x_in);  // autocast's fp32 list
   DPAR_CHECK(x.defined() && x.dtype() == DType::f32, "group_norm: input must be f32, got ",
              x.defined() ? x.str() : std::string("undefined"));
   DPAR_CHECK(x.dim() >= 2, "group_norm: expected [N,C,...], got ", x.shape());

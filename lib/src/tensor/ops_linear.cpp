@@ -8,6 +8,7 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/linear_kernels.h"
@@ -19,26 +20,28 @@ namespace {
 
 void check_matrix(const Tensor& t, const char* op, const char* which) {
   DPAR_CHECK(t.defined(), op, ": ", which, " is undefined");
-  DPAR_CHECK(t.dtype() == DType::f32, op, ": ", which, " must be f32, got ", t.str());
+  DPAR_CHECK(detail::elementwise_dtype_ok(t), op, ": ", which,
+             " must be f32 (or f16/bf16 on CUDA), got ", t.str(), " on ", t.device());
   DPAR_CHECK(t.dim() == 2, op, ": ", which, " must be 2-D, got shape ", t.shape());
 }
 
-// op(a) * op(b) (+ bias) into a new contiguous f32 matrix, computed in `compute` (f16/bf16 under
-// autocast on CUDA: the operands are cast, cuBLAS accumulates in f32, the result is cast back).
+// op(a) * op(b) (+ bias) into a new contiguous matrix of dtype `out`, computed in `compute`
+// (f16/bf16 under autocast on CUDA: the operands are cast, cuBLAS accumulates in f32).
 Tensor gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
-            DType compute) {
+            DType compute, DType out = DType::f32) {
   const int64_t m = trans_a ? a.size(1) : a.size(0);
   const int64_t n = trans_b ? b.size(0) : b.size(1);
   Tensor c = Tensor::empty({m, n}, compute, a.device());
   kernels::gemm.get(a.device())(detail::cast_for_compute(a, compute), trans_a,
                                 detail::cast_for_compute(b, compute), trans_b,
                                 detail::cast_for_compute(bias, compute), c);
-  return detail::cast_for_compute(c, DType::f32);
+  return detail::cast_for_compute(c, out);
 }
 
 // The stacked matrix products of a [..., M, K] and b [..., K, N] already expanded to one batch
 // shape: c[i] = op(a[i]) op(b[i]) for every batch index i, into a new contiguous tensor.
-Tensor batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, DType compute) {
+Tensor batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, DType compute,
+                    DType out = DType::f32) {
   const Shape batch(a.shape().begin(), a.shape().end() - 2);
   const int64_t m = trans_a ? a.size(-1) : a.size(-2);
   const int64_t n = trans_b ? b.size(-2) : b.size(-1);
@@ -65,7 +68,7 @@ Tensor batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b
       index[static_cast<size_t>(k)] = 0;
     }
   }
-  return detail::cast_for_compute(c, DType::f32);
+  return detail::cast_for_compute(c, out);
 }
 
 // a [..., M, K] x b [..., K, N] with the batch dims broadcast (both at least 2-D).
@@ -81,21 +84,22 @@ Tensor matmul_batched(const Tensor& a, const Tensor& b) {
   };
   const Tensor ae = expanded(a), be = expanded(b);
   const DType compute = detail::autocast_compute_dtype(a.device());
-  Tensor out = batched_gemm(ae, false, be, false, compute);
+  Tensor out = batched_gemm(ae, false, be, false, compute, detail::autocast_output_dtype(compute));
   if (autograd::needs_grad({a, b})) {
-    autograd::record(
-        "matmul", {a, b}, {out},
-        [ae = ae.detach(), be = be.detach(), sa = a.shape(), sb = b.shape(), compute](
-            const autograd::GradList& g, const autograd::NeedsGrad& need) {
-          // dA = G B^T and dB = A^T G per batch, summed over the dims each operand was
-          // broadcast along.
-          autograd::GradList grads(2);
-          if (need[0])
-            grads[0] = detail::sum_to_shape(batched_gemm(g[0], false, be, true, compute), sa);
-          if (need[1])
-            grads[1] = detail::sum_to_shape(batched_gemm(ae, true, g[0], false, compute), sb);
-          return grads;
-        });
+    autograd::record("matmul", {a, b}, {out},
+                     [ae = ae.detach(), be = be.detach(), sa = a.shape(), sb = b.shape(), compute](
+                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
+                       // dA = G B^T and dB = A^T G per batch, summed over the dims each operand was
+                       // broadcast along.
+                       autograd::GradList grads(2);
+                       if (need[0])
+                         grads[0] = detail::sum_to_shape(
+                             batched_gemm(g[0], false, be, true, compute, ae.dtype()), sa);
+                       if (need[1])
+                         grads[1] = detail::sum_to_shape(
+                             batched_gemm(ae, true, g[0], false, compute, be.dtype()), sb);
+                       return grads;
+                     });
   }
   return out;
 }
@@ -108,29 +112,34 @@ Tensor matmul_2d(const Tensor& a, const Tensor& b) {
   DPAR_CHECK(a.device() == b.device(), "matmul: operands on different devices (", a.device(),
              " and ", b.device(), ")");
   const DType compute = detail::autocast_compute_dtype(a.device());
-  Tensor out = gemm(a, false, b, false, {}, compute);
+  Tensor out = gemm(a, false, b, false, {}, compute, detail::autocast_output_dtype(compute));
   if (autograd::needs_grad({a, b})) {
-    autograd::record("matmul", {a, b}, {out},
-                     [ad = a.detach(), bd = b.detach(), compute](const autograd::GradList& g,
-                                                                 const autograd::NeedsGrad& need) {
-                       // dA = G B^T, dB = A^T G
-                       return autograd::GradList{
-                           need[0] ? gemm(g[0], false, bd, true, {}, compute) : Tensor(),
-                           need[1] ? gemm(ad, true, g[0], false, {}, compute) : Tensor()};
-                     });
+    autograd::record(
+        "matmul", {a, b}, {out},
+        [ad = a.detach(), bd = b.detach(), compute](const autograd::GradList& g,
+                                                    const autograd::NeedsGrad& need) {
+          // dA = G B^T, dB = A^T G
+          return autograd::GradList{
+              need[0] ? gemm(g[0], false, bd, true, {}, compute, ad.dtype()) : Tensor(),
+              need[1] ? gemm(ad, true, g[0], false, {}, compute, bd.dtype()) : Tensor()};
+        });
   }
   return out;
 }
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   DPAR_PROFILE_SCOPE("matmul");
-  DPAR_CHECK(a.defined() && b.defined(), "matmul: an operand is undefined");
+  DPAR_CHECK(a_in.defined() && b_in.defined(), "matmul: an operand is undefined");
+  // Outside autocast, f16/bf16 CUDA operands are multiplied in f32.
+  const bool autocast = detail::autocast_compute_dtype(a_in.device()) != DType::f32;
+  const Tensor a = autocast ? a_in : detail::f32_from_half(a_in);
+  const Tensor b = autocast ? b_in : detail::f32_from_half(b_in);
   DPAR_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must be at least 1-D, got ", a.shape(),
              " and ", b.shape());
-  DPAR_CHECK(a.dtype() == DType::f32 && b.dtype() == DType::f32,
-             "matmul: operands must be f32, got ", a.str(), " and ", b.str());
+  DPAR_CHECK(detail::elementwise_dtype_ok(a) && detail::elementwise_dtype_ok(b),
+             "matmul: operands must be f32 (or f16/bf16 on CUDA), got ", a.str(), " and ", b.str());
   DPAR_CHECK(a.device() == b.device(), "matmul: operands on different devices (", a.device(),
              " and ", b.device(), ")");
   // torch.matmul's rules: a 1-D operand is a row (first) or a column (second) vector whose
@@ -233,7 +242,7 @@ autograd::GradList linear_backward(const Tensor& g, const Tensor& x, const Tenso
     Tensor sums = gb.view({1, g.size(1)});
     kernels::sum_to.get(g.device())(g, sums);
   }
-  if (need[0]) gx = gemm(g, false, w, false, {}, compute);  // G W
+  if (need[0]) gx = gemm(g, false, w, false, {}, compute, x.dtype());  // G W
   return autograd::GradList{gx, gw, gb};
 }
 
@@ -282,7 +291,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   check_linear_operands(x, weight, bias, "linear");
   const DType compute = detail::autocast_compute_dtype(x.device());
-  Tensor out = gemm(x, false, weight, true, bias, compute);
+  // Outside autocast an f16/bf16 CUDA input is taken as f32.
+  if (compute == DType::f32 && x.dtype() != DType::f32) {
+    return linear(detail::f32_from_half(x), weight, bias);
+  }
+  Tensor out = gemm(x, false, weight, true, bias, compute, detail::autocast_output_dtype(compute));
   if (autograd::needs_grad({x, weight, bias})) {
     autograd::record("linear", {x, weight, bias}, {out},
                      [xd = x.detach(), wd = weight.detach(), compute](
@@ -308,19 +321,24 @@ Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
   }
   check_linear_operands(x, weight, bias, "linear_add");
   const Shape out_shape{x.size(0), weight.size(0)};
-  DPAR_CHECK(residual.dtype() == DType::f32, "linear_add: residual must be f32, got ",
-             residual.str());
+  DPAR_CHECK(detail::elementwise_dtype_ok(residual),
+             "linear_add: residual must be f32 (or f16/bf16 on CUDA), got ", residual.str());
   DPAR_CHECK(residual.shape() == out_shape, "linear_add: residual ", residual.shape(),
              " does not match the output ", out_shape);
   DPAR_CHECK(residual.device() == x.device(), "linear_add: input on ", x.device(),
              " but residual on ", residual.device());
   const DType compute = detail::autocast_compute_dtype(x.device());
+  // Outside autocast f16/bf16 CUDA operands are taken as f32.
+  if (compute == DType::f32 && (x.dtype() != DType::f32 || residual.dtype() != DType::f32)) {
+    return linear_add(detail::f32_from_half(x), weight, bias, detail::f32_from_half(residual));
+  }
   Tensor out;
   if (compute == DType::f32 && kernels::linear_residual.available(x.device())) {
     out = Tensor::empty(out_shape, DType::f32, x.device());
     kernels::linear_residual.get(x.device())(x, weight, bias, residual.contiguous(), out);
   } else {
-    out = gemm(x, false, weight, true, bias, compute);
+    // The product lands in the residual stream's dtype, which its gradient then has too.
+    out = gemm(x, false, weight, true, bias, compute, residual.dtype());
     kernels::add_inplace.get(out.device())(out, residual, 1.0);
   }
   if (autograd::needs_grad({x, weight, bias, residual})) {

@@ -3,6 +3,7 @@
 // kernel in ops_softmax.cpp.)
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 
 namespace dpar {
 namespace {
@@ -20,7 +21,7 @@ Tensor reduce(const Tensor& per_element, Reduction reduction) {
 }
 
 void check_class_target(const Tensor& scores, const Tensor& target, const char* op) {
-  DPAR_CHECK(scores.defined() && scores.dtype() == DType::f32 && scores.dim() == 2, op,
+  DPAR_CHECK(scores.defined() && detail::elementwise_dtype_ok(scores) && scores.dim() == 2, op,
              ": expects f32 scores [N,C], got ", scores.defined() ? scores.str() : "undefined");
   DPAR_CHECK(target.defined() && target.dtype() == DType::i64, op,
              ": target must be i64 class indices, got ",
@@ -56,9 +57,10 @@ Tensor masked_class_loss(const Tensor& logp, const Tensor& target, double label_
 
 }  // namespace
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, std::optional<int64_t> ignore_index,
-                Reduction reduction) {
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target,
+                std::optional<int64_t> ignore_index, Reduction reduction) {
   DPAR_PROFILE_SCOPE("nll_loss");
+  const Tensor log_probs = detail::f32_from_half(log_probs_in);  // autocast's fp32 list
   check_class_target(log_probs, target, "nll_loss");
   return masked_class_loss(log_probs, target, 0.0, ignore_index, reduction);
 }
@@ -79,7 +81,9 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   DPAR_CHECK(input.defined() && target.defined() && input.shape() == target.shape(),
              "mse_loss: input ", input.defined() ? input.shape() : Shape{}, " and target ",
              target.defined() ? target.shape() : Shape{}, " must have the same shape");
-  return reduce(square(sub(input, target)), reduction);
+  // In f32 (autocast's fp32 list), whatever the dtypes of an autocast model's output.
+  return reduce(square(sub(detail::f32_from_half(input), detail::f32_from_half(target))),
+                reduction);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
@@ -91,8 +95,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
              target.defined() ? target.shape() : Shape{}, " must have the same shape");
   // (1 - y) x + log(1 + e^-x): stable for any x (softplus is linear past its threshold), and
   // its gradient is exactly sigmoid(x) - y.
-  return reduce(add(mul(sub(Tensor::ones({}, DType::f32, target.device()), target), logits),
-                    softplus(neg(logits))),
+  const Tensor x = detail::f32_from_half(logits), y = detail::f32_from_half(target);
+  return reduce(add(mul(sub(Tensor::ones({}, DType::f32, y.device()), y), x), softplus(neg(x))),
                 reduction);
 }
 

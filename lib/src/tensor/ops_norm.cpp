@@ -6,6 +6,7 @@
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/activation_kernels.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/nn_kernels.h"
 
 namespace dpar {
@@ -60,8 +61,10 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   }
   DPAR_PROFILE_SCOPE(act == Activation::none ? "batch_norm" : "batch_norm_act");
   DPAR_CHECK(x.dim() == 4, "batch_norm: expected [N,C], [N,C,L] or [N,C,H,W], got ", x.shape());
-  DPAR_CHECK(x.dtype() == DType::f32, "batch_norm: input has dtype ", x.dtype(), " (shape ",
-             x.shape(), "); batch_norm supports f32");
+  // f16/bf16 on CUDA: amp::Autocast's activations, normalised in f32 with f32 parameters and
+  // statistics (as cuDNN's batch norm takes half-precision data), output in the input's dtype.
+  DPAR_CHECK(detail::elementwise_dtype_ok(x), "batch_norm: input has dtype ", x.dtype(), " (shape ",
+             x.shape(), ") on ", x.device(), "; batch_norm supports f32 (and f16/bf16 on CUDA)");
   const int64_t C = x.size(1);
   DPAR_CHECK(C > 0, "batch_norm: input ", x.shape(), " has no channels");
   check_channel_vector(weight, C, x, "weight");
@@ -140,7 +143,7 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
        ws = wc.defined() ? wc.detach() : Tensor(), bs = bc.defined() ? bc.detach() : Tensor(), mean,
        var, use_batch_stats, eps,
        format](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
-        Tensor dz = detail::nn_layout_copy(grads[0], format);
+        Tensor dz = detail::cast_for_compute(detail::nn_layout_copy(grads[0], format), ys.dtype());
         Tensor dx = Tensor::empty_like(ys);
         const Shape c{ys.size(1)};
         // The kernels produce the parameter gradients together with dx: allocate all they write.

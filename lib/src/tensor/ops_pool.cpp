@@ -5,6 +5,7 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/nn_kernels.h"
 #include "tensor/window_pool.h"
 
@@ -14,8 +15,9 @@ Tensor global_avg_pool2d(const Tensor& x) {
   DPAR_PROFILE_SCOPE("global_avg_pool2d");
   DPAR_CHECK(x.defined(), "global_avg_pool2d: input is undefined");
   DPAR_CHECK(x.dim() == 4, "global_avg_pool2d: expected a 4-D input [N,C,H,W], got ", x.shape());
-  DPAR_CHECK(x.dtype() == DType::f32, "global_avg_pool2d: input has dtype ", x.dtype(), " (shape ",
-             x.shape(), "); global_avg_pool2d supports f32");
+  DPAR_CHECK(detail::elementwise_dtype_ok(x), "global_avg_pool2d: input has dtype ", x.dtype(),
+             " (shape ", x.shape(), ") on ", x.device(),
+             "; global_avg_pool2d supports f32 (and f16/bf16 on CUDA)");
   DPAR_CHECK(x.size(2) > 0 && x.size(3) > 0, "global_avg_pool2d: input ", x.shape(),
              " has an empty spatial dimension");
   const Device device = x.device();
@@ -26,13 +28,13 @@ Tensor global_avg_pool2d(const Tensor& x) {
   // Channels-last, like the activations around it: [N,C,1,1] then has channels-last strides
   // (C,1,C,C), the layout the SE block's 1x1 convolutions read.
   Tensor y =
-      Tensor::empty({x.size(0), x.size(1), 1, 1}, DType::f32, device, MemoryFormat::ChannelsLast);
+      Tensor::empty({x.size(0), x.size(1), 1, 1}, x.dtype(), device, MemoryFormat::ChannelsLast);
   if (y.numel() > 0) kernels::global_avg_pool2d_forward.get(device)(xc, y);
   if (autograd::needs_grad({x})) {
     autograd::record("global_avg_pool2d", {x}, {y},
-                     [shape = x.shape(), format, device](const autograd::GradList& grads,
-                                                         const autograd::NeedsGrad&) {
-                       Tensor dx = Tensor::empty(shape, DType::f32, device, format);
+                     [shape = x.shape(), dtype = x.dtype(), format, device](
+                         const autograd::GradList& grads, const autograd::NeedsGrad&) {
+                       Tensor dx = Tensor::empty(shape, dtype, device, format);
                        if (dx.numel() > 0) {
                          kernels::global_avg_pool2d_backward.get(device)(grads[0], dx);
                        }
@@ -66,10 +68,14 @@ std::array<int64_t, 2> pair_of(const std::vector<int64_t>& v, const char* op, co
 void check_pool_input(const Tensor& x, const char* op) {
   DPAR_CHECK(x.defined(), op, ": input is undefined");
   DPAR_CHECK(x.dim() == 4, op, ": expected a 4-D input [N,C,H,W], got ", x.shape());
-  DPAR_CHECK(x.dtype() == DType::f32, op, ": input must be f32, got ", x.str());
+  DPAR_CHECK(detail::elementwise_dtype_ok(x), op, ": input must be f32, got ", x.str(), " on ",
+             x.device());
 }
 
-Tensor run_pool(const PoolGeometry& g, const Tensor& x, const char* op) {
+// The window kernels compute in f32: an f16/bf16 CUDA input is pooled as f32 (autocast's fp32
+// list).
+Tensor run_pool(const PoolGeometry& g, const Tensor& input, const char* op) {
+  const Tensor x = detail::f32_from_half(input);
   const MemoryFormat format = x.is_contiguous(MemoryFormat::ChannelsLast)
                                   ? MemoryFormat::ChannelsLast
                                   : MemoryFormat::Contiguous;

@@ -4,6 +4,7 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
 
@@ -21,9 +22,10 @@ Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, const 
   return keep;
 }
 
-Tensor reduce_sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, double scale,
+Tensor reduce_sum(const Tensor& x_in, const std::vector<int64_t>& dims, bool keepdim, double scale,
                   const char* op) {
   DPAR_PROFILE_SCOPE(op);
+  const Tensor x = detail::f32_from_half(x_in);  // autocast's fp32 list
   DPAR_CHECK(x.defined() && x.dtype() == DType::f32, op, ": expects an f32 tensor, got ", x.str());
   const bool all = dims.empty();
   const Shape keep = reduced_shape(x.shape(), dims, op);

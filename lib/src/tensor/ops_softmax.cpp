@@ -2,6 +2,7 @@
 #include "dpar/autograd/function.h"
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
+#include "tensor/autocast_policy.h"
 #include "tensor/broadcast.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/softmax_kernels.h"
@@ -42,13 +43,18 @@ Tensor softmax_impl(const Tensor& x_in, int64_t dim, bool log, const char* op) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false, "softmax"); }
+// softmax, log_softmax and cross_entropy take f16/bf16 CUDA inputs (autocast's activations)
+// as f32, as torch.autocast's fp32 list does: the exponentials and sums need f32's range.
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(detail::f32_from_half(x), dim, false, "softmax");
+}
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  return softmax_impl(x, dim, true, "log_softmax");
+  return softmax_impl(detail::f32_from_half(x), dim, true, "log_softmax");
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, double label_smoothing) {
   DPAR_PROFILE_SCOPE("cross_entropy");
+  const Tensor logits = detail::f32_from_half(logits_in);
   check_f32(logits, "cross_entropy", "logits");
   DPAR_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N,K], got shape ", logits.shape());
   DPAR_CHECK(target.defined(), "cross_entropy: target is undefined");
@@ -82,7 +88,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   return loss;
 }
 
-Tensor argmax(const Tensor& x, int64_t dim) {
+Tensor argmax(const Tensor& x_in, int64_t dim) {
+  const Tensor x = detail::f32_from_half(x_in);
   check_f32(x, "argmax", "input");
   DPAR_CHECK(x.dim() > 0, "argmax: expects at least a 1-D tensor, got shape ", x.shape());
   const int64_t d = normalize_dim(dim, x.dim(), "argmax");
@@ -96,7 +103,8 @@ Tensor argmax(const Tensor& x, int64_t dim) {
   return out;
 }
 
-Tensor topk_indices(const Tensor& x, int64_t k) {
+Tensor topk_indices(const Tensor& x_in, int64_t k) {
+  const Tensor x = detail::f32_from_half(x_in);
   check_f32(x, "topk_indices", "input");
   DPAR_CHECK(x.dim() == 2, "topk_indices: expects a 2-D tensor [N,K], got shape ", x.shape());
   DPAR_CHECK(k >= 1 && k <= x.size(1), "topk_indices: k = ", k, " must be in [1, ", x.size(1),

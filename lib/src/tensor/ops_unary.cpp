@@ -7,6 +7,7 @@
 #include "dpar/core/profiler.h"
 #include "dpar/tensor/ops.h"
 #include "tensor/activation_kernels.h"
+#include "tensor/autocast_policy.h"
 
 namespace dpar {
 namespace {
@@ -15,7 +16,8 @@ using kernels::UnaryOp;
 
 void check_input(const Tensor& x, const char* op) {
   DPAR_CHECK(x.defined(), op, ": input is undefined");
-  DPAR_CHECK(x.dtype() == DType::f32, op, ": expects an f32 tensor, got ", x.str(),
+  DPAR_CHECK(detail::elementwise_dtype_ok(x), op,
+             ": expects an f32 tensor (or f16/bf16 on CUDA), got ", x.str(), " on ", x.device(),
              " (convert with .to(DType::f32))");
 }
 

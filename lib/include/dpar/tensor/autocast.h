@@ -9,11 +9,17 @@
 //   scaler.scale(loss).backward();
 //
 // Inside the scope, conv2d, linear and matmul on CUDA tensors compute in the given dtype on the
-// tensor cores (cuDNN/cuBLAS with f32 accumulation): their f32 inputs and weights are cast on
-// the way in, and their outputs come back as f32. Every other op (BatchNorm statistics,
-// activations, softmax, the loss) and the parameters (the master weights) stay f32. The
-// backward of an op runs in the dtype its forward used, wherever backward() is called. CPU
-// tensors are unaffected. The setting is per thread; scopes nest.
+// tensor cores (cuDNN/cuBLAS with f32 accumulation): their operands are cast on the way in, and
+// their results stay in that dtype, as torch.autocast's do. The ops between them (adds and
+// products, activations, dropout, BatchNorm, global pooling) then read and write f16/bf16,
+// computing in f32 with one rounding at the store; BatchNorm's statistics and parameters stay
+// f32. Ops on torch.autocast's fp32 list (softmax, log_softmax, the losses, layer and group
+// norm, reductions, attention, window pooling, indexing) take half-precision inputs as f32, and
+// an f32 tensor meeting a half one makes both f32. The parameters (the master weights) and
+// their gradients stay f32; every gradient comes back in its input's dtype. The backward of an
+// op runs in the dtype its forward used, wherever backward() is called. CPU tensors are
+// unaffected. The setting is per thread; scopes nest. DPAR_AMP_ACTIVATIONS=f32 casts each
+// autocast result back to f32 instead (only the tensor-core ops in half precision).
 #include "dpar/core/dtype.h"
 
 namespace dpar::amp {
