@@ -324,8 +324,10 @@ const char* direction_name(ConvDirection d) {
 }
 
 // Builds the graph, times every allowed engine on the real buffers and keeps the fastest.
+// each_engine (sweep_conv_engines): called after each engine's first run, its output in place.
 GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLayout& layout,
-                 const Tensor& x, const Tensor& w, const Tensor& y) {
+                 const Tensor& x, const Tensor& w, const Tensor& y,
+                 const EngineVisitor* each_engine = nullptr) {
   const auto search_start = std::chrono::steady_clock::now();
   const DType t = x.dtype();
   const std::string description = describe_conv(g, t, layout);
@@ -387,7 +389,7 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
   int64_t best_engine = -1;
   std::string best_notes;
   int timed = 0;
-  const bool benchmark = cudnn_benchmark();
+  const bool benchmark = cudnn_benchmark() || each_engine != nullptr;  // a sweep visits all
   for (Desc& config : candidates) {
     auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     int64_t ws_size = 0, n = 0;
@@ -407,6 +409,7 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
     if (execute(handle, *plan, x.raw_data(), w.raw_data(), y.raw_data(), ws) !=
         CUDNN_STATUS_SUCCESS)
       continue;
+    if (each_engine) (*each_engine)(engine_index(config), describe_notes(config));
     if (!benchmark) {  // heuristics' order: the first engine that runs
       best_engine = engine_index(config);
       best_notes = describe_notes(config);
@@ -549,6 +552,13 @@ ConvGraphCounts conv_graph_counts() {
   ConvGraphCounts counts;
   for (const auto& [key, plan] : plans()) ++(plan.plan ? counts.on_graph : counts.on_legacy);
   return counts;
+}
+
+void sweep_conv_engines(ConvDirection direction, const Conv2dGeometry& g, const ConvLayout& layout,
+                        const Tensor& x, const Tensor& w, const Tensor& y,
+                        const EngineVisitor& each_engine) {
+  // Beside run_conv_graph's cache: the plan found here is dropped.
+  search(direction, g, layout, x, w, y, &each_engine);
 }
 
 bool run_conv_graph(ConvDirection direction, const Conv2dGeometry& g, const ConvLayout& layout,

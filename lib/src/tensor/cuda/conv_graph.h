@@ -6,6 +6,7 @@
 // per depthwise forward through the legacy API against ~0.035 ms in PyTorch's step).
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,15 @@ bool conv_graph_enabled();
 // the verdict is cached per problem.
 bool run_conv_graph(ConvDirection direction, const kernels::Conv2dGeometry& g,
                     const ConvLayout& layout, const Tensor& x, const Tensor& w, const Tensor& y);
+
+// For tests that hold every engine to a reference: runs the search's candidates for one problem
+// as run_conv_graph would (same filter, heuristics' order), calling each_engine(engine index,
+// numerical notes) after each engine that ran, with its result in the direction's output
+// (read it on the current stream); the plans are not kept.
+using EngineVisitor = std::function<void(int64_t engine, const std::string& notes)>;
+void sweep_conv_engines(ConvDirection direction, const kernels::Conv2dGeometry& g,
+                        const ConvLayout& layout, const Tensor& x, const Tensor& w, const Tensor& y,
+                        const EngineVisitor& each_engine);
 
 // Problems seen so far (each direction of each shape counts once): how many the graph API runs
 // and how many it left to the legacy API. For tests and DPAR_CUDNN_LOG_ALGOS readers.
