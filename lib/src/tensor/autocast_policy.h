@@ -23,10 +23,6 @@ inline bool elementwise_dtype_ok(const Tensor& t) {
          (t.device().is_cuda() && (t.dtype() == DType::f16 || t.dtype() == DType::bf16));
 }
 
-}  // namespace dpar::detail
-
-namespace dpar::detail {
-
 // An f16/bf16 CUDA tensor as f32, recorded by autograd (its gradient goes back in its own
 // dtype), for the ops that compute in f32 only, as torch.autocast's fp32 list does (softmax
 // and the losses, layer and group norm, reductions, attention, window pooling, indexing);

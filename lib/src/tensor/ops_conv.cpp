@@ -118,10 +118,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // Under autocast (CUDA) the convolution runs in f16/bf16 on casts of its operands and its
   // result stays in that dtype (or comes back as f32: DPAR_AMP_ACTIVATIONS=f32); the backward
   // uses the same dtype and returns each gradient in its input's dtype (amp::Autocast).
-  // Without autocast a CUDA input in f16/bf16 is computed in f32 and the result has its dtype.
+  // Without autocast an f16/bf16 CUDA input is computed in f32 with an f32 result, as linear
+  // and matmul take one.
   const DType compute = detail::autocast_compute_dtype(device);
-  const DType out_dtype =
-      compute != DType::f32 ? detail::autocast_output_dtype(compute) : x.dtype();
+  const DType out_dtype = detail::autocast_output_dtype(compute);
   const DType x_dtype = x.dtype();
   const Tensor xh = detail::cast_for_compute(xc, compute);
   const Tensor wc =

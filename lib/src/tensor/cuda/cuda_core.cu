@@ -15,21 +15,17 @@
 namespace dpar::cuda {
 namespace {
 
+// Every dtype: the floating ones through visit_float_dtype, then the integers.
 template <class Fn>
 void visit_dtype(DType t, Fn&& fn) {
   switch (t) {
-    case DType::f32:
-      return fn(Tag<float>{});
-    case DType::f16:
-      return fn(Tag<__half>{});
-    case DType::bf16:
-      return fn(Tag<__nv_bfloat16>{});
     case DType::i64:
       return fn(Tag<int64_t>{});
     case DType::u8:
       return fn(Tag<uint8_t>{});
+    default:
+      return visit_float_dtype(t, "copy", fn);
   }
-  DPAR_FAIL("copy on CUDA: unsupported dtype ", t);
 }
 
 template <class T>
