@@ -25,6 +25,12 @@ namespace {
 
 using kernels::Conv2dGeometry;
 
+// On unless the variable is "0" (DPAR_CUDNN_BENCHMARK, DPAR_CUDNN_RUNTIME_COMPILED).
+bool env_unless_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
+}
+
 // Owns one backend descriptor. Setters throw dpar::Error naming the attribute; the search
 // catches that per candidate engine and per problem.
 class Desc {
@@ -351,10 +357,7 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
       .finalize("cudnnBackendFinalize(operation graph)");
 
   const bool allow_tf32 = tf32_allowed();
-  static const bool runtime_compiled = [] {
-    const char* v = std::getenv("DPAR_CUDNN_RUNTIME_COMPILED");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool runtime_compiled = env_unless_zero("DPAR_CUDNN_RUNTIME_COMPILED");
   const size_t max_runtime_compiled =
       runtime_compiled && std::max(x.numel(), y.numel()) >= kRuntimeCompiledMinElements
           ? kMaxRuntimeCompiled
@@ -410,32 +413,28 @@ GraphPlan search(ConvDirection direction, const Conv2dGeometry& g, const ConvLay
         CUDNN_STATUS_SUCCESS)
       continue;
     if (each_engine) (*each_engine)(engine_index(config), describe_notes(config));
-    if (!benchmark) {  // heuristics' order: the first engine that runs
-      best_engine = engine_index(config);
-      best_notes = describe_notes(config);
-      best.plan = std::move(plan);
-      best.workspace = ws_size;
-      break;
+    float ms = 0;  // untimed (heuristics' order): the first engine that runs is kept
+    if (benchmark) {
+      check(cudaEventRecord(start, stream), "cudaEventRecord");
+      bool ok = true;
+      for (int i = 0; i < 3 && ok; ++i)
+        ok = execute(handle, *plan, x.raw_data(), w.raw_data(), y.raw_data(), ws) ==
+             CUDNN_STATUS_SUCCESS;
+      check(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      if (!ok) continue;
+      check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      ms /= 3;
+      ++timed;
     }
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
-    bool ok = true;
-    for (int i = 0; i < 3 && ok; ++i)
-      ok = execute(handle, *plan, x.raw_data(), w.raw_data(), y.raw_data(), ws) ==
-           CUDNN_STATUS_SUCCESS;
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    if (!ok) continue;
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    ms /= 3;
-    ++timed;
     if (!best.plan || better(ms, ws_size, best_ms, best.workspace)) {
       best_ms = ms;
       best_engine = engine_index(config);
-      best_notes = describe_notes(config);
+      if (log_cudnn_choices()) best_notes = describe_notes(config);
       best.plan = std::move(plan);
       best.workspace = ws_size;
     }
+    if (!benchmark) break;
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -478,10 +477,7 @@ bool tf32_allowed() {
 }
 
 bool cudnn_benchmark() {
-  static const bool on = [] {
-    const char* v = std::getenv("DPAR_CUDNN_BENCHMARK");
-    return v == nullptr || *v == 0 || std::string(v) != "0";
-  }();
+  static const bool on = env_unless_zero("DPAR_CUDNN_BENCHMARK");
   return on;
 }
 
