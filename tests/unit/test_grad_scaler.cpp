@@ -342,7 +342,7 @@ TEST_CASE("unscale_and_check_finite: one pass, flag only ever set", "[amp]") {
   CHECK(small.item() == 1.0);
 }
 
-TEST_CASE("amp::Autocast scopes nest per thread and leave CPU ops in f32") {
+TEST_CASE("amp::Autocast scopes nest per thread, and CPU ops follow bf16 but not f16") {
   CHECK(dpar::amp::autocast_dtype() == dpar::DType::f32);
   const dpar::Tensor a = dpar::Tensor::full({4, 6}, 0.1), b = dpar::Tensor::full({6, 3}, 0.3);
   const std::vector<float> plain = dpar::matmul(a, b).to_float_vector();
@@ -360,7 +360,12 @@ TEST_CASE("amp::Autocast scopes nest per thread and leave CPU ops in f32") {
     dpar::DType seen = dpar::DType::u8;
     std::thread([&] { seen = dpar::amp::autocast_dtype(); }).join();
     CHECK(seen == dpar::DType::f32);
-    // CPU ops are unaffected: f32, bitwise the result without autocast.
+    // CPU products run in bf16 where oneDNN has bf16 kernels (tests/unit/test_cpu_bf16_ops).
+    if (dpar::amp::cpu_bf16_support() != dpar::amp::CpuBf16::unsupported) {
+      CHECK(dpar::matmul(a, b).dtype() == dpar::DType::bf16);
+    }
+    // Under f16 they are unaffected: f32, bitwise the result without autocast.
+    dpar::amp::Autocast f16(dpar::DType::f16);
     const dpar::Tensor y = dpar::matmul(a, b);
     CHECK(y.dtype() == dpar::DType::f32);
     CHECK(y.to_float_vector() == plain);

@@ -1,9 +1,11 @@
 #include "dpar/tensor/autocast.h"
 
 #include <cstdlib>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 
 #include "dpar/core/error.h"
+#include "dpar/core/sysinfo.h"
 #include "tensor/autocast_policy.h"
 #include "tensor/nn_kernels.h"
 
@@ -22,12 +24,37 @@ Autocast::~Autocast() { current = previous_; }
 
 DType autocast_dtype() { return current; }
 
+CpuBf16 cpu_bf16_support() {
+  static const CpuBf16 support = [] {
+    // oneDNN's own dispatch decides which kernels run, so its view of the CPU is the one asked.
+    // (oneDNN 2.6's ISA values are bit sets: a superset holds all of a subset's bits.)
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    auto covers = [isa](dnnl::cpu_isa want) {
+      const auto bits = static_cast<unsigned>(want);
+      return (isa & bits) == bits;
+    };
+    if (covers(dnnl::cpu_isa::avx512_core_bf16)) return CpuBf16::native;
+    if (covers(dnnl::cpu_isa::avx512_core)) return CpuBf16::emulated;
+    return CpuBf16::unsupported;
+  }();
+  return support;
+}
+
 }  // namespace dpar::amp
 
 namespace dpar::detail {
 
 DType autocast_compute_dtype(Device device) {
-  return device.is_cuda() ? amp::autocast_dtype() : DType::f32;
+  const DType dtype = amp::autocast_dtype();
+  if (device.is_cuda() || dtype == DType::f32) return dtype;
+  // The CPU computes in bf16 only (as torch.autocast(device_type="cpu") did before fp16 was
+  // added to it): f16 leaves CPU ops in f32.
+  if (dtype != DType::bf16) return DType::f32;
+  DPAR_CHECK(amp::cpu_bf16_support() != amp::CpuBf16::unsupported,
+             "amp::Autocast(bf16): CPU ops in bf16 need AVX-512 (oneDNN's bf16 kernels), which "
+             "oneDNN does not find on this CPU (",
+             sysinfo::cpu_model(), "); leave the CPU part of the program out of autocast");
+  return DType::bf16;
 }
 
 bool autocast_half_outputs() {

@@ -16,20 +16,20 @@ inline DType autocast_output_dtype(DType compute) {
   return compute != DType::f32 && autocast_half_outputs() ? compute : DType::f32;
 }
 
-// Whether the pointwise, normalisation and pooling ops take t's dtype: f32 on any device, f16
-// and bf16 on CUDA (computed in f32, rounded once at the store).
+// Whether the pointwise, normalisation and pooling ops take t's dtype: f32 on any device, bf16
+// on any device (on the CPU: amp::Autocast's bf16 activations), f16 on CUDA. They compute in
+// f32 and round once at the store.
 inline bool elementwise_dtype_ok(const Tensor& t) {
-  return t.dtype() == DType::f32 ||
-         (t.device().is_cuda() && (t.dtype() == DType::f16 || t.dtype() == DType::bf16));
+  return t.dtype() == DType::f32 || t.dtype() == DType::bf16 ||
+         (t.device().is_cuda() && t.dtype() == DType::f16);
 }
 
-// An f16/bf16 CUDA tensor as f32, recorded by autograd (its gradient goes back in its own
-// dtype), for the ops that compute in f32 only, as torch.autocast's fp32 list does (softmax
-// and the losses, layer and group norm, reductions, attention, window pooling, indexing);
-// any other tensor is returned as it is.
+// An f16/bf16 tensor as f32, recorded by autograd (its gradient goes back in its own dtype),
+// for the ops that compute in f32 only, as torch.autocast's fp32 list does (softmax and the
+// losses, layer and group norm, reductions, attention, window pooling, indexing); any other
+// tensor is returned as it is.
 inline Tensor f32_from_half(const Tensor& t) {
-  const bool half =
-      t.defined() && t.device().is_cuda() && (t.dtype() == DType::f16 || t.dtype() == DType::bf16);
+  const bool half = t.defined() && (t.dtype() == DType::f16 || t.dtype() == DType::bf16);
   return half ? t.to(DType::f32) : t;
 }
 

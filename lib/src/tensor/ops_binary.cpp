@@ -49,8 +49,10 @@ namespace {
 
 void check_float(const Tensor& t, const char* op, const char* which) {
   DPAR_CHECK(t.defined(), op, ": ", which, " is undefined");
-  DPAR_CHECK(detail::elementwise_dtype_ok(t), op, ": ", which, " has dtype ", t.dtype(), " on ",
-             t.device(), "; arithmetic supports f32, and f16/bf16 on CUDA (convert with .to())");
+  DPAR_CHECK(
+      detail::elementwise_dtype_ok(t), op, ": ", which, " has dtype ", t.dtype(), " on ",
+      t.device(),
+      "; arithmetic supports f32, f16/bf16 on CUDA and bf16 on the CPU (convert with .to())");
 }
 
 // An f16/bf16 operand meeting an f32 one (an autocast activation and an f32 tensor): both go

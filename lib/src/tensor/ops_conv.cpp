@@ -32,9 +32,10 @@ kernels::Conv2dGeometry make_geometry(const Tensor& x, const Tensor& weight, con
   DPAR_CHECK(x.dim() == 4, "conv2d: expected a 4-D input [N,C,H,W], got ", x.shape());
   DPAR_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight [O,C/groups,kH,kW], got ",
              weight.shape());
-  // f16/bf16 inputs on CUDA: the half-precision activations amp::Autocast passes between ops.
+  // f16/bf16 inputs (bf16 on the CPU): the activations amp::Autocast passes between ops.
   DPAR_CHECK(detail::elementwise_dtype_ok(x), "conv2d: input has dtype ", x.dtype(), " (shape ",
-             x.shape(), ") on ", x.device(), "; conv2d supports f32 (and f16/bf16 on CUDA)");
+             x.shape(), ") on ", x.device(),
+             "; conv2d supports f32 (f16/bf16 on CUDA, bf16 on the CPU)");
   check_f32(weight, "weight");
   DPAR_CHECK(x.device() == weight.device(), "conv2d: input on ", x.device(), " but weight on ",
              weight.device());
@@ -115,20 +116,24 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Tensor xc = detail::nn_layout_copy(x, MemoryFormat::ChannelsLast);
   const MemoryFormat weight_format =
       device.is_cuda() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  // Under autocast (CUDA) the convolution runs in f16/bf16 on casts of its operands and its
-  // result stays in that dtype (or comes back as f32: DPAR_AMP_ACTIVATIONS=f32); the backward
-  // uses the same dtype and returns each gradient in its input's dtype (amp::Autocast).
-  // Without autocast an f16/bf16 CUDA input is computed in f32 with an f32 result, as linear
-  // and matmul take one.
+  // Under autocast (CUDA f16/bf16, CPU bf16) the convolution runs in that dtype on casts of its
+  // operands and its result stays in it (or comes back as f32: DPAR_AMP_ACTIVATIONS=f32); the
+  // backward uses the same dtype and returns each gradient in its input's dtype
+  // (amp::Autocast). Without autocast an f16/bf16 input is computed in f32 with an f32 result,
+  // as linear and matmul take one.
   const DType compute = detail::autocast_compute_dtype(device);
   const DType out_dtype = detail::autocast_output_dtype(compute);
   const DType x_dtype = x.dtype();
   const Tensor xh = detail::cast_for_compute(xc, compute);
   const Tensor wc =
       detail::cast_for_compute(detail::nn_layout_copy(weight, weight_format), compute);
+  // The dtype of the bias oneDNN adds (CPU) and of the weight and bias gradients the kernels
+  // write: f32 on the CPU, where oneDNN takes an f32 bias and writes f32 gradients from bf16
+  // operands (no rounding of either); the compute dtype on CUDA.
+  const DType param_dtype = device.is_cuda() ? compute : DType::f32;
   const Tensor bc = kg.has_bias
                         ? detail::cast_for_compute(
-                              detail::nn_layout_copy(bias, MemoryFormat::Contiguous), compute)
+                              detail::nn_layout_copy(bias, MemoryFormat::Contiguous), param_dtype)
                         : Tensor();
   Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, compute, device, MemoryFormat::ChannelsLast);
   const bool grad = autograd::needs_grad({x, weight, bias});
@@ -142,8 +147,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   autograd::record(
       "conv2d", {x, weight, bias}, {y},
       [g, kg, xs = params_need_grad ? autograd::SavedTensor(xh) : autograd::SavedTensor(),
-       ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format, compute, x_dtype,
-       device](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
+       ws = x.requires_grad() ? wc.detach() : Tensor(), weight_format, compute, param_dtype,
+       x_dtype, device](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
         const Tensor dy = detail::cast_for_compute(
             detail::nn_layout_copy(grads[0], MemoryFormat::ChannelsLast), compute);
         Tensor dx, dw, db;
@@ -156,8 +161,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
           }
         }
         if (need[1] || (kg.has_bias && need[2])) {
-          dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, compute, device, weight_format);
-          if (kg.has_bias) db = Tensor::empty({g.O}, compute, device);
+          dw = Tensor::empty({g.O, g.C / g.groups, g.kH, g.kW}, param_dtype, device, weight_format);
+          if (kg.has_bias) db = Tensor::empty({g.O}, param_dtype, device);
           if (g.N > 0) {
             kernels::conv2d_backward_weights.get(device)(kg, xs.get(), dy, dw, db);
           } else {

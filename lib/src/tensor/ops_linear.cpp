@@ -21,20 +21,29 @@ namespace {
 void check_matrix(const Tensor& t, const char* op, const char* which) {
   DPAR_CHECK(t.defined(), op, ": ", which, " is undefined");
   DPAR_CHECK(detail::elementwise_dtype_ok(t), op, ": ", which,
-             " must be f32 (or f16/bf16 on CUDA), got ", t.str(), " on ", t.device());
+             " must be f32 (or f16/bf16 on CUDA, bf16 on the CPU), got ", t.str(), " on ",
+             t.device());
   DPAR_CHECK(t.dim() == 2, op, ": ", which, " must be 2-D, got shape ", t.shape());
 }
 
+// The dtype a product computed in `compute` writes when the caller wants `out`: oneDNN (CPU)
+// writes an f32 result from bf16 operands directly; cuBLAS's result is in the compute dtype.
+DType product_dtype(Device device, DType compute, DType out) {
+  return device.is_cpu() ? out : compute;
+}
+
 // op(a) * op(b) (+ bias) into a new contiguous matrix of dtype `out`, computed in `compute`
-// (f16/bf16 under autocast on CUDA: the operands are cast, cuBLAS accumulates in f32).
+// (f16/bf16 under autocast: the operands are cast, cuBLAS and oneDNN accumulate in f32; the CPU
+// adds an f32 bias).
 Tensor gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
             DType compute, DType out = DType::f32) {
   const int64_t m = trans_a ? a.size(1) : a.size(0);
   const int64_t n = trans_b ? b.size(0) : b.size(1);
-  Tensor c = Tensor::empty({m, n}, compute, a.device());
-  kernels::gemm.get(a.device())(detail::cast_for_compute(a, compute), trans_a,
-                                detail::cast_for_compute(b, compute), trans_b,
-                                detail::cast_for_compute(bias, compute), c);
+  const Device device = a.device();
+  Tensor c = Tensor::empty({m, n}, product_dtype(device, compute, out), device);
+  kernels::gemm.get(device)(
+      detail::cast_for_compute(a, compute), trans_a, detail::cast_for_compute(b, compute), trans_b,
+      detail::cast_for_compute(bias, device.is_cpu() ? DType::f32 : compute), c);
   return detail::cast_for_compute(c, out);
 }
 
@@ -50,7 +59,7 @@ Tensor batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b
   out_shape.push_back(n);
   const Tensor ac = detail::cast_for_compute(a, compute);
   const Tensor bc = detail::cast_for_compute(b, compute);
-  Tensor c = Tensor::empty(out_shape, compute, a.device());
+  Tensor c = Tensor::empty(out_shape, product_dtype(a.device(), compute, out), a.device());
   const int64_t count = shape_numel(batch);
   std::vector<int64_t> index(batch.size(), 0);
   auto matrix = [&](const Tensor& t, const std::vector<int64_t>& idx) {
@@ -139,7 +148,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   DPAR_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must be at least 1-D, got ", a.shape(),
              " and ", b.shape());
   DPAR_CHECK(detail::elementwise_dtype_ok(a) && detail::elementwise_dtype_ok(b),
-             "matmul: operands must be f32 (or f16/bf16 on CUDA), got ", a.str(), " and ", b.str());
+             "matmul: operands must be f32 (or f16/bf16 on CUDA, bf16 on the CPU), got ", a.str(),
+             " and ", b.str());
   DPAR_CHECK(a.device() == b.device(), "matmul: operands on different devices (", a.device(),
              " and ", b.device(), ")");
   // torch.matmul's rules: a 1-D operand is a row (first) or a column (second) vector whose
@@ -322,7 +332,8 @@ Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
   check_linear_operands(x, weight, bias, "linear_add");
   const Shape out_shape{x.size(0), weight.size(0)};
   DPAR_CHECK(detail::elementwise_dtype_ok(residual),
-             "linear_add: residual must be f32 (or f16/bf16 on CUDA), got ", residual.str());
+             "linear_add: residual must be f32 (or f16/bf16 on CUDA, bf16 on the CPU), got ",
+             residual.str());
   DPAR_CHECK(residual.shape() == out_shape, "linear_add: residual ", residual.shape(),
              " does not match the output ", out_shape);
   DPAR_CHECK(residual.device() == x.device(), "linear_add: input on ", x.device(),

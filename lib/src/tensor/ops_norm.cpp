@@ -61,10 +61,12 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   }
   DPAR_PROFILE_SCOPE(act == Activation::none ? "batch_norm" : "batch_norm_act");
   DPAR_CHECK(x.dim() == 4, "batch_norm: expected [N,C], [N,C,L] or [N,C,H,W], got ", x.shape());
-  // f16/bf16 on CUDA: amp::Autocast's activations, normalised in f32 with f32 parameters and
-  // statistics (as cuDNN's batch norm takes half-precision data), output in the input's dtype.
+  // f16/bf16 on CUDA, bf16 on the CPU: amp::Autocast's activations, normalised in f32 with f32
+  // parameters and statistics (as cuDNN's batch norm takes half-precision data), output in the
+  // input's dtype.
   DPAR_CHECK(detail::elementwise_dtype_ok(x), "batch_norm: input has dtype ", x.dtype(), " (shape ",
-             x.shape(), ") on ", x.device(), "; batch_norm supports f32 (and f16/bf16 on CUDA)");
+             x.shape(), ") on ", x.device(),
+             "; batch_norm supports f32 (and f16/bf16 on CUDA, bf16 on the CPU)");
   const int64_t C = x.size(1);
   DPAR_CHECK(C > 0, "batch_norm: input ", x.shape(), " has no channels");
   check_channel_vector(weight, C, x, "weight");

@@ -17,7 +17,7 @@ Tensor global_avg_pool2d(const Tensor& x) {
   DPAR_CHECK(x.dim() == 4, "global_avg_pool2d: expected a 4-D input [N,C,H,W], got ", x.shape());
   DPAR_CHECK(detail::elementwise_dtype_ok(x), "global_avg_pool2d: input has dtype ", x.dtype(),
              " (shape ", x.shape(), ") on ", x.device(),
-             "; global_avg_pool2d supports f32 (and f16/bf16 on CUDA)");
+             "; global_avg_pool2d supports f32 (and f16/bf16 on CUDA, bf16 on the CPU)");
   DPAR_CHECK(x.size(2) > 0 && x.size(3) > 0, "global_avg_pool2d: input ", x.shape(),
              " has an empty spatial dimension");
   const Device device = x.device();
@@ -72,7 +72,7 @@ void check_pool_input(const Tensor& x, const char* op) {
              x.device());
 }
 
-// The window kernels compute in f32: an f16/bf16 CUDA input is pooled as f32 (autocast's fp32
+// The window kernels compute in f32: an f16/bf16 input is pooled as f32 (autocast's fp32
 // list).
 Tensor run_pool(const PoolGeometry& g, const Tensor& input, const char* op) {
   const Tensor x = detail::f32_from_half(input);

@@ -17,8 +17,8 @@ using kernels::UnaryOp;
 void check_input(const Tensor& x, const char* op) {
   DPAR_CHECK(x.defined(), op, ": input is undefined");
   DPAR_CHECK(detail::elementwise_dtype_ok(x), op,
-             ": expects an f32 tensor (or f16/bf16 on CUDA), got ", x.str(), " on ", x.device(),
-             " (convert with .to(DType::f32))");
+             ": expects an f32 tensor (or f16/bf16 on CUDA, bf16 on the CPU), got ", x.str(),
+             " on ", x.device(), " (convert with .to(DType::f32))");
 }
 
 Tensor unary(UnaryOp op, const char* name, const Tensor& x, kernels::UnaryArgs args = {}) {

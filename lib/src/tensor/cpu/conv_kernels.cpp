@@ -22,25 +22,44 @@ using kernels::Conv2dGeometry;
 using tag = memory::format_tag;
 constexpr auto f32 = memory::data_type::f32;
 
+memory::data_type onednn_type(DType t) {
+  DPAR_CHECK(t == DType::f32 || t == DType::bf16, "conv2d on the CPU supports f32 and bf16, got ",
+             t);
+  return t == DType::bf16 ? memory::data_type::bf16 : f32;
+}
+
+void require_same_float(const Tensor& first, const Tensor& other, const char* which) {
+  DPAR_CHECK(other.dtype() == first.dtype(), "conv2d on the CPU: the ", which, " has dtype ",
+             other.dtype(), ", the activations ", first.dtype());
+}
+
+// The dtypes a convolution runs in: f32, or bf16 activations and weights under amp::Autocast
+// (oneDNN accumulates in f32; the bias and the weight and bias gradients stay f32).
+struct ConvTypes {
+  DType activations = DType::f32;
+  DType weights = DType::f32;
+};
+
 // The memory descriptors and geometry vectors shared by the three primitives.
 struct ConvDescs {
   memory::desc src, dst, plain_weights, any_weights, bias;
   memory::dims strides, dilates, padding_l, padding_r;
 };
 
-ConvDescs make_descs(const Conv2dGeometry& g) {
+ConvDescs make_descs(const Conv2dGeometry& g, ConvTypes types) {
   ConvDescs d;
-  d.src = memory::desc({g.N, g.C, g.H, g.W}, f32, tag::nhwc);
-  d.dst = memory::desc({g.N, g.O, g.OH, g.OW}, f32, tag::nhwc);
+  const auto act = onednn_type(types.activations), wt = onednn_type(types.weights);
+  d.src = memory::desc({g.N, g.C, g.H, g.W}, act, tag::nhwc);
+  d.dst = memory::desc({g.N, g.O, g.OH, g.OW}, act, tag::nhwc);
   if (g.groups == 1) {
     const memory::dims w = {g.O, g.C, g.kH, g.kW};
-    d.plain_weights = memory::desc(w, f32, tag::oihw);
-    d.any_weights = memory::desc(w, f32, tag::any);
+    d.plain_weights = memory::desc(w, wt, tag::oihw);
+    d.any_weights = memory::desc(w, wt, tag::any);
   } else {
     // Grouped weights are the 5-D goihw view of the same [O,C/g,kH,kW] memory.
     const memory::dims w = {g.groups, g.O / g.groups, g.C / g.groups, g.kH, g.kW};
-    d.plain_weights = memory::desc(w, f32, tag::goihw);
-    d.any_weights = memory::desc(w, f32, tag::any);
+    d.plain_weights = memory::desc(w, wt, tag::goihw);
+    d.any_weights = memory::desc(w, wt, tag::any);
   }
   if (g.has_bias) d.bias = memory::desc({g.O}, f32, tag::x);
   d.strides = {g.stride[0], g.stride[1]};
@@ -53,8 +72,9 @@ ConvDescs make_descs(const Conv2dGeometry& g) {
   return d;
 }
 
-onednn::Key conv_key(onednn::Kind kind, const Conv2dGeometry& g, bool training) {
+onednn::Key conv_key(onednn::Kind kind, const Conv2dGeometry& g, bool training, ConvTypes types) {
   onednn::Key key(kind);
+  key.add(static_cast<int64_t>(types.activations)).add(static_cast<int64_t>(types.weights));
   key.add(g.N).add(g.C).add(g.H).add(g.W).add(g.O).add(g.kH).add(g.kW).add(g.OH).add(g.OW);
   key.add(g.stride[0]).add(g.stride[1]).add(g.padding[0]).add(g.padding[1]);
   key.add(g.dilation[0]).add(g.dilation[1]).add(g.groups).add(g.has_bias).add(training);
@@ -74,9 +94,9 @@ struct ConvForward {
   std::optional<dnnl::reorder> to_weights;
 };
 
-const ConvForward& forward_entry(const Conv2dGeometry& g, bool training) {
-  return onednn::cached<ConvForward>(conv_key(onednn::Kind::conv_forward, g, training), [&] {
-    const ConvDescs d = make_descs(g);
+const ConvForward& forward_entry(const Conv2dGeometry& g, bool training, ConvTypes types) {
+  return onednn::cached<ConvForward>(conv_key(onednn::Kind::conv_forward, g, training, types), [&] {
+    const ConvDescs d = make_descs(g, types);
     const auto prop =
         training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
     dnnl::convolution_forward::desc desc(prop, dnnl::algorithm::convolution_direct, d.src,
@@ -103,15 +123,16 @@ struct ConvBackwardData {
   std::optional<dnnl::reorder> to_weights;
 };
 
-const ConvBackwardData& backward_data_entry(const Conv2dGeometry& g) {
-  return onednn::cached<ConvBackwardData>(conv_key(onednn::Kind::conv_backward_data, g, true), [&] {
-    const ConvDescs d = make_descs(g);
+const ConvBackwardData& backward_data_entry(const Conv2dGeometry& g, ConvTypes types) {
+  const onednn::Key key = conv_key(onednn::Kind::conv_backward_data, g, true, types);
+  return onednn::cached<ConvBackwardData>(key, [&] {
+    const ConvDescs d = make_descs(g, types);
     dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src,
                                                d.any_weights, d.dst, d.strides, d.dilates,
                                                d.padding_l, d.padding_r);
     ConvBackwardData e;
     e.pd = dnnl::convolution_backward_data::primitive_desc(
-        desc, onednn::default_attr(), onednn::engine(), forward_entry(g, true).pd);
+        desc, onednn::default_attr(), onednn::engine(), forward_entry(g, true, types).pd);
     e.prim = dnnl::convolution_backward_data(e.pd);
     e.diff_src = d.src;
     e.diff_dst = d.dst;
@@ -129,16 +150,20 @@ struct ConvBackwardWeights {
   std::optional<dnnl::reorder> to_plain;
 };
 
-const ConvBackwardWeights& backward_weights_entry(const Conv2dGeometry& g) {
+// types.weights is the weight gradient's dtype (f32 also for bf16 activations: oneDNN
+// accumulates the gradient in f32 and writes it unrounded); the forward it hints from runs in
+// the activations' dtype.
+const ConvBackwardWeights& backward_weights_entry(const Conv2dGeometry& g, ConvTypes types) {
   return onednn::cached<ConvBackwardWeights>(
-      conv_key(onednn::Kind::conv_backward_weights, g, true), [&] {
-        const ConvDescs d = make_descs(g);
+      conv_key(onednn::Kind::conv_backward_weights, g, true, types), [&] {
+        const ConvDescs d = make_descs(g, types);
         dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, d.src,
                                                       d.any_weights, d.bias, d.dst, d.strides,
                                                       d.dilates, d.padding_l, d.padding_r);
         ConvBackwardWeights e;
         e.pd = dnnl::convolution_backward_weights::primitive_desc(
-            desc, onednn::default_attr(), onednn::engine(), forward_entry(g, true).pd);
+            desc, onednn::default_attr(), onednn::engine(),
+            forward_entry(g, true, {types.activations, types.activations}).pd);
         e.prim = dnnl::convolution_backward_weights(e.pd);
         e.src = d.src;
         e.diff_dst = d.dst;
@@ -163,7 +188,9 @@ memory weights_for(const memory::desc& plain, const memory::desc& wanted,
 
 void conv2d_forward_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
                         const Tensor& bias, Tensor& y, bool training) {
-  const ConvForward& e = forward_entry(g, training);
+  require_same_float(x, y, "output");
+  require_same_float(x, weight, "weight");
+  const ConvForward& e = forward_entry(g, training, {x.dtype(), weight.dtype()});
   onednn::OwnedMemory reordered;
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, onednn::wrap(e.src, x)},
@@ -175,7 +202,9 @@ void conv2d_forward_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& 
 
 void conv2d_backward_data_cpu(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
                               Tensor& dx) {
-  const ConvBackwardData& e = backward_data_entry(g);
+  require_same_float(dy, dx, "input gradient");
+  require_same_float(dy, weight, "weight");
+  const ConvBackwardData& e = backward_data_entry(g, {dy.dtype(), weight.dtype()});
   onednn::OwnedMemory reordered;
   onednn::execute(
       e.prim, e.pd.scratchpad_desc(),
@@ -186,8 +215,9 @@ void conv2d_backward_data_cpu(const Conv2dGeometry& g, const Tensor& dy, const T
 
 void conv2d_backward_weights_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
                                  Tensor& dweight, Tensor& dbias) {
+  require_same_float(x, dy, "output gradient");
   if (depthwise_backward_weights(g, x, dy, dweight, dbias)) return;
-  const ConvBackwardWeights& e = backward_weights_entry(g);
+  const ConvBackwardWeights& e = backward_weights_entry(g, {x.dtype(), dweight.dtype()});
   memory plain = onednn::wrap(e.plain_weights, dweight);
   onednn::OwnedMemory blocked;
   if (e.to_plain) blocked = onednn::allocate(e.diff_weights);

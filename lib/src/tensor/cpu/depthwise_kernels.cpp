@@ -6,11 +6,14 @@
 // 14x14 5x5 4.6 ms -> 0.8 ms; 576 channels 7x7 3.8 ms -> 0.35 ms). Here each task owns a block of
 // 16 (or 8) channels and one filter row, keeps that row's kW accumulators in registers and streams
 // the input and output gradient once, reading whole cache lines because C is innermost. Tasks write
-// disjoint outputs, so the result does not depend on the thread count.
+// disjoint outputs, so the result does not depend on the thread count. bf16 activations
+// (amp::Autocast) are widened to f32 as they are loaded and accumulate in f32 as f32 ones do:
+// oneDNN 2.6's bf16 fallback for these filters took 8-45 ms per layer at batch 16, one thread.
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "tensor/cpu/float_types.h"
 #include "tensor/nn_kernels.h"
 
 namespace dpar::cpu {
@@ -18,12 +21,20 @@ namespace {
 
 using kernels::Conv2dGeometry;
 
+// Eight consecutive elements as f32 lanes.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 load8(const BF16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
 // acc[kw][v] += dy[n,oh,ow,c0+8v..] * x[n, ih, ow*s - p + kw*d, c0+8v..] over all n, oh, ow,
 // where ih = oh*sH - pH + kh*dH. Writes dweight[c, 0, kh, kw] for the block's channels.
-template <int KW, int V>
-__attribute__((target("avx2,fma"))) void dw_block(const Conv2dGeometry& g, const float* x,
-                                                  const float* dy, int64_t c0, int64_t kh,
-                                                  float* dweight) {
+template <class T, int KW, int V>
+__attribute__((target("avx2,fma"))) void dw_block(const Conv2dGeometry& g, const T* x, const T* dy,
+                                                  int64_t c0, int64_t kh, float* dweight) {
   const int64_t C = g.C, H = g.H, W = g.W, OH = g.OH, OW = g.OW;
   const int64_t sw = g.stride[1], pw = g.padding[1], dw = g.dilation[1];
   __m256 acc[KW][V];
@@ -34,25 +45,25 @@ __attribute__((target("avx2,fma"))) void dw_block(const Conv2dGeometry& g, const
     for (int64_t oh = 0; oh < OH; ++oh) {
       const int64_t ih = oh * g.stride[0] - g.padding[0] + kh * g.dilation[0];
       if (ih < 0 || ih >= H) continue;
-      const float* xrow = x + ((n * H + ih) * W) * C + c0;
-      const float* dyrow = dy + ((n * OH + oh) * OW) * C + c0;
+      const T* xrow = x + ((n * H + ih) * W) * C + c0;
+      const T* dyrow = dy + ((n * OH + oh) * OW) * C + c0;
       for (int64_t ow = 0; ow < OW; ++ow) {
         __m256 d[V];
-        for (int v = 0; v < V; ++v) d[v] = _mm256_loadu_ps(dyrow + ow * C + 8 * v);
+        for (int v = 0; v < V; ++v) d[v] = load8(dyrow + ow * C + 8 * v);
         const int64_t iw0 = ow * sw - pw;
         if (iw0 >= 0 && iw0 + (KW - 1) * dw < W) {
           for (int k = 0; k < KW; ++k) {
-            const float* xp = xrow + (iw0 + k * dw) * C;
+            const T* xp = xrow + (iw0 + k * dw) * C;
             for (int v = 0; v < V; ++v)
-              acc[k][v] = _mm256_fmadd_ps(d[v], _mm256_loadu_ps(xp + 8 * v), acc[k][v]);
+              acc[k][v] = _mm256_fmadd_ps(d[v], load8(xp + 8 * v), acc[k][v]);
           }
         } else {
           for (int k = 0; k < KW; ++k) {
             const int64_t iw = iw0 + k * dw;
             if (iw < 0 || iw >= W) continue;
-            const float* xp = xrow + iw * C;
+            const T* xp = xrow + iw * C;
             for (int v = 0; v < V; ++v)
-              acc[k][v] = _mm256_fmadd_ps(d[v], _mm256_loadu_ps(xp + 8 * v), acc[k][v]);
+              acc[k][v] = _mm256_fmadd_ps(d[v], load8(xp + 8 * v), acc[k][v]);
           }
         }
       }
@@ -70,8 +81,9 @@ __attribute__((target("avx2,fma"))) void dw_block(const Conv2dGeometry& g, const
 }
 
 // The channels past the last multiple of 8, one at a time.
-void dw_scalar_channel(const Conv2dGeometry& g, const float* x, const float* dy, int64_t c,
-                       int64_t kh, float* dweight) {
+template <class T>
+void dw_scalar_channel(const Conv2dGeometry& g, const T* x, const T* dy, int64_t c, int64_t kh,
+                       float* dweight) {
   for (int64_t kw = 0; kw < g.kW; ++kw) {
     float s = 0.0f;
     for (int64_t n = 0; n < g.N; ++n)
@@ -81,51 +93,48 @@ void dw_scalar_channel(const Conv2dGeometry& g, const float* x, const float* dy,
         for (int64_t ow = 0; ow < g.OW; ++ow) {
           const int64_t iw = ow * g.stride[1] - g.padding[1] + kw * g.dilation[1];
           if (iw < 0 || iw >= g.W) continue;
-          s += dy[((n * g.OH + oh) * g.OW + ow) * g.C + c] *
-               x[((n * g.H + ih) * g.W + iw) * g.C + c];
+          s += to_float(dy[((n * g.OH + oh) * g.OW + ow) * g.C + c]) *
+               to_float(x[((n * g.H + ih) * g.W + iw) * g.C + c]);
         }
       }
     dweight[(c * g.kH + kh) * g.kW + kw] = s;
   }
 }
 
-using BlockFn = void (*)(const Conv2dGeometry&, const float*, const float*, int64_t, int64_t,
-                         float*);
+template <class T>
+using BlockFn = void (*)(const Conv2dGeometry&, const T*, const T*, int64_t, int64_t, float*);
 
 // Two vectors per block while 2*KW accumulators fit the 16 ymm registers, one beyond.
-template <int KW>
-void pick(BlockFn& wide, BlockFn& narrow, int64_t& width) {
+template <class T, int KW>
+void pick(BlockFn<T>& wide, BlockFn<T>& narrow, int64_t& width) {
   if constexpr (KW <= 5) {
-    wide = &dw_block<KW, 2>;
+    wide = &dw_block<T, KW, 2>;
     width = 16;
   } else {
-    wide = &dw_block<KW, 1>;
+    wide = &dw_block<T, KW, 1>;
     width = 8;
   }
-  narrow = &dw_block<KW, 1>;
+  narrow = &dw_block<T, KW, 1>;
 }
 
-}  // namespace
-
-bool depthwise_backward_weights(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
-                                Tensor& dweight, Tensor& dbias) {
-  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (!has_avx2 || g.groups != g.C || g.O != g.C) return false;
-  BlockFn wide = nullptr, narrow = nullptr;
+template <class T>
+bool depthwise_backward_weights_typed(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
+                                      Tensor& dweight, Tensor& dbias) {
+  BlockFn<T> wide = nullptr, narrow = nullptr;
   int64_t width = 0;
   // 3x3 stays with oneDNN's dedicated kernel, which is as fast or faster for those.
   switch (g.kW) {
     case 5:
-      pick<5>(wide, narrow, width);
+      pick<T, 5>(wide, narrow, width);
       break;
     case 7:
-      pick<7>(wide, narrow, width);
+      pick<T, 7>(wide, narrow, width);
       break;
     default:
       return false;
   }
-  const float* px = x.data<float>();
-  const float* pdy = dy.data<float>();
+  const T* px = data_as<const T>(x);
+  const T* pdy = data_as<const T>(dy);
   float* pdw = dweight.data<float>();
   const int64_t C = g.C, full = C / width * width, eights = C / 8 * 8;
   // Task list: wide blocks, then at most one 8-channel block, then single channels.
@@ -149,11 +158,25 @@ bool depthwise_backward_weights(const Conv2dGeometry& g, const Tensor& x, const 
     for (int64_t c = 0; c < C; ++c) pdb[c] = 0.0f;
     const int64_t rows = g.N * g.OH * g.OW;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* row = pdy + r * C;
-      for (int64_t c = 0; c < C; ++c) pdb[c] += row[c];
+      const T* row = pdy + r * C;
+      for (int64_t c = 0; c < C; ++c) pdb[c] += to_float(row[c]);
     }
   }
   return true;
+}
+
+}  // namespace
+
+// x and dy f32 or bf16 (the same); dweight and dbias f32.
+bool depthwise_backward_weights(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
+                                Tensor& dweight, Tensor& dbias) {
+  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (!has_avx2 || g.groups != g.C || g.O != g.C || dweight.dtype() != DType::f32) return false;
+  if (x.dtype() == DType::f32)
+    return depthwise_backward_weights_typed<float>(g, x, dy, dweight, dbias);
+  if (x.dtype() == DType::bf16)
+    return depthwise_backward_weights_typed<BF16>(g, x, dy, dweight, dbias);
+  return false;
 }
 
 }  // namespace dpar::cpu

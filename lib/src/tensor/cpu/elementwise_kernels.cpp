@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "dpar/autograd/grad_mode.h"
+#include "tensor/cpu/avx512_bf16.h"
 #include "tensor/cpu/column_sums.h"
+#include "tensor/cpu/elementwise_loops.h"
+#include "tensor/cpu/float_types.h"
 #include "tensor/cpu/isa.h"
 #include "tensor/cpu/strided_loop.h"
 
@@ -14,90 +18,47 @@ namespace {
 using kernels::BinaryOp;
 
 template <BinaryOp Op>
-inline float apply(float x, float y) {
-  if constexpr (Op == BinaryOp::add) return x + y;
-  if constexpr (Op == BinaryOp::sub) return x - y;
-  if constexpr (Op == BinaryOp::mul) return x * y;
-  if constexpr (Op == BinaryOp::div) return x / y;
+void binary_op(const Tensor& a, const Tensor& b, Tensor& out) {
+  visit_float_dtype(out.dtype(), "binary",
+                    [&](auto tag) { binary_typed<Op, typename decltype(tag)::type>(a, b, out); });
 }
 
-template <BinaryOp Op>
-void binary_typed(const Tensor& a, const Tensor& b, Tensor& out) {
-  const float* pa = static_cast<const float*>(a.raw_data());
-  const float* pb = static_cast<const float*>(b.raw_data());
-  float* po = static_cast<float*>(out.raw_data());
-  // Flat fast path: all three share one dense layout.
-  if (a.strides() == out.strides() && b.strides() == out.strides() && out.is_dense()) {
-    const int64_t n = out.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) po[i] = apply<Op>(pa[i], pb[i]);
-    return;
-  }
-  for_each_row<3>(
-      out.shape(), {&out.strides(), &a.strides(), &b.strides()},
-      [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
-        float* o = po + off[0];
-        const float* x = pa + off[1];
-        const float* y = pb + off[2];
-        if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = apply<Op>(x[i], y[i]);
-        } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {
-          const float yv = *y;
-          for (int64_t i = 0; i < n; ++i) o[i] = apply<Op>(x[i], yv);
-        } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {
-          const float xv = *x;
-          for (int64_t i = 0; i < n; ++i) o[i] = apply<Op>(xv, y[i]);
-        } else {
-          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = apply<Op>(x[i * st[1]], y[i * st[2]]);
-        }
-      });
-}
+// bf16 runs 16 lanes wide where the CPU has AVX-512 (avx512_bf16.h); the same loops otherwise.
+bool wide_bf16(const Tensor& t) { return t.dtype() == DType::bf16 && cpu_isa() == Isa::avx512; }
 
 void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  require_same_float("binary", out, a, "the first operand");
+  require_same_float("binary", out, b, "the second operand");
+  if (wide_bf16(out)) return avx512::binary_bf16(op, a, b, out);
   switch (op) {
     case BinaryOp::add:
-      return binary_typed<BinaryOp::add>(a, b, out);
+      return binary_op<BinaryOp::add>(a, b, out);
     case BinaryOp::sub:
-      return binary_typed<BinaryOp::sub>(a, b, out);
+      return binary_op<BinaryOp::sub>(a, b, out);
     case BinaryOp::mul:
-      return binary_typed<BinaryOp::mul>(a, b, out);
+      return binary_op<BinaryOp::mul>(a, b, out);
     case BinaryOp::div:
-      return binary_typed<BinaryOp::div>(a, b, out);
+      return binary_op<BinaryOp::div>(a, b, out);
   }
 }
 
 void affine_cpu(const Tensor& a, double alpha, double beta, Tensor& out) {
-  const float* pa = static_cast<const float*>(a.raw_data());
-  float* po = static_cast<float*>(out.raw_data());
-  const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
-  if (a.strides() == out.strides() && out.is_dense()) {
-    const int64_t n = out.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) po[i] = pa[i] * al + be;
-    return;
+  require_same_float("affine", out, a, "the input");
+  if (wide_bf16(out)) {
+    return avx512::affine_bf16(a, static_cast<float>(alpha), static_cast<float>(beta), out);
   }
-  for_each_row<2>(
-      out.shape(), {&out.strides(), &a.strides()},
-      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
-        for (int64_t i = 0; i < n; ++i) po[off[0] + i * st[0]] = pa[off[1] + i * st[1]] * al + be;
-      });
+  visit_float_dtype(out.dtype(), "affine", [&](auto tag) {
+    affine_typed<typename decltype(tag)::type>(a, static_cast<float>(alpha),
+                                               static_cast<float>(beta), out);
+  });
 }
 
 void add_inplace_cpu(Tensor& self, const Tensor& other, double alpha) {
-  float* ps = static_cast<float*>(self.raw_data());
-  const float* po = static_cast<const float*>(other.raw_data());
-  const float al = static_cast<float>(alpha);
-  if (self.strides() == other.strides() && self.is_dense()) {
-    const int64_t n = self.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) ps[i] += al * po[i];
-    return;
-  }
-  for_each_row<2>(
-      self.shape(), {&self.strides(), &other.strides()},
-      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
-        for (int64_t i = 0; i < n; ++i) ps[off[0] + i * st[0]] += al * po[off[1] + i * st[1]];
-      });
+  require_same_float("add_", self, other, "the added tensor");
+  if (wide_bf16(self)) return avx512::add_inplace_bf16(self, other, static_cast<float>(alpha));
+  visit_float_dtype(self.dtype(), "add_", [&](auto tag) {
+    add_inplace_typed<typename decltype(tag)::type>(self, other, static_cast<float>(alpha));
+  });
 }
 
 // Column sums of a row-major [rows, cols] block (rows ld floats apart) into acc (double), once
@@ -148,6 +109,14 @@ int64_t summed_prefix(const Tensor& x, const Tensor& out) {
 
 // Sums x into out (keepdim shape). Accumulates in double in a fixed order: deterministic.
 void sum_to_cpu(const Tensor& x, Tensor& out) {
+  // bf16 (autocast's activations) is summed as f32, into an f32 result rounded once at the end.
+  if (x.dtype() != DType::f32 || out.dtype() != DType::f32) {
+    NoGradGuard no_grad;
+    Tensor sums = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32);
+    sum_to_cpu(x.to(DType::f32), sums);
+    if (!sums.is_same(out)) out.copy_(sums);
+    return;
+  }
   if (const int64_t prefix = summed_prefix(x, out); prefix > 0 && out.numel() > 1) {
     column_sums(static_cast<const float*>(x.raw_data()), x.numel() / out.numel(), out.numel(),
                 out.numel(), out.data<float>());

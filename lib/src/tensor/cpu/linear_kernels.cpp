@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dpar/autograd/grad_mode.h"
+#include "dpar/tensor/ops.h"
 #include "tensor/cpu/column_sums.h"
 #include "tensor/cpu/onednn_context.h"
 #include "tensor/cpu/strided_loop.h"
@@ -84,19 +86,26 @@ bool on_matmul_primitive(char ta, char tb, int64_t m, int64_t n, int64_t k, bool
 // The cached matmul primitive for c[m, n] = op(a) op(b) (+ bias) (+ a residual, by a binary-add
 // post-op when `residual`), operands as sgemm takes them
 // (row-major storage with a leading dimension, 'T' = transposed); c is contiguous.
+// Operands a and b are f32, or bf16 (amp::Autocast) with c in f32 or bf16; the bias is f32.
 const Matmul& matmul_for(char ta, int64_t lda, char tb, int64_t ldb, bool bias, int64_t m,
-                         int64_t n, int64_t k, bool pack, bool residual = false) {
+                         int64_t n, int64_t k, bool pack, bool residual = false,
+                         DType ab_dtype = DType::f32, DType c_dtype = DType::f32) {
   using dnnl::memory;
   onednn::Key key(onednn::Kind::matmul);
   key.add(m).add(n).add(k).add(ta).add(lda).add(tb).add(ldb).add(bias).add(pack).add(residual);
+  key.add(static_cast<int64_t>(ab_dtype)).add(static_cast<int64_t>(c_dtype));
+  auto type_of = [](DType t) {
+    return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  };
+  const memory::data_type ab = type_of(ab_dtype), ct = type_of(c_dtype);
   return onednn::cached<Matmul>(key, [&] {
     const memory::dims a_strides = ta == 'N' ? memory::dims{lda, 1} : memory::dims{1, lda};
     const memory::dims b_strides = tb == 'N' ? memory::dims{ldb, 1} : memory::dims{1, ldb};
     Matmul entry;
-    entry.a_md = memory::desc({m, k}, memory::data_type::f32, a_strides);
-    entry.b_md = memory::desc({k, n}, memory::data_type::f32, b_strides);
+    entry.a_md = memory::desc({m, k}, ab, a_strides);
+    entry.b_md = memory::desc({k, n}, ab, b_strides);
     entry.bias_md = memory::desc({1, n}, memory::data_type::f32, memory::dims{n, 1});
-    entry.c_md = memory::desc({m, n}, memory::data_type::f32, memory::dims{n, 1});
+    entry.c_md = memory::desc({m, n}, ct, memory::dims{n, 1});
     dnnl::primitive_attr attr = onednn::default_attr();
     if (residual) {
       dnnl::post_ops ops;
@@ -108,8 +117,7 @@ const Matmul& matmul_for(char ta, int64_t lda, char tb, int64_t ldb, bool bias, 
                              : dnnl::matmul::desc(entry.a_md, weights_md, entry.c_md);
       return dnnl::matmul::primitive_desc(desc, attr, onednn::engine());
     };
-    entry.pd = describe(pack ? memory::desc({k, n}, memory::data_type::f32, memory::format_tag::any)
-                             : entry.b_md);
+    entry.pd = describe(pack ? memory::desc({k, n}, ab, memory::format_tag::any) : entry.b_md);
     // Where the ISA has no blocked layout (oneDNN 2.6 picks a plain one under AVX2), a reorder
     // would only transpose: take the weights as they are.
     if (pack && entry.pd.weights_desc().data.format_desc.blocking.inner_nblks == 0) {
@@ -125,8 +133,8 @@ const Matmul& matmul_for(char ta, int64_t lda, char tb, int64_t ldb, bool bias, 
 }
 
 // op(b) as e's primitive reads it: reordered into `packed` when e uses a blocked layout.
-dnnl::memory weights_for(const Matmul& e, const float* b, onednn::OwnedMemory& packed) {
-  dnnl::memory weights(e.b_md, onednn::engine(), const_cast<float*>(b));
+dnnl::memory weights_for(const Matmul& e, const void* b, onednn::OwnedMemory& packed) {
+  dnnl::memory weights(e.b_md, onednn::engine(), const_cast<void*>(b));
   if (!e.pack_weights) return weights;
   packed = onednn::allocate(e.pd.weights_desc());
   onednn::execute(*e.pack_weights, dnnl::memory::desc(),
@@ -137,11 +145,11 @@ dnnl::memory weights_for(const Matmul& e, const float* b, onednn::OwnedMemory& p
 // Runs e on a and c (at e's shapes) with weights as weights_for gave them; the matmul adds the
 // bias as it writes each tile (a separate pass to spread the bias over c first cost as much as
 // a small product).
-void run_matmul(const Matmul& e, const float* a, const dnnl::memory& weights, const float* bias,
-                float* c, const float* residual = nullptr) {
+void run_matmul(const Matmul& e, const void* a, const dnnl::memory& weights, const float* bias,
+                void* c, const float* residual = nullptr) {
   const dnnl::engine& eng = onednn::engine();
   std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory(e.a_md, eng, const_cast<float*>(a))},
+      {DNNL_ARG_SRC, dnnl::memory(e.a_md, eng, const_cast<void*>(a))},
       {DNNL_ARG_WEIGHTS, weights},
       {DNNL_ARG_DST, dnnl::memory(e.c_md, eng, c)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias_md, eng, const_cast<float*>(bias)));
@@ -208,8 +216,44 @@ void product(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const
   add_residual();
 }
 
+// c = op(a) op(b) (+ bias) for bf16 a and b (amp::Autocast) on the matmul primitive, which
+// accumulates in f32 and writes c in its dtype (f32 for the weight gradients: no rounding to
+// bf16 in between); the bias is f32. Plain layouts: the products of an autocast step are the
+// small linear layers of a CNN's head and attention's, where a reorder would not pay.
+void product_bf16(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+                  Tensor& c) {
+  DPAR_CHECK(a.dtype() == DType::bf16 && b.dtype() == DType::bf16,
+             "gemm on the CPU: operands must both be f32 or both bf16, got ", a.dtype(), " and ",
+             b.dtype());
+  DPAR_CHECK(c.dtype() == DType::f32 || c.dtype() == DType::bf16,
+             "gemm on the CPU: the result must be f32 or bf16, got ", c.dtype());
+  DPAR_CHECK(!bias.defined() || bias.dtype() == DType::f32,
+             "gemm on the CPU: the bias of a bf16 product must be f32, got ", bias.dtype());
+  const int64_t m = c.size(0), n = c.size(1);
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: the bias alone (rare enough to take the general ops)
+    NoGradGuard no_grad;
+    c.copy_(bias.defined() ? expand(bias.reshape({1, n}), {m, n}) : Tensor::zeros({m, n}));
+    return;
+  }
+  const GemmOperand ga = as_gemm_operand(a);
+  const GemmOperand gb = as_gemm_operand(b);
+  const char ta = trans_a != ga.stored_transposed ? 'T' : 'N';
+  const char tb = trans_b != gb.stored_transposed ? 'T' : 'N';
+  const Tensor row = bias.defined() ? bias.contiguous() : Tensor();
+  const Matmul& e = matmul_for(ta, ga.ld, tb, gb.ld, bias.defined(), m, n, k, /*pack=*/false,
+                               /*residual=*/false, DType::bf16, c.dtype());
+  onednn::OwnedMemory unused;
+  run_matmul(e, ga.data, weights_for(e, gb.data, unused),
+             row.defined() ? row.data<float>() : nullptr, c.raw_data());
+}
+
 void gemm_cpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
               Tensor& c) {
+  if (a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32) {
+    return product_bf16(a, trans_a, b, trans_b, bias, c);
+  }
   product(a, trans_a, b, trans_b, bias, nullptr, c);
 }
 

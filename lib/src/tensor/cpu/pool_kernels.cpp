@@ -1,28 +1,31 @@
-// CPU global average pooling. Channels-last rows put C innermost, so the per-channel sums
-// vectorise across channels; the plain NCHW layout sums each channel's contiguous plane.
+// CPU global average pooling, for f32 and bf16 (amp::Autocast's activations, summed in f32).
+// Channels-last rows put C innermost, so the per-channel sums vectorise across channels; the
+// plain NCHW layout sums each channel's contiguous plane.
 #include <vector>
 
+#include "tensor/cpu/float_types.h"
 #include "tensor/nn_kernels.h"
 
 namespace dpar::cpu {
 namespace {
 
-void global_avg_pool2d_forward_cpu(const Tensor& x, Tensor& y) {
+template <class T>
+void global_avg_pool2d_forward_typed(const Tensor& x, Tensor& y) {
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
-  const float* px = x.data<float>();
-  float* py = y.data<float>();  // [N,C,1,1], contiguous
+  const T* px = data_as<const T>(x);
+  T* py = data_as<T>(y);  // [N,C,1,1], contiguous
   const float scale = 1.0f / static_cast<float>(HW);
   if (x.is_contiguous(MemoryFormat::ChannelsLast)) {
 #pragma omp parallel for schedule(static) if (N * C * HW > (1 << 16))
     for (int64_t n = 0; n < N; ++n) {
       std::vector<float> acc(static_cast<size_t>(C), 0.0f);
       float* a = acc.data();
-      const float* xn = px + n * HW * C;
+      const T* xn = px + n * HW * C;
       for (int64_t p = 0; p < HW; ++p) {
-        const float* row = xn + p * C;
-        for (int64_t c = 0; c < C; ++c) a[c] += row[c];
+        const T* row = xn + p * C;
+        for (int64_t c = 0; c < C; ++c) a[c] += to_float(row[c]);
       }
-      for (int64_t c = 0; c < C; ++c) py[n * C + c] = a[c] * scale;
+      for (int64_t c = 0; c < C; ++c) py[n * C + c] = from_float<T>(a[c] * scale);
     }
     return;
   }
@@ -30,33 +33,34 @@ void global_avg_pool2d_forward_cpu(const Tensor& x, Tensor& y) {
   // while keeping a fixed summation order.
 #pragma omp parallel for schedule(static) if (N * C * HW > (1 << 16))
   for (int64_t nc = 0; nc < N * C; ++nc) {
-    const float* plane = px + nc * HW;
+    const T* plane = px + nc * HW;
     float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t p = 0;
     for (; p + 8 <= HW; p += 8) {
-      for (int k = 0; k < 8; ++k) part[k] += plane[p + k];
+      for (int k = 0; k < 8; ++k) part[k] += to_float(plane[p + k]);
     }
     float s = 0.0f;
-    for (; p < HW; ++p) s += plane[p];
+    for (; p < HW; ++p) s += to_float(plane[p]);
     for (int k = 0; k < 8; ++k) s += part[k];
-    py[nc] = s * scale;
+    py[nc] = from_float<T>(s * scale);
   }
 }
 
-void global_avg_pool2d_backward_cpu(const Tensor& dy, Tensor& dx) {
+template <class T>
+void global_avg_pool2d_backward_typed(const Tensor& dy, Tensor& dx) {
   const int64_t N = dx.size(0), C = dx.size(1), HW = dx.size(2) * dx.size(3);
-  const float* pg = dy.data<float>();
+  const T* pg = data_as<const T>(dy);
   const int64_t sn = dy.stride(0), sc = dy.stride(1);
-  float* px = dx.data<float>();
+  T* px = data_as<T>(dx);
   const float scale = 1.0f / static_cast<float>(HW);
   if (dx.is_contiguous(MemoryFormat::ChannelsLast)) {
 #pragma omp parallel for schedule(static) if (N * C * HW > (1 << 16))
     for (int64_t n = 0; n < N; ++n) {
-      std::vector<float> v(static_cast<size_t>(C));
-      for (int64_t c = 0; c < C; ++c) v[c] = pg[n * sn + c * sc] * scale;
-      float* xn = px + n * HW * C;
+      std::vector<T> v(static_cast<size_t>(C));
+      for (int64_t c = 0; c < C; ++c) v[c] = from_float<T>(to_float(pg[n * sn + c * sc]) * scale);
+      T* xn = px + n * HW * C;
       for (int64_t p = 0; p < HW; ++p) {
-        float* row = xn + p * C;
+        T* row = xn + p * C;
         for (int64_t c = 0; c < C; ++c) row[c] = v[c];
       }
     }
@@ -64,10 +68,24 @@ void global_avg_pool2d_backward_cpu(const Tensor& dy, Tensor& dx) {
   }
 #pragma omp parallel for schedule(static) if (N * C * HW > (1 << 16))
   for (int64_t nc = 0; nc < N * C; ++nc) {
-    const float v = pg[(nc / C) * sn + (nc % C) * sc] * scale;
-    float* plane = px + nc * HW;
+    const T v = from_float<T>(to_float(pg[(nc / C) * sn + (nc % C) * sc]) * scale);
+    T* plane = px + nc * HW;
     for (int64_t p = 0; p < HW; ++p) plane[p] = v;
   }
+}
+
+void global_avg_pool2d_forward_cpu(const Tensor& x, Tensor& y) {
+  require_same_float("global_avg_pool2d", x, y, "the output");
+  visit_float_dtype(x.dtype(), "global_avg_pool2d", [&](auto tag) {
+    global_avg_pool2d_forward_typed<typename decltype(tag)::type>(x, y);
+  });
+}
+
+void global_avg_pool2d_backward_cpu(const Tensor& dy, Tensor& dx) {
+  require_same_float("global_avg_pool2d backward", dx, dy, "the output gradient");
+  visit_float_dtype(dx.dtype(), "global_avg_pool2d backward", [&](auto tag) {
+    global_avg_pool2d_backward_typed<typename decltype(tag)::type>(dy, dx);
+  });
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "tensor/activation_kernels.h"
+#include "tensor/cpu/float_types.h"
 #include "tensor/cpu/isa.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/unary_math.h"
@@ -23,17 +24,18 @@ constexpr int64_t kParallelThreshold = 65536;
 // bound, and 16 lanes instead of 4 pay for themselves.
 // clang-format off
 #define DPAR_UNARY_FLAT_LOOPS(SUFFIX, TARGET)                                              \
-  template <UnaryOp Op>                                                                   \
-  TARGET void unary_flat##SUFFIX(const float* px, float* po, int64_t n,                   \
-                                 kernels::UnaryArgs args) {                               \
+  template <UnaryOp Op, class T>                                                          \
+  TARGET void unary_flat##SUFFIX(const T* px, T* po, int64_t n, kernels::UnaryArgs args) { \
     _Pragma("omp parallel for schedule(static) if (n > kParallelThreshold)")              \
-    for (int64_t i = 0; i < n; ++i) po[i] = kernels::unary_value<Op>(px[i], args);        \
+    for (int64_t i = 0; i < n; ++i)                                                       \
+      po[i] = from_float<T>(kernels::unary_value<Op>(to_float(px[i]), args));             \
   }                                                                                       \
-  template <UnaryOp Op>                                                                   \
-  TARGET void unary_grad_flat##SUFFIX(const float* pg, const float* ps, float* po,        \
-                                      int64_t n, kernels::UnaryArgs args) {               \
+  template <UnaryOp Op, class T>                                                          \
+  TARGET void unary_grad_flat##SUFFIX(const T* pg, const T* ps, T* po, int64_t n,         \
+                                      kernels::UnaryArgs args) {                          \
     _Pragma("omp parallel for schedule(static) if (n > kParallelThreshold)")              \
-    for (int64_t i = 0; i < n; ++i) po[i] = kernels::unary_grad<Op>(pg[i], ps[i], args);  \
+    for (int64_t i = 0; i < n; ++i)                                                       \
+      po[i] = from_float<T>(kernels::unary_grad<Op>(to_float(pg[i]), to_float(ps[i]), args)); \
   }
 DPAR_UNARY_FLAT_LOOPS(_baseline, )
 DPAR_UNARY_FLAT_LOOPS(_avx2, DPAR_TARGET_AVX2)
@@ -74,119 +76,141 @@ DPAR_TARGET_AVX512 void unary_flat_streaming_avx512(const float* px, float* po, 
 }
 #endif
 
-template <UnaryOp Op>
-void unary_flat(const float* px, float* po, int64_t n, kernels::UnaryArgs args) {
+template <UnaryOp Op, class T>
+void unary_flat(const T* px, T* po, int64_t n, kernels::UnaryArgs args) {
   switch (cpu_isa()) {
     case Isa::avx512:
 #if DPAR_HAVE_ISA_CLONES
-      if (args.stream_output && n * static_cast<int64_t>(sizeof(float)) >= kStreamMinBytes &&
-          reinterpret_cast<uintptr_t>(po) % 64 == 0) {
-        return unary_flat_streaming_avx512<Op>(px, po, n, args);
+      if constexpr (std::is_same_v<T, float>) {
+        if (args.stream_output && n * static_cast<int64_t>(sizeof(float)) >= kStreamMinBytes &&
+            reinterpret_cast<uintptr_t>(po) % 64 == 0) {
+          return unary_flat_streaming_avx512<Op>(px, po, n, args);
+        }
       }
 #endif
-      return unary_flat_avx512<Op>(px, po, n, args);
+      return unary_flat_avx512<Op, T>(px, po, n, args);
     case Isa::avx2:
-      return unary_flat_avx2<Op>(px, po, n, args);
+      return unary_flat_avx2<Op, T>(px, po, n, args);
     case Isa::baseline:
       break;
   }
-  unary_flat_baseline<Op>(px, po, n, args);
+  unary_flat_baseline<Op, T>(px, po, n, args);
 }
 
-template <UnaryOp Op>
-void unary_grad_flat(const float* pg, const float* ps, float* po, int64_t n,
-                     kernels::UnaryArgs args) {
+template <UnaryOp Op, class T>
+void unary_grad_flat(const T* pg, const T* ps, T* po, int64_t n, kernels::UnaryArgs args) {
   switch (cpu_isa()) {
     case Isa::avx512:
-      return unary_grad_flat_avx512<Op>(pg, ps, po, n, args);
+      return unary_grad_flat_avx512<Op, T>(pg, ps, po, n, args);
     case Isa::avx2:
-      return unary_grad_flat_avx2<Op>(pg, ps, po, n, args);
+      return unary_grad_flat_avx2<Op, T>(pg, ps, po, n, args);
     case Isa::baseline:
       break;
   }
-  unary_grad_flat_baseline<Op>(pg, ps, po, n, args);
+  unary_grad_flat_baseline<Op, T>(pg, ps, po, n, args);
 }
 
-template <UnaryOp Op>
+template <UnaryOp Op, class T>
 void unary_typed(const Tensor& x, Tensor& out, kernels::UnaryArgs args) {
-  const float* px = static_cast<const float*>(x.raw_data());
-  float* po = static_cast<float*>(out.raw_data());
+  const T* px = data_as<const T>(x);
+  T* po = data_as<T>(out);
   if (x.strides() == out.strides() && out.is_dense()) {
-    unary_flat<Op>(px, po, out.numel(), args);
+    unary_flat<Op, T>(px, po, out.numel(), args);
     return;
   }
+  auto f = [&](T v) { return from_float<T>(kernels::unary_value<Op>(to_float(v), args)); };
   for_each_row<2>(
       out.shape(), {&out.strides(), &x.strides()},
       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
-        float* o = po + off[0];
-        const float* xi = px + off[1];
+        T* o = po + off[0];
+        const T* xi = px + off[1];
         if (st[0] == 1 && st[1] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = kernels::unary_value<Op>(xi[i], args);
+          for (int64_t i = 0; i < n; ++i) o[i] = f(xi[i]);
         } else {
-          for (int64_t i = 0; i < n; ++i)
-            o[i * st[0]] = kernels::unary_value<Op>(xi[i * st[1]], args);
+          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(xi[i * st[1]]);
         }
       });
 }
 
-template <UnaryOp Op>
+template <UnaryOp Op, class T>
 void unary_backward_typed(const Tensor& grad, const Tensor& saved, Tensor& grad_in,
                           kernels::UnaryArgs args) {
-  const float* pg = static_cast<const float*>(grad.raw_data());
-  const float* ps = static_cast<const float*>(saved.raw_data());
-  float* po = static_cast<float*>(grad_in.raw_data());
+  const T* pg = data_as<const T>(grad);
+  const T* ps = data_as<const T>(saved);
+  T* po = data_as<T>(grad_in);
   if (grad.strides() == grad_in.strides() && saved.strides() == grad_in.strides() &&
       grad_in.is_dense()) {
-    unary_grad_flat<Op>(pg, ps, po, grad_in.numel(), args);
+    unary_grad_flat<Op, T>(pg, ps, po, grad_in.numel(), args);
     return;
   }
+  auto f = [&](T g, T s) {
+    return from_float<T>(kernels::unary_grad<Op>(to_float(g), to_float(s), args));
+  };
   for_each_row<3>(
       grad_in.shape(), {&grad_in.strides(), &grad.strides(), &saved.strides()},
       [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
-        float* o = po + off[0];
-        const float* g = pg + off[1];
-        const float* s = ps + off[2];
+        T* o = po + off[0];
+        const T* g = pg + off[1];
+        const T* s = ps + off[2];
         if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = kernels::unary_grad<Op>(g[i], s[i], args);
+          for (int64_t i = 0; i < n; ++i) o[i] = f(g[i], s[i]);
         } else {
-          for (int64_t i = 0; i < n; ++i)
-            o[i * st[0]] = kernels::unary_grad<Op>(g[i * st[1]], s[i * st[2]], args);
+          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(g[i * st[1]], s[i * st[2]]);
         }
       });
 }
 
 void unary_cpu(UnaryOp op, const Tensor& x, Tensor& out, kernels::UnaryArgs args) {
-  kernels::dispatch_unary(op, [&](auto tag) { unary_typed<decltype(tag)::value>(x, out, args); });
+  require_same_float("unary", out, x, "the input");
+  visit_float_dtype(out.dtype(), "unary", [&](auto type) {
+    using T = typename decltype(type)::type;
+    kernels::dispatch_unary(op,
+                            [&](auto tag) { unary_typed<decltype(tag)::value, T>(x, out, args); });
+  });
 }
 
 void unary_backward_cpu(UnaryOp op, const Tensor& grad, const Tensor& saved, Tensor& grad_in,
                         kernels::UnaryArgs args) {
-  kernels::dispatch_unary(op, [&](auto tag) {
-    unary_backward_typed<decltype(tag)::value>(grad, saved, grad_in, args);
+  require_same_float("unary backward", grad_in, grad, "the gradient");
+  require_same_float("unary backward", grad_in, saved, "the saved tensor");
+  visit_float_dtype(grad_in.dtype(), "unary backward", [&](auto type) {
+    using T = typename decltype(type)::type;
+    kernels::dispatch_unary(op, [&](auto tag) {
+      unary_backward_typed<decltype(tag)::value, T>(grad, saved, grad_in, args);
+    });
   });
 }
 
 // out = x * (mask * scale): a dropped NaN stays NaN, as with PyTorch's x * noise.
-void masked_scale_cpu(const Tensor& x, const Tensor& mask, float scale, Tensor& out) {
-  const float* px = static_cast<const float*>(x.raw_data());
+template <class T>
+void masked_scale_typed(const Tensor& x, const Tensor& mask, float scale, Tensor& out) {
+  const T* px = data_as<const T>(x);
   const uint8_t* pm = static_cast<const uint8_t*>(mask.raw_data());
-  float* po = static_cast<float*>(out.raw_data());
+  T* po = data_as<T>(out);
+  auto f = [scale](T v, uint8_t m) {
+    return from_float<T>(to_float(v) * (static_cast<float>(m) * scale));
+  };
   if (x.strides() == out.strides() && mask.strides() == out.strides() && out.is_dense()) {
     const int64_t n = out.numel();
 #pragma omp parallel for schedule(static) if (n > kParallelThreshold)
-    for (int64_t i = 0; i < n; ++i) po[i] = px[i] * (static_cast<float>(pm[i]) * scale);
+    for (int64_t i = 0; i < n; ++i) po[i] = f(px[i], pm[i]);
     return;
   }
   for_each_row<3>(
       out.shape(), {&out.strides(), &x.strides(), &mask.strides()},
       [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
-        float* o = po + off[0];
-        const float* xi = px + off[1];
+        T* o = po + off[0];
+        const T* xi = px + off[1];
         const uint8_t* m = pm + off[2];
-        for (int64_t i = 0; i < n; ++i) {
-          o[i * st[0]] = xi[i * st[1]] * (static_cast<float>(m[i * st[2]]) * scale);
-        }
+        for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(xi[i * st[1]], m[i * st[2]]);
       });
+}
+
+void masked_scale_cpu(const Tensor& x, const Tensor& mask, float scale, Tensor& out) {
+  require_same_float("dropout", out, x, "the input");
+  visit_float_dtype(out.dtype(), "dropout", [&](auto tag) {
+    masked_scale_typed<typename decltype(tag)::type>(x, mask, scale, out);
+  });
 }
 
 }  // namespace
