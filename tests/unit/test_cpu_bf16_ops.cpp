@@ -113,6 +113,22 @@ TEST_CASE("BatchNorm with its activation on bf16 data on the CPU: f32 statistics
   half_checks::check_batch_norm(kCpu, kBf16);
 }
 
+TEST_CASE("BatchNorm's bf16 statistics keep their digits under a large mean, in both layouts") {
+  if (!bf16_available()) return;
+  // Values in [14, 18): a mean 8 standard deviations from zero, where E[x^2] - E[x]^2 in f32
+  // would lose the variance's leading digits.
+  const Tensor x = random_tensor({4, 24, 9, 9}, 61, 14.f, 18.f);
+  for (bool channels_last : {true, false}) {
+    Tensor rm = Tensor::zeros({24}), rv = Tensor::ones({24});
+    half_checks::half_matches_f32(
+        "batch_norm", kCpu, DType::bf16,
+        [&](const auto& in) {
+          return batch_norm(in[0], Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5);
+        },
+        {x}, channels_last);
+  }
+}
+
 TEST_CASE("global average pooling in bf16 on the CPU matches f32 in both layouts") {
   if (!bf16_available()) return;
   half_checks::check_global_pooling(kCpu, kBf16);

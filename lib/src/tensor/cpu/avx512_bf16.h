@@ -6,6 +6,8 @@
 // step at batch 16 took 147 ms on the baseline loops against 142 ms in f32 (oneDNN's bf16
 // convolutions notwithstanding), 118 ms with these. Call them only where
 // cpu_isa() == Isa::avx512; elsewhere the baseline instantiations of the same templates run.
+#include <cstdint>
+
 #include "dpar/tensor/ops.h"
 #include "dpar/tensor/tensor.h"
 #include "tensor/elementwise_kernels.h"
@@ -22,5 +24,8 @@ void batch_norm_backward_from_output_bf16(const Tensor& y, const Tensor& dz, con
 void binary_bf16(kernels::BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out);
 void affine_bf16(const Tensor& a, float alpha, float beta, Tensor& out);
 void add_inplace_bf16(Tensor& self, const Tensor& other, float alpha);
+// Dense casts between f32 and bf16 (round to nearest even), for Tensor::to and copy_.
+void convert_f32_to_bf16(const float* from, uint16_t* to, int64_t n);
+void convert_bf16_to_f32(const uint16_t* from, float* to, int64_t n);
 
 }  // namespace dpar::cpu::avx512

@@ -64,6 +64,16 @@ void add_inplace_bf16(Tensor& self, const Tensor& other, float alpha) {
   add_inplace_typed<BF16>(self, other, alpha);
 }
 
+void convert_f32_to_bf16(const float* from, uint16_t* to, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) to[i] = float_to_bf16(from[i]);
+}
+
+void convert_bf16_to_f32(const uint16_t* from, float* to, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) to[i] = bf16_to_float(from[i]);
+}
+
 }  // namespace dpar::cpu::avx512
 
 #if DPAR_HAVE_ISA_CLONES

@@ -240,61 +240,84 @@ void bn_backward_from_output_typed(const Tensor& y, const Tensor& dz, const Tens
   }
 }
 
-// The forward: two passes for the statistics (the mean, then the squared deviations from it,
-// as oneDNN's kernels compute them, so a large mean does not cancel the variance's digits); then
+// The forward: the statistics in one pass over x (channel_moments), then
 // y = x * scale + shift with scale = weight / sqrt(var + eps), shift = bias - mean * scale.
 struct Layout {
   bool nhwc;
   int64_t N, C, HW;
 };
 
-// Per-channel sums of term(x, c) over N, H and W, in double: rows of a channels-last x are
-// summed in f32 over blocks of 64 rows (a vectorised loop over channels) and the blocks in
-// double; each thread sums a fixed static share and the shares are added in thread order.
-template <class T, class Term>
-std::vector<double> channel_sums(const T* x, const Layout& l, Term term) {
+// Per-channel sums of d = x - k[c] and of d * d over N, H and W, in one pass over x, in double:
+// rows of a channels-last x are summed in f32 over blocks of 64 rows (a vectorised loop over
+// channels) and the blocks in double; each thread sums a fixed static share and the shares are
+// added in thread order. k is one of the channel's own values, so |mean - k| is of the order of
+// the standard deviation and var = E[d^2] - E[d]^2 keeps its digits (the shifted-data
+// algorithm), where E[x^2] - E[x]^2 would cancel them when the mean is large.
+template <class T>
+void channel_moments(const T* x, const Layout& l, const float* k, std::vector<double>& sum_d,
+                     std::vector<double>& sum_d2) {
   const int threads = omp_get_max_threads();
   const size_t uC = static_cast<size_t>(l.C);
-  std::vector<double> part(static_cast<size_t>(threads) * uC, 0.0);
+  std::vector<double> part(static_cast<size_t>(2 * threads) * uC, 0.0);
 #pragma omp parallel num_threads(threads)
   {
-    double* __restrict acc = part.data() + static_cast<size_t>(omp_get_thread_num()) * uC;
+    double* __restrict s1 = part.data() + static_cast<size_t>(2 * omp_get_thread_num()) * uC;
+    double* __restrict s2 = s1 + uC;
     if (l.nhwc) {
       constexpr int64_t kBlockRows = 64;
-      std::vector<float> block(uC);
-      float* __restrict b = block.data();
+      std::vector<float> blocks1(uC), blocks2(uC);
+      float* __restrict b1 = blocks1.data();
+      float* __restrict b2 = blocks2.data();
       const int64_t rows = l.N * l.HW, blocks = (rows + kBlockRows - 1) / kBlockRows;
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < blocks; ++blk) {
-        std::fill(block.begin(), block.end(), 0.f);
+        std::fill(blocks1.begin(), blocks1.end(), 0.f);
+        std::fill(blocks2.begin(), blocks2.end(), 0.f);
         const int64_t end = std::min(rows, (blk + 1) * kBlockRows);
         for (int64_t r = blk * kBlockRows; r < end; ++r) {
           const T* __restrict row = x + r * l.C;
 #pragma omp simd
-          for (int64_t c = 0; c < l.C; ++c) b[c] += term(to_float(row[c]), c);
+          for (int64_t c = 0; c < l.C; ++c) {
+            const float d = to_float(row[c]) - k[c];
+            b1[c] += d;
+            b2[c] += d * d;
+          }
         }
-        for (size_t c = 0; c < uC; ++c) acc[c] += b[c];
+        for (size_t c = 0; c < uC; ++c) {
+          s1[c] += b1[c];
+          s2[c] += b2[c];
+        }
       }
     } else {
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < l.C; ++c) {
-        double s = 0;
+        double a1 = 0, a2 = 0;
         for (int64_t n = 0; n < l.N; ++n) {
           const T* __restrict plane = x + (n * l.C + c) * l.HW;
-          float p = 0;  // one plane in f32, vectorised; planes added in double
-#pragma omp simd reduction(+ : p)
-          for (int64_t i = 0; i < l.HW; ++i) p += term(to_float(plane[i]), c);
-          s += p;
+          float p1 = 0, p2 = 0;  // one plane in f32, vectorised; planes added in double
+#pragma omp simd reduction(+ : p1, p2)
+          for (int64_t i = 0; i < l.HW; ++i) {
+            const float d = to_float(plane[i]) - k[c];
+            p1 += d;
+            p2 += d * d;
+          }
+          a1 += p1;
+          a2 += p2;
         }
-        acc[c] = s;
+        s1[c] = a1;
+        s2[c] = a2;
       }
     }
   }
-  std::vector<double> sums(uC, 0.0);
+  sum_d.assign(uC, 0.0);
+  sum_d2.assign(uC, 0.0);
   for (int t = 0; t < threads; ++t) {
-    for (size_t c = 0; c < uC; ++c) sums[c] += part[static_cast<size_t>(t) * uC + c];
+    const double* s1 = part.data() + static_cast<size_t>(2 * t) * uC;
+    for (size_t c = 0; c < uC; ++c) {
+      sum_d[c] += s1[c];
+      sum_d2[c] += s1[uC + c];
+    }
   }
-  return sums;
 }
 
 template <class T>
@@ -335,15 +358,17 @@ void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tenso
   float* pm = mean.data<float>();
   float* pv = var.data<float>();
   if (use_batch_stats) {
+    // The shift: each channel's first value (element [0, c, 0, 0] in either layout).
+    std::vector<float> k(uC);
+    for (size_t c = 0; c < uC; ++c) k[c] = to_float(px[l.nhwc ? c : c * l.HW]);
+    std::vector<double> sum_d, sum_d2;
+    channel_moments(px, l, k.data(), sum_d, sum_d2);
     const double M = static_cast<double>(l.N * l.HW);
-    const std::vector<double> sums = channel_sums(px, l, [](float v, int64_t) { return v; });
-    for (size_t c = 0; c < uC; ++c) pm[c] = static_cast<float>(sums[c] / M);
-    const float* __restrict m = pm;
-    const std::vector<double> squares = channel_sums(px, l, [m](float v, int64_t c) {
-      const float d = v - m[c];
-      return d * d;
-    });
-    for (size_t c = 0; c < uC; ++c) pv[c] = static_cast<float>(squares[c] / M);
+    for (size_t c = 0; c < uC; ++c) {
+      const double mean_d = sum_d[c] / M;
+      pm[c] = static_cast<float>(k[c] + mean_d);
+      pv[c] = static_cast<float>(std::max(0.0, sum_d2[c] / M - mean_d * mean_d));
+    }
   }
   std::vector<float> scale(uC), shift(uC);
   const float* w = weight.defined() ? weight.data<float>() : nullptr;

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "tensor/cpu/avx512_bf16.h"
+#include "tensor/cpu/isa.h"
 #include "tensor/cpu/strided_loop.h"
 
 namespace dpar::cpu {
@@ -96,6 +98,18 @@ void copy_cpu(const Tensor& src, Tensor& dst) {
   if (src.dtype() == dst.dtype() && src.strides() == dst.strides() && src.is_dense()) {
     std::memcpy(dst.raw_data(), src.raw_data(), src.nbytes());
     return;
+  }
+  // Dense casts between f32 and bf16 (amp::Autocast's operands and results) 16 lanes wide where
+  // the CPU has AVX-512.
+  if (src.strides() == dst.strides() && src.is_dense() && cpu_isa() == Isa::avx512) {
+    if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16) {
+      return avx512::convert_f32_to_bf16(static_cast<const float*>(src.raw_data()),
+                                         static_cast<uint16_t*>(dst.raw_data()), src.numel());
+    }
+    if (src.dtype() == DType::bf16 && dst.dtype() == DType::f32) {
+      return avx512::convert_bf16_to_f32(static_cast<const uint16_t*>(src.raw_data()),
+                                         static_cast<float*>(dst.raw_data()), src.numel());
+    }
   }
   visit_dtype(src.dtype(), [&](auto s) {
     visit_dtype(dst.dtype(), [&](auto d) { copy_typed<decltype(s), decltype(d)>(src, dst); });

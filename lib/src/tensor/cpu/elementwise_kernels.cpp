@@ -107,21 +107,10 @@ int64_t summed_prefix(const Tensor& x, const Tensor& out) {
   return prefix;
 }
 
-// Sums x into out (keepdim shape). Accumulates in double in a fixed order: deterministic.
-void sum_to_cpu(const Tensor& x, Tensor& out) {
-  // bf16 (autocast's activations) is summed as f32, into an f32 result rounded once at the end.
-  if (x.dtype() != DType::f32 || out.dtype() != DType::f32) {
-    NoGradGuard no_grad;
-    Tensor sums = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32);
-    sum_to_cpu(x.to(DType::f32), sums);
-    if (!sums.is_same(out)) out.copy_(sums);
-    return;
-  }
-  if (const int64_t prefix = summed_prefix(x, out); prefix > 0 && out.numel() > 1) {
-    column_sums(static_cast<const float*>(x.raw_data()), x.numel() / out.numel(), out.numel(),
-                out.numel(), out.data<float>());
-    return;
-  }
+// Sums x (f32 or bf16) into an f32 out (keepdim shape) by walking x in its own memory order;
+// accumulates in double in a fixed order: deterministic.
+template <class T>
+void sum_to_strided(const Tensor& x, Tensor& out) {
   const Shape out_strides_bc = [&] {
     Shape s = contiguous_strides(out.shape());
     for (size_t d = 0; d < s.size(); ++d) {
@@ -130,25 +119,47 @@ void sum_to_cpu(const Tensor& x, Tensor& out) {
     return s;
   }();
   std::vector<double> acc(static_cast<size_t>(out.numel()), 0.0);
-  const float* px = static_cast<const float*>(x.raw_data());
-  // Walk x in its own memory order (operand 0 leads the loop order).
+  const T* px = data_as<const T>(x);
+  // Operand 0 (x) leads the loop order.
   for_each_row<2>(
       x.shape(), {&x.strides(), &out_strides_bc},
       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
-        const float* xr = px + off[0];
+        const T* xr = px + off[0];
         double* ar = acc.data() + off[1];
         if (st[1] == 0) {
           double s = 0;
-          for (int64_t i = 0; i < n; ++i) s += xr[i * st[0]];
+          for (int64_t i = 0; i < n; ++i) s += to_float(xr[i * st[0]]);
           *ar += s;
         } else {
-          for (int64_t i = 0; i < n; ++i) ar[i * st[1]] += xr[i * st[0]];
+          for (int64_t i = 0; i < n; ++i) ar[i * st[1]] += to_float(xr[i * st[0]]);
         }
       });
   Tensor dense = out.is_contiguous() ? out : Tensor::empty(out.shape(), DType::f32, out.device());
   float* po = dense.data<float>();
   for (size_t i = 0; i < acc.size(); ++i) po[i] = static_cast<float>(acc[i]);
   if (!dense.is_same(out)) out.copy_(dense);
+}
+
+// Sums x into out (keepdim shape), deterministically. bf16 (autocast's activations) is summed
+// as f32, into a result rounded once at the end.
+void sum_to_cpu(const Tensor& x, Tensor& out) {
+  if (out.dtype() != DType::f32) {
+    NoGradGuard no_grad;
+    Tensor sums = Tensor::empty(out.shape(), DType::f32);
+    sum_to_cpu(x, sums);
+    out.copy_(sums);
+    return;
+  }
+  if (const int64_t prefix = summed_prefix(x, out); prefix > 0 && out.numel() > 1) {
+    // Column sums of rows of memory (a bias gradient): f32 rows, so bf16 is widened first.
+    NoGradGuard no_grad;
+    const Tensor rows = x.dtype() == DType::f32 ? x : x.to(DType::f32);
+    column_sums(static_cast<const float*>(rows.raw_data()), x.numel() / out.numel(), out.numel(),
+                out.numel(), out.data<float>());
+    return;
+  }
+  visit_float_dtype(x.dtype(), "sum_to",
+                    [&](auto tag) { sum_to_strided<typename decltype(tag)::type>(x, out); });
 }
 
 }  // namespace
