@@ -3,6 +3,8 @@ the ViT-Tiny of examples/vit (torchvision's VisionTransformer at 32 px, AdamW).
 
 --channels-last puts the model and the input in torch.channels_last, PyTorch's documented
 fastest CPU setting for convolutional networks (its oneDNN path); without it, NCHW.
+--amp bf16 runs the forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16), its
+CPU mixed precision (bf16 oneDNN kernels for convolutions and linear layers).
 
 Prints one JSON line: {"img_per_s": ..., "ms_per_step": ..., "threads": ..., "batch": ...,
 "peak_rss_mb": ..., "rss_before_mb": ...} (the process's high-water mark, and its resident set
@@ -33,6 +35,7 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--amp", default="", choices=["", "bf16"])
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     rss_before_mb = current_rss_mb()
@@ -62,7 +65,8 @@ def main():
     def step():
         # set_to_none: PyTorch's documented faster setting (its default since 2.0), as dpar's side
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp == "bf16"):
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
 
@@ -75,7 +79,7 @@ def main():
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
     print(json.dumps({"img_per_s": a.batch / dt, "ms_per_step": dt * 1e3, "threads": a.threads,
                       "batch": a.batch, "torch": torch.__version__, "peak_rss_mb": peak_rss_mb,
-                      "rss_before_mb": rss_before_mb, "layout": layout}))
+                      "rss_before_mb": rss_before_mb, "layout": layout, "amp": a.amp}))
 
 
 if __name__ == "__main__":

@@ -129,8 +129,9 @@ int main(int argc, char** argv) {
                          "$DPAR_DIST_BACKEND, else nccl)");
     auto& amp = flags.add_string(
         "amp", "",
-        "mixed precision on the GPU: fp16 (with dynamic loss scaling) or bf16; convolutions and "
-        "linear layers compute in that dtype, weights, BN statistics and the loss stay f32");
+        "mixed precision: fp16 (GPU, with dynamic loss scaling) or bf16 (GPU, or a CPU with "
+        "AVX512-BF16); convolutions and linear layers compute in that dtype and the activations "
+        "between them stay in it; weights, BN statistics and the loss stay f32");
     auto& elastic = flags.add_bool(
         "elastic", false,
         "a member of an elastic job (dpar-launch --nnodes=MIN:MAX): survives members that die "
@@ -162,11 +163,19 @@ int main(int argc, char** argv) {
     if (!amp.empty() && amp != "fp16" && amp != "bf16") {
       throw FlagError("train: --amp=" + amp + ": expected fp16 or bf16");
     }
-    // Refused rather than silently training in fp32: a user who asked for AMP would otherwise
-    // compare fp32 speed and memory against their fp16 expectations.
-    if (!amp.empty() && !on_gpu) {
-      throw FlagError("train: --amp=" + amp +
-                      ": mixed precision runs on a GPU (--device gpu); on the CPU train in fp32");
+    // Refused rather than silently training in fp32 (or in emulated bf16, slower than fp32): a
+    // user who asked for AMP would otherwise compare fp32 speed and memory against their
+    // expectations of AMP.
+    if (amp == "fp16" && !on_gpu) {
+      throw FlagError(
+          "train: --amp=fp16: fp16 mixed precision runs on a GPU (--device gpu); on "
+          "the CPU use --amp bf16");
+    }
+    if (amp == "bf16" && !on_gpu && amp::cpu_bf16_support() != amp::CpuBf16::native) {
+      throw FlagError(
+          "train: --amp=bf16 on the CPU needs AVX512-BF16 (oneDNN's bf16 kernels), which oneDNN "
+          "does not find on this CPU (" +
+          sysinfo::cpu_model() + "); train in fp32");
     }
     if (!on_gpu && device != "cpu") {
       throw FlagError("train: --device=" + device + ": expected cpu, gpu or gpu:<index>");
