@@ -129,6 +129,35 @@ TEST_CASE("BatchNorm's bf16 statistics keep their digits under a large mean, in 
   }
 }
 
+TEST_CASE("BatchNorm on bf16 in eval mode, and with a zero weight (backward from its input)") {
+  if (!bf16_available()) return;
+  const Tensor x = random_tensor({4, 40, 7, 7}, 62, -2.f, 3.f);
+  const Tensor running_mean = random_tensor({40}, 63, -0.5f, 0.5f);
+  const Tensor running_var = random_tensor({40}, 64, 0.5f, 2.f);
+  // Running statistics: y = (x - mean) / sqrt(var + eps) * w + b, the backward a per-channel
+  // scale.
+  const Tensor w = random_tensor({40}, 65, 0.2f, 0.6f), b = random_tensor({40}, 66);
+  half_checks::half_matches_f32(
+      "batch_norm eval", kCpu, DType::bf16,
+      [&](const auto& in) {
+        return batch_norm_act(in[0], w, b, running_mean.clone(), running_var.clone(), false, 0.1,
+                              1e-5, Activation::relu);
+      },
+      {x}, true);
+  // A weight of zero cannot be divided by, so the backward keeps the input (oneDNN's kernel on
+  // bf16 data) instead of starting from the output.
+  std::vector<float> with_zero = w.to_float_vector();
+  with_zero[3] = 0.f;
+  const Tensor wz = Tensor::from_vector(with_zero, {40});
+  half_checks::half_matches_f32(
+      "batch_norm, a zero weight", kCpu, DType::bf16,
+      [&](const auto& in) {
+        return batch_norm_act(in[0], wz, b, Tensor::zeros({40}), Tensor::ones({40}), true, 0.1,
+                              1e-5, Activation::hardswish);
+      },
+      {x}, true);
+}
+
 TEST_CASE("global average pooling in bf16 on the CPU matches f32 in both layouts") {
   if (!bf16_available()) return;
   half_checks::check_global_pooling(kCpu, kBf16);
