@@ -39,36 +39,42 @@ inline float act_grad(float dz, float y) {
   return dz;
 }
 
-template <class T>
-struct BnBackwardArgs {
-  const T* y;
-  const T* dz;
-  T* dx;
+// A 4-D activation's layout as the loops below walk it: channels-last (rows of C channels) or
+// contiguous NCHW (planes of H*W values).
+struct Layout {
   bool nhwc;
   int64_t N, C, HW;
-  std::vector<float> shift, inv_scale, gain;  // x_hat = (y - shift) * inv_scale; dx = gain * ..
 };
 
-// Per-channel sums of dy and dy * x_hat over a contiguous (NCHW) or channels-last y. Each
-// thread sums a fixed static share into its own row and the rows are added in thread order,
-// so the result is the same on every run.
-template <Activation Act, class T>
-void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
-                        std::vector<double>& sum_dy_xhat) {
+// A tensor that is both contiguous and channels-last (H = W = 1, or C = 1: the same memory
+// either way) is walked as NCHW.
+inline Layout layout_of(const Tensor& t) {
+  return {t.is_contiguous(MemoryFormat::ChannelsLast) && !t.is_contiguous(), t.size(0), t.size(1),
+          t.size(2) * t.size(3)};
+}
+
+struct SumPair {
+  float a, b;
+};
+
+// Per-channel sums of term(i, c).a and term(i, c).b over N, H and W, in double, where i is an
+// element's offset in a tensor of layout l and c its channel. Rows of a channels-last tensor
+// are summed in f32 over blocks of 64 (a vectorised loop over channels) and the blocks in
+// double: f32 all the way would lose digits over ~10^5 rows; NCHW planes are summed in f32 and
+// added in double. Each thread sums a fixed static share into its own row and the rows are
+// added in thread order, so the result is the same on every run.
+template <class Term>
+void channel_sum_pair(const Layout& l, Term term, std::vector<double>& sum_a,
+                      std::vector<double>& sum_b) {
   const int threads = omp_get_max_threads();
-  const int64_t C = a.C, HW = a.HW, N = a.N;
+  const int64_t C = l.C, HW = l.HW, N = l.N;
   const size_t uC = static_cast<size_t>(C);
   std::vector<double> part(static_cast<size_t>(2 * threads) * uC, 0.0);
-  // __restrict: nothing written aliases the inputs, so the channel loops vectorise.
-  const float* __restrict shift = a.shift.data();
-  const float* __restrict inv_scale = a.inv_scale.data();
 #pragma omp parallel num_threads(threads)
   {
     double* __restrict s1 = part.data() + static_cast<size_t>(2 * omp_get_thread_num()) * uC;
     double* __restrict s2 = s1 + uC;
-    if (a.nhwc) {
-      // Rows are summed in float over blocks of kBlockRows (a vectorised loop over channels),
-      // and the blocks in double: float all the way would lose digits over ~10^5 rows.
+    if (l.nhwc) {
       constexpr int64_t kBlockRows = 64;
       std::vector<float> b1(uC), b2(uC);
       float* __restrict f1 = b1.data();
@@ -80,14 +86,11 @@ void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
         std::fill(b2.begin(), b2.end(), 0.f);
         const int64_t end = std::min(N * HW, (blk + 1) * kBlockRows);
         for (int64_t r = blk * kBlockRows; r < end; ++r) {
-          const T* __restrict yr = a.y + r * C;
-          const T* __restrict dr = a.dz + r * C;
 #pragma omp simd
           for (int64_t c = 0; c < C; ++c) {
-            const float yc = to_float(yr[c]);
-            const float dy = act_grad<Act>(to_float(dr[c]), yc);
-            f1[c] += dy;
-            f2[c] += dy * ((yc - shift[c]) * inv_scale[c]);
+            const SumPair t = term(r * C + c, c);
+            f1[c] += t.a;
+            f2[c] += t.b;
           }
         }
         for (size_t c = 0; c < uC; ++c) {
@@ -100,15 +103,13 @@ void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
       for (int64_t c = 0; c < C; ++c) {
         double sa = 0, sb = 0;
         for (int64_t n = 0; n < N; ++n) {
-          const T* __restrict yp = a.y + (n * C + c) * HW;
-          const T* __restrict dp = a.dz + (n * C + c) * HW;
-          float pa = 0, pb = 0;  // one plane in float, vectorised; planes added in double
+          const int64_t plane = (n * C + c) * HW;
+          float pa = 0, pb = 0;
 #pragma omp simd reduction(+ : pa, pb)
           for (int64_t p = 0; p < HW; ++p) {
-            const float yv = to_float(yp[p]);
-            const float dy = act_grad<Act>(to_float(dp[p]), yv);
-            pa += dy;
-            pb += dy * ((yv - shift[c]) * inv_scale[c]);
+            const SumPair t = term(plane + p, c);
+            pa += t.a;
+            pb += t.b;
           }
           sa += pa;
           sb += pb;
@@ -118,22 +119,50 @@ void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
       }
     }
   }
-  sum_dy.assign(uC, 0.0);
-  sum_dy_xhat.assign(uC, 0.0);
+  sum_a.assign(uC, 0.0);
+  sum_b.assign(uC, 0.0);
   for (int t = 0; t < threads; ++t) {
     const double* s1 = part.data() + static_cast<size_t>(2 * t) * uC;
     for (size_t c = 0; c < uC; ++c) {
-      sum_dy[c] += s1[c];
-      sum_dy_xhat[c] += s1[uC + c];
+      sum_a[c] += s1[c];
+      sum_b[c] += s1[uC + c];
     }
   }
+}
+
+template <class T>
+struct BnBackwardArgs {
+  const T* y;
+  const T* dz;
+  T* dx;
+  Layout l;
+  std::vector<float> shift, inv_scale, gain;  // x_hat = (y - shift) * inv_scale; dx = gain * ..
+};
+
+// Per-channel sums of dy and dy * x_hat, dy formed from dz and y.
+template <Activation Act, class T>
+void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
+                        std::vector<double>& sum_dy_xhat) {
+  // __restrict: nothing written aliases the inputs, so the channel loops vectorise.
+  const T* __restrict y = a.y;
+  const T* __restrict dz = a.dz;
+  const float* __restrict shift = a.shift.data();
+  const float* __restrict inv_scale = a.inv_scale.data();
+  channel_sum_pair(
+      a.l,
+      [=](int64_t i, int64_t c) {
+        const float yv = to_float(y[i]);
+        const float dy = act_grad<Act>(to_float(dz[i]), yv);
+        return SumPair{dy, dy * ((yv - shift[c]) * inv_scale[c])};
+      },
+      sum_dy, sum_dy_xhat);
 }
 
 // dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat), dy formed again from dz and y.
 template <Activation Act, class T>
 void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
               const std::vector<float>& mean_dy_xhat) {
-  const int64_t C = a.C, HW = a.HW, N = a.N;
+  const int64_t C = a.l.C, HW = a.l.HW, N = a.l.N;
   const float* __restrict shift = a.shift.data();
   const float* __restrict inv_scale = a.inv_scale.data();
   const float* __restrict gain = a.gain.data();
@@ -142,7 +171,7 @@ void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
   const T* __restrict y = a.y;
   const T* __restrict dz = a.dz;
   T* __restrict dx = a.dx;
-  if (a.nhwc) {
+  if (a.l.nhwc) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < N * HW; ++r) {
       // Row pointers local to the loop body: the vectoriser cannot see through the shared
@@ -179,7 +208,7 @@ void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
 template <Activation Act, class T>
 void bn_backward_from_output(const BnBackwardArgs<T>& a, bool use_batch_stats, Tensor& dweight,
                              Tensor& dbias) {
-  const size_t uC = static_cast<size_t>(a.C);
+  const size_t uC = static_cast<size_t>(a.l.C);
   std::vector<double> sum_dy, sum_dy_xhat;
   sum_dy_and_dy_xhat<Act, T>(a, sum_dy, sum_dy_xhat);
   if (dweight.defined()) {
@@ -193,7 +222,7 @@ void bn_backward_from_output(const BnBackwardArgs<T>& a, bool use_batch_stats, T
   // they are constants.
   std::vector<float> mean_dy(uC, 0.f), mean_dy_xhat(uC, 0.f);
   if (use_batch_stats) {
-    const double M = static_cast<double>(a.N * a.HW);
+    const double M = static_cast<double>(a.l.N * a.l.HW);
     for (size_t c = 0; c < uC; ++c) {
       mean_dy[c] = static_cast<float>(sum_dy[c] / M);
       mean_dy_xhat[c] = static_cast<float>(sum_dy_xhat[c] / M);
@@ -207,17 +236,9 @@ void bn_backward_from_output_typed(const Tensor& y, const Tensor& dz, const Tens
                                    const Tensor& bias, const Tensor& var, bool use_batch_stats,
                                    double eps, Activation act, Tensor& dx, Tensor& dweight,
                                    Tensor& dbias) {
-  BnBackwardArgs<T> a{data_as<const T>(y),
-                      data_as<const T>(dz),
-                      data_as<T>(dx),
-                      y.is_contiguous(MemoryFormat::ChannelsLast) && !y.is_contiguous(),
-                      y.size(0),
-                      y.size(1),
-                      y.size(2) * y.size(3),
-                      {},
-                      {},
-                      {}};
-  const size_t uC = static_cast<size_t>(a.C);
+  BnBackwardArgs<T> a{
+      data_as<const T>(y), data_as<const T>(dz), data_as<T>(dx), layout_of(y), {}, {}, {}};
+  const size_t uC = static_cast<size_t>(a.l.C);
   a.shift.assign(uC, 0.f);
   a.inv_scale.assign(uC, 1.f);
   a.gain.resize(uC);
@@ -240,86 +261,8 @@ void bn_backward_from_output_typed(const Tensor& y, const Tensor& dz, const Tens
   }
 }
 
-// The forward: the statistics in one pass over x (channel_moments), then
+// The forward: the statistics in one pass over x, then
 // y = x * scale + shift with scale = weight / sqrt(var + eps), shift = bias - mean * scale.
-struct Layout {
-  bool nhwc;
-  int64_t N, C, HW;
-};
-
-// Per-channel sums of d = x - k[c] and of d * d over N, H and W, in one pass over x, in double:
-// rows of a channels-last x are summed in f32 over blocks of 64 rows (a vectorised loop over
-// channels) and the blocks in double; each thread sums a fixed static share and the shares are
-// added in thread order. k is one of the channel's own values, so |mean - k| is of the order of
-// the standard deviation and var = E[d^2] - E[d]^2 keeps its digits (the shifted-data
-// algorithm), where E[x^2] - E[x]^2 would cancel them when the mean is large.
-template <class T>
-void channel_moments(const T* x, const Layout& l, const float* k, std::vector<double>& sum_d,
-                     std::vector<double>& sum_d2) {
-  const int threads = omp_get_max_threads();
-  const size_t uC = static_cast<size_t>(l.C);
-  std::vector<double> part(static_cast<size_t>(2 * threads) * uC, 0.0);
-#pragma omp parallel num_threads(threads)
-  {
-    double* __restrict s1 = part.data() + static_cast<size_t>(2 * omp_get_thread_num()) * uC;
-    double* __restrict s2 = s1 + uC;
-    if (l.nhwc) {
-      constexpr int64_t kBlockRows = 64;
-      std::vector<float> blocks1(uC), blocks2(uC);
-      float* __restrict b1 = blocks1.data();
-      float* __restrict b2 = blocks2.data();
-      const int64_t rows = l.N * l.HW, blocks = (rows + kBlockRows - 1) / kBlockRows;
-#pragma omp for schedule(static)
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        std::fill(blocks1.begin(), blocks1.end(), 0.f);
-        std::fill(blocks2.begin(), blocks2.end(), 0.f);
-        const int64_t end = std::min(rows, (blk + 1) * kBlockRows);
-        for (int64_t r = blk * kBlockRows; r < end; ++r) {
-          const T* __restrict row = x + r * l.C;
-#pragma omp simd
-          for (int64_t c = 0; c < l.C; ++c) {
-            const float d = to_float(row[c]) - k[c];
-            b1[c] += d;
-            b2[c] += d * d;
-          }
-        }
-        for (size_t c = 0; c < uC; ++c) {
-          s1[c] += b1[c];
-          s2[c] += b2[c];
-        }
-      }
-    } else {
-#pragma omp for schedule(static)
-      for (int64_t c = 0; c < l.C; ++c) {
-        double a1 = 0, a2 = 0;
-        for (int64_t n = 0; n < l.N; ++n) {
-          const T* __restrict plane = x + (n * l.C + c) * l.HW;
-          float p1 = 0, p2 = 0;  // one plane in f32, vectorised; planes added in double
-#pragma omp simd reduction(+ : p1, p2)
-          for (int64_t i = 0; i < l.HW; ++i) {
-            const float d = to_float(plane[i]) - k[c];
-            p1 += d;
-            p2 += d * d;
-          }
-          a1 += p1;
-          a2 += p2;
-        }
-        s1[c] = a1;
-        s2[c] = a2;
-      }
-    }
-  }
-  sum_d.assign(uC, 0.0);
-  sum_d2.assign(uC, 0.0);
-  for (int t = 0; t < threads; ++t) {
-    const double* s1 = part.data() + static_cast<size_t>(2 * t) * uC;
-    for (size_t c = 0; c < uC; ++c) {
-      sum_d[c] += s1[c];
-      sum_d2[c] += s1[uC + c];
-    }
-  }
-}
-
 template <class T>
 void normalize(const T* x, T* y, const Layout& l, const std::vector<float>& scale_v,
                const std::vector<float>& shift_v) {
@@ -351,8 +294,7 @@ template <class T>
 void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
                               Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
                               Tensor& y) {
-  const Layout l{x.is_contiguous(MemoryFormat::ChannelsLast), x.size(0), x.size(1),
-                 x.size(2) * x.size(3)};
+  const Layout l = layout_of(x);
   const T* px = data_as<const T>(x);
   const size_t uC = static_cast<size_t>(l.C);
   float* pm = mean.data<float>();
@@ -361,8 +303,19 @@ void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tenso
     // The shift: each channel's first value (element [0, c, 0, 0] in either layout).
     std::vector<float> k(uC);
     for (size_t c = 0; c < uC; ++c) k[c] = to_float(px[l.nhwc ? c : c * l.HW]);
+    // The sums of d = x - k and d * d in one pass. k is one of the channel's own values, so
+    // |mean - k| is of the order of the standard deviation and var = E[d^2] - E[d]^2 keeps its
+    // digits (the shifted-data algorithm), where E[x^2] - E[x]^2 would cancel them when the mean
+    // is large.
+    const float* __restrict shift = k.data();
     std::vector<double> sum_d, sum_d2;
-    channel_moments(px, l, k.data(), sum_d, sum_d2);
+    channel_sum_pair(
+        l,
+        [=](int64_t i, int64_t c) {
+          const float d = to_float(px[i]) - shift[c];
+          return SumPair{d, d * d};
+        },
+        sum_d, sum_d2);
     const double M = static_cast<double>(l.N * l.HW);
     for (size_t c = 0; c < uC; ++c) {
       const double mean_d = sum_d[c] / M;

@@ -5,6 +5,7 @@
 // which costs far less than the reference kernels a plain weight layout can fall back to.
 #include <optional>
 
+#include "tensor/cpu/float_types.h"
 #include "tensor/cpu/onednn_context.h"
 #include "tensor/nn_kernels.h"
 
@@ -22,17 +23,6 @@ using kernels::Conv2dGeometry;
 using tag = memory::format_tag;
 constexpr auto f32 = memory::data_type::f32;
 
-memory::data_type onednn_type(DType t) {
-  DPAR_CHECK(t == DType::f32 || t == DType::bf16, "conv2d on the CPU supports f32 and bf16, got ",
-             t);
-  return t == DType::bf16 ? memory::data_type::bf16 : f32;
-}
-
-void require_same_float(const Tensor& first, const Tensor& other, const char* which) {
-  DPAR_CHECK(other.dtype() == first.dtype(), "conv2d on the CPU: the ", which, " has dtype ",
-             other.dtype(), ", the activations ", first.dtype());
-}
-
 // The dtypes a convolution runs in: f32, or bf16 activations and weights under amp::Autocast
 // (oneDNN accumulates in f32; the bias and the weight and bias gradients stay f32).
 struct ConvTypes {
@@ -48,7 +38,8 @@ struct ConvDescs {
 
 ConvDescs make_descs(const Conv2dGeometry& g, ConvTypes types) {
   ConvDescs d;
-  const auto act = onednn_type(types.activations), wt = onednn_type(types.weights);
+  const auto act = onednn::data_type(types.activations, "conv2d");
+  const auto wt = onednn::data_type(types.weights, "conv2d");
   d.src = memory::desc({g.N, g.C, g.H, g.W}, act, tag::nhwc);
   d.dst = memory::desc({g.N, g.O, g.OH, g.OW}, act, tag::nhwc);
   if (g.groups == 1) {
@@ -188,8 +179,8 @@ memory weights_for(const memory::desc& plain, const memory::desc& wanted,
 
 void conv2d_forward_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
                         const Tensor& bias, Tensor& y, bool training) {
-  require_same_float(x, y, "output");
-  require_same_float(x, weight, "weight");
+  require_same_float("conv2d", x, y, "the output");
+  require_same_float("conv2d", x, weight, "the weight");
   const ConvForward& e = forward_entry(g, training, {x.dtype(), weight.dtype()});
   onednn::OwnedMemory reordered;
   std::unordered_map<int, memory> args{
@@ -202,8 +193,8 @@ void conv2d_forward_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& 
 
 void conv2d_backward_data_cpu(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
                               Tensor& dx) {
-  require_same_float(dy, dx, "input gradient");
-  require_same_float(dy, weight, "weight");
+  require_same_float("conv2d", dy, dx, "the input gradient");
+  require_same_float("conv2d", dy, weight, "the weight");
   const ConvBackwardData& e = backward_data_entry(g, {dy.dtype(), weight.dtype()});
   onednn::OwnedMemory reordered;
   onednn::execute(
@@ -215,7 +206,7 @@ void conv2d_backward_data_cpu(const Conv2dGeometry& g, const Tensor& dy, const T
 
 void conv2d_backward_weights_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
                                  Tensor& dweight, Tensor& dbias) {
-  require_same_float(x, dy, "output gradient");
+  require_same_float("conv2d", x, dy, "the output gradient");
   if (depthwise_backward_weights(g, x, dy, dweight, dbias)) return;
   const ConvBackwardWeights& e = backward_weights_entry(g, {x.dtype(), dweight.dtype()});
   memory plain = onednn::wrap(e.plain_weights, dweight);

@@ -94,11 +94,9 @@ const Matmul& matmul_for(char ta, int64_t lda, char tb, int64_t ldb, bool bias, 
   onednn::Key key(onednn::Kind::matmul);
   key.add(m).add(n).add(k).add(ta).add(lda).add(tb).add(ldb).add(bias).add(pack).add(residual);
   key.add(static_cast<int64_t>(ab_dtype)).add(static_cast<int64_t>(c_dtype));
-  auto type_of = [](DType t) {
-    return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-  };
-  const memory::data_type ab = type_of(ab_dtype), ct = type_of(c_dtype);
   return onednn::cached<Matmul>(key, [&] {
+    const memory::data_type ab = onednn::data_type(ab_dtype, "gemm");
+    const memory::data_type ct = onednn::data_type(c_dtype, "gemm");
     const memory::dims a_strides = ta == 'N' ? memory::dims{lda, 1} : memory::dims{1, lda};
     const memory::dims b_strides = tb == 'N' ? memory::dims{ldb, 1} : memory::dims{1, ldb};
     Matmul entry;

@@ -32,7 +32,7 @@ BnConfig make_config(const Tensor& x, bool has_weight, bool has_bias, bool use_b
   const bool nhwc = x.is_contiguous(MemoryFormat::ChannelsLast);
   // bf16 data (amp::Autocast's activations) is normalised with f32 statistics and parameters.
   c.data = memory::desc({x.size(0), x.size(1), x.size(2), x.size(3)},
-                        x.dtype() == DType::bf16 ? memory::data_type::bf16 : f32,
+                        onednn::data_type(x.dtype(), "batch_norm"),
                         nhwc ? memory::format_tag::nhwc : memory::format_tag::nchw);
   c.stat = memory::desc({x.size(1)}, f32, memory::format_tag::x);
   if (has_weight) c.fl = c.fl | flags::use_scale;

@@ -103,6 +103,11 @@ dnnl::primitive_attr default_attr() {
   return attr;
 }
 
+dnnl::memory::data_type data_type(DType t, const char* op) {
+  DPAR_CHECK(t == DType::f32 || t == DType::bf16, op, " on the CPU supports f32 and bf16, got ", t);
+  return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
 dnnl::memory wrap(const dnnl::memory::desc& md, const Tensor& t) {
   return dnnl::memory(md, engine(), t.raw_data());
 }

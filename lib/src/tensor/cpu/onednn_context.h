@@ -65,6 +65,10 @@ const Entry& cached(const Key& key, const std::function<Entry()>& make) {
 // primitives do not allocate on every call.
 dnnl::primitive_attr default_attr();
 
+// oneDNN's element type for an f32 or bf16 tensor (amp::Autocast's activations); other dtypes
+// fail naming op.
+dnnl::memory::data_type data_type(DType t, const char* op);
+
 // A oneDNN memory object over a tensor's data (no copy); md must describe t's layout.
 dnnl::memory wrap(const dnnl::memory::desc& md, const Tensor& t);
 
