@@ -16,6 +16,11 @@
 // in the peer, and prints dpar int8 / dpar fp32 (target <= 0.6 at batch 32), dpar int8 /
 // onnxruntime int8 (target < 1) and whether the CPU has VNNI (oneDNN uses it when present and
 // its AVX2 / AVX-512 int8 kernels otherwise).
+//
+// --profile prints, after each batch's timings, dpar eager's per-op profile and, per kind of
+// node (1x1, depthwise and other convolutions, reorders, pooling, ...), dpar::infer's time per
+// run beside onnxruntime's on the same file (its own profiler), in runs apart from the timed
+// ones: both profilers wait at every node.
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,6 +96,48 @@ std::string onnxruntime_node_dir(std::string& why) {
   return dir;
 }
 
+// dpar::infer's time per run by kind of step (Plan::run's DPAR_PROFILE records), beside
+// onnxruntime's profile of the same file ({kind: ms per run}, from ort_infer.js) when given.
+void print_infer_profile(const std::string& label, infer::Model& model, const Tensor& x,
+                         int64_t runs, const nlohmann::json* ort_profile) {
+  profiler::reset();
+  profiler::set_enabled(true);
+  for (int64_t i = 0; i < runs; ++i) model.run(x);
+  profiler::set_enabled(false);
+  std::vector<std::pair<std::string, double>> kinds;  // largest dpar time first
+  const std::string prefix = "infer ";
+  for (const profiler::Row& r : profiler::rows()) {
+    if (r.name.rfind(prefix, 0) != 0) continue;
+    kinds.emplace_back(r.name.substr(prefix.size()),
+                       static_cast<double>(r.nanoseconds) / 1e6 / static_cast<double>(runs));
+  }
+  if (ort_profile) {  // kinds only onnxruntime has, after dpar's
+    for (const auto& [kind, ms] : ort_profile->items()) {
+      if (std::none_of(kinds.begin(), kinds.end(),
+                       [&](const auto& k) { return k.first == kind; })) {
+        kinds.emplace_back(kind, 0.0);
+      }
+    }
+  }
+  std::printf("  %s profile, batch %lld, ms per run (mean of %lld profiled runs):\n", label.c_str(),
+              static_cast<long long>(x.shape()[0]), static_cast<long long>(runs));
+  std::printf("    %-30s %10s%s\n", "kind", "dpar", ort_profile ? "  onnxruntime" : "");
+  double ours_total = 0, ort_total = 0;
+  for (const auto& [kind, ms] : kinds) {
+    ours_total += ms;
+    std::printf("    %-30s %10.3f", kind.c_str(), ms);
+    if (ort_profile) {
+      const double theirs = ort_profile->contains(kind) ? ort_profile->at(kind).get<double>() : 0;
+      ort_total += theirs;
+      std::printf("  %11.3f", theirs);
+    }
+    std::printf("\n");
+  }
+  std::printf("    %-30s %10.3f", "total", ours_total);
+  if (ort_profile) std::printf("  %11.3f", ort_total);
+  std::printf("\n");
+}
+
 // Raw little-endian f32 in logical order, as the onnxruntime peer reads its input.
 void write_floats(const std::filesystem::path& file, const Tensor& t) {
   const std::vector<float> v = t.to_float_vector();
@@ -119,7 +166,9 @@ int main(int argc, char** argv) {
     auto& onnx = flags.add_bool("onnx", true, "time dpar::infer on the exported ONNX model");
     auto& peer = flags.add_bool("peer", true, "also run the PyTorch peer");
     auto& ort = flags.add_bool("ort", true, "also run onnxruntime (onnxruntime-node) on the file");
-    auto& profile = flags.add_bool("profile", false, "print dpar eager's per-op profile");
+    auto& profile = flags.add_bool(
+        "profile", false,
+        "print dpar eager's per-op profile, and dpar::infer's beside onnxruntime's by node kind");
     auto& plan = flags.add_bool("plan", false, "print dpar::infer's execution plan");
     auto& precision =
         flags.add_string("precision", "fp32", "fp32, or int8: also time the int8 (QDQ) model");
@@ -199,6 +248,7 @@ int main(int argc, char** argv) {
         infer_ms = time_ms([&] { runtime->run(x); }, warmup, iters);
         std::printf(" dpar::infer %8.2f ms |", infer_ms);
       }
+      std::optional<nlohmann::json> ort_profile, ort_int8_profile;
       double int8_ms = 0;
       if (runtime_int8) {
         runtime_int8->prepare(x.shape());
@@ -220,10 +270,12 @@ int main(int argc, char** argv) {
                   " --shape " + tag + ",3," + std::to_string(img) + "," + std::to_string(img) +
                   " --expected " + expected.string() + " --threads " + std::to_string(threads) +
                   " --warmup " + std::to_string(warmup) + " --iters " + std::to_string(iters) +
-                  " --ort-dir " + ort_dir,
+                  " --ort-dir " + ort_dir +
+                  (profile ? " --profile-prefix " + (dir / ("ort_profile_" + name)).string() : ""),
               static_cast<int>(threads));
         };
         const auto o = run_ort(fp32_path, *runtime, "fp32");
+        if (o.contains("profile")) ort_profile = o.at("profile");
         const double ort_ms = o.at("ms").get<double>();
         const double diff = o.at("max_abs_diff").get<double>();
         // Relative to the largest logit: a randomly initialised MobileNetV3 in eval mode gives
@@ -240,6 +292,7 @@ int main(int argc, char** argv) {
             o.at("ort").get<std::string>().c_str(), ort_ms, diff, scale, infer_ms / ort_ms);
         if (runtime_int8) {
           const auto q = run_ort(int8_path, *runtime_int8, "int8");
+          if (q.contains("profile")) ort_int8_profile = q.at("profile");
           const double ort_int8_ms = q.at("ms").get<double>();
           // int8 outputs differ by rounding at each requantisation: reported, not checked.
           std::printf(
@@ -291,6 +344,14 @@ int main(int argc, char** argv) {
         profiler::set_enabled(false);
         std::printf("per-op profile (batch %lld, %lld runs):\n%s", static_cast<long long>(b),
                     static_cast<long long>(iters), profiler::report().c_str());
+      }
+      if (profile && runtime) {
+        print_infer_profile("dpar::infer fp32", *runtime, x, iters,
+                            ort_profile ? &*ort_profile : nullptr);
+      }
+      if (profile && runtime_int8) {
+        print_infer_profile("dpar::infer int8", *runtime_int8, x, iters,
+                            ort_int8_profile ? &*ort_int8_profile : nullptr);
       }
     }
     return 0;

@@ -7,9 +7,11 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "dpar/core/profiler.h"
 #include "dpar/infer/runtime.h"
 #include "infer/graph.h"
 #include "infer/op_executor.h"
@@ -97,6 +99,40 @@ TEST_CASE("MobileNetV3-small exported by torch matches PyTorch eval at batch 1 a
   CHECK(plan.size() <= 52 + 10 + 9 + 2 + 1 + 2);  // at most a reorder of the input and one more
   for (const std::string& line : plan) CHECK(line.find("ref:") == std::string::npos);
   table.print("infer mobilenet_v3_small");
+}
+
+TEST_CASE("DPAR_PROFILE times dpar::infer's steps by kind of node") {
+  const Fixture ref("infer/mobilenet.safetensors");
+  infer::Model model = infer::Model::load(model_path("mobilenet_v3_small.onnx"));
+  model.run(ref["x1"]);  // planned before profiling
+  profiler::reset();
+  profiler::set_enabled(true);
+  model.run(ref["x1"]);
+  model.run(ref["x1"]);
+  profiler::set_enabled(false);
+  std::map<std::string, int64_t> calls;
+  for (const profiler::Row& r : profiler::rows()) {
+    CHECK(r.nanoseconds > 0);
+    calls[r.name] = r.calls;
+  }
+  profiler::reset();
+  INFO([&] {
+    std::string s;
+    for (const auto& [name, n] : calls) s += name + ": " + std::to_string(n) + "\n";
+    return s;
+  }());
+  // Two runs of the plan's 52 convolutions (the stem, 3x3 and 5x5 depthwise, 1x1 on maps and
+  // on the SE blocks' 1x1 vectors), 10 pools, 9 SE multiplies and 2 inner products.
+  int64_t convs = 0;
+  for (const auto& [name, n] : calls) convs += name.rfind("infer conv ", 0) == 0 ? n : 0;
+  CHECK(convs == 2 * 52);
+  CHECK(calls["infer conv 3x3"] == 2);
+  CHECK(calls["infer conv depthwise 3x3"] == 2 * 3);
+  CHECK(calls["infer conv depthwise 5x5"] == 2 * 8);
+  CHECK(calls["infer conv 1x1 on 1x1 maps"] == 2 * 2 * 9);
+  CHECK(calls["infer pooling"] == 2 * 10);
+  CHECK(calls["infer binary"] == 2 * 9);
+  CHECK(calls["infer inner_product"] == 2 * 2);
 }
 
 TEST_CASE("BatchNormalization nodes are folded at load, an appended Softmax gives probs") {

@@ -83,24 +83,28 @@ void record(const std::string& name, int64_t nanoseconds) {
   e.nanoseconds += nanoseconds;
 }
 
-std::string report() {
-  std::vector<std::pair<std::string, Entry>> rows;
-  int64_t total = 0;
+std::vector<Row> rows() {
+  std::vector<Row> out;
   {
     std::lock_guard<std::mutex> lock(table_mutex());
-    rows.assign(table().begin(), table().end());
+    for (const auto& [name, e] : table()) out.push_back({name, e.calls, e.nanoseconds});
   }
-  for (const auto& r : rows) total += r.second.nanoseconds;
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
-    return a.second.nanoseconds > b.second.nanoseconds;
-  });
+  std::sort(out.begin(), out.end(),
+            [](const Row& a, const Row& b) { return a.nanoseconds > b.nanoseconds; });
+  return out;
+}
+
+std::string report() {
+  const std::vector<Row> all = rows();
+  int64_t total = 0;
+  for (const Row& r : all) total += r.nanoseconds;
   std::string out = "op                                    calls    total ms   share\n";
   char line[160];
-  for (const auto& [name, e] : rows) {
+  for (const Row& r : all) {
     std::snprintf(
-        line, sizeof line, "%-36s %7lld %11.2f %6.1f%%\n", name.c_str(),
-        static_cast<long long>(e.calls), e.nanoseconds / 1e6,
-        total ? 100.0 * static_cast<double>(e.nanoseconds) / static_cast<double>(total) : 0.0);
+        line, sizeof line, "%-36s %7lld %11.2f %6.1f%%\n", r.name.c_str(),
+        static_cast<long long>(r.calls), r.nanoseconds / 1e6,
+        total ? 100.0 * static_cast<double>(r.nanoseconds) / static_cast<double>(total) : 0.0);
     out += line;
   }
   return out;

@@ -3,7 +3,9 @@
 #include "infer/plan.h"
 
 #include <algorithm>
+#include <chrono>
 
+#include "dpar/core/profiler.h"
 #include "infer/plan_util.h"
 #include "tensor/cpu/onednn_context.h"
 
@@ -268,19 +270,37 @@ void Plan::bind() {
   to_output_ = dnnl::reorder(out.memory, output_plain_);
 }
 
+void Plan::run_steps(size_t first, size_t last) {
+  dnnl::stream& s = stream();
+  const bool profiling = profiler::enabled();
+  for (size_t i = first; i < last; ++i) {
+    Step& step = steps_[i];
+    if (!step.prim && !step.pre_copy) continue;  // a view: nothing to compute
+    const auto start =
+        profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    if (step.pre_copy) {
+      step.pre_copy->execute(s, values_[static_cast<size_t>(step.reuse)].memory,
+                             values_[static_cast<size_t>(step.dst)].memory);
+    }
+    if (step.prim) step.prim->execute(s, step.args);
+    if (profiling) {
+      // CPU primitives finish inside execute(); wait() only makes that explicit.
+      s.wait();
+      profiler::record("infer " + step.category,
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count());
+    }
+  }
+}
+
 Tensor Plan::run(const Tensor& input) {
   for (memory& m : input_memories_) m.set_data_handle(input.raw_data());
   dnnl::stream& s = stream();
   const Value& out = values_[static_cast<size_t>(program_.output)];
   Tensor result = Tensor::empty(out.dims);
   try {
-    for (Step& step : steps_) {
-      if (step.pre_copy) {
-        step.pre_copy->execute(s, values_[static_cast<size_t>(step.reuse)].memory,
-                               values_[static_cast<size_t>(step.dst)].memory);
-      }
-      if (step.prim) step.prim->execute(s, step.args);
-    }
+    run_steps(0, steps_.size());
     output_plain_.set_data_handle(result.raw_data());
     to_output_->execute(s, values_[static_cast<size_t>(program_.output)].memory, output_plain_);
     s.wait();

@@ -66,7 +66,8 @@ class Plan {
     bool view = false;                      // dst is a view of `reuse` (no computation)
     std::optional<dnnl::reorder> pre_copy;  // set when a required reuse was impossible
     std::unordered_map<int, dnnl::memory> args;
-    std::string text;  // for summary()
+    std::string text;      // for summary()
+    std::string category;  // for the profile (DPAR_PROFILE): "conv depthwise 3x3", "reorder", ...
   };
   struct PostOp {
     bool sum = false;
@@ -107,6 +108,7 @@ class Plan {
                    const std::string& what, const std::vector<std::string>& nodes);
   void assign_buffers();
   void bind();
+  void run_steps(size_t first, size_t last);
 
   const Program& program_;
   WeightCache& weights_;

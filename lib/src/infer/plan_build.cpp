@@ -10,6 +10,14 @@ namespace dpar::infer::detail {
 using dnnl::memory;
 using tag = memory::format_tag;
 
+std::string conv_category(const Op& op, const Shape& x) {
+  const Shape& w = op.weight.shape();
+  const std::string kernel = std::to_string(w[2]) + "x" + std::to_string(w[3]);
+  if (op.groups > 1 && op.groups == x[1] && w[1] == 1) return "conv depthwise " + kernel;
+  if (x[2] == 1 && x[3] == 1) return "conv " + kernel + " on 1x1 maps";
+  return "conv " + kernel + (op.groups > 1 ? " grouped" : "");
+}
+
 std::vector<Plan::Fused> Plan::fuse() const {
   const auto& ops = program_.ops;
   std::vector<int> uses(values_.size(), 0), consumer(values_.size(), -1);
@@ -187,6 +195,7 @@ void Plan::build_conv(const Fused& f) {
   auto pd = make(memory::desc(x, kF32, tag::any));
   int src = op.src;
   const memory::desc& have = values_[static_cast<size_t>(src)].md;
+  const std::string category = conv_category(op, x);  // before to_layout moves values_
   if (pd.src_desc() != have) {
     try {
       auto exact = make(have);
@@ -200,6 +209,7 @@ void Plan::build_conv(const Fused& f) {
   s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, f.dst, std::nullopt}};
   s.reads = {src};
   s.dst = f.dst;
+  s.category = category;
   s.fixed_args[DNNL_ARG_WEIGHTS] = weights_.get(f.op_index, op.weight, w_plain, pd.weights_desc());
   if (op.bias.defined()) {
     s.fixed_args[DNNL_ARG_BIAS] =
@@ -353,6 +363,7 @@ void Plan::build_softmax(const Op& op) {
 void Plan::finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::primitive prim,
                        const std::string& what, const std::vector<std::string>& nodes) {
   step.prim = std::move(prim);
+  if (step.category.empty()) step.category = what;
   step.scratchpad_md = pd.scratchpad_desc();
   scratchpad_bytes_ = std::max(scratchpad_bytes_, step.scratchpad_md.get_size());
   std::string text = what + " " + pd.impl_info_str() + " " +

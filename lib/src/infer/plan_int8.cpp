@@ -85,6 +85,9 @@ void Plan::finish_int8_step(const Fused& f, int src, const memory::desc& w_plain
   s.dst = f.dst;
   s.fixed_args[DNNL_ARG_WEIGHTS] = weights_.get(f.op_index, op.weight, w_plain, pd.weights_desc());
   s.fixed_args[DNNL_ARG_BIAS] = memory(bias_md, engine(), op.bias.raw_data());
+  s.category = op.kind == OpKind::Conv
+                   ? conv_category(op, values_[static_cast<size_t>(op.src)].dims) + " int8"
+                   : "inner_product int8";
   add_sum_operand(s, f, pd.dst_desc());
   values_[static_cast<size_t>(f.dst)].qscale = f.requant;
   finish_step(std::move(s), pd, std::move(prim), what, f.nodes);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "dpar/tensor/tensor.h"
+#include "infer/graph.h"
 
 namespace dpar::infer::detail {
 
@@ -23,6 +24,9 @@ std::string describe_layout(const dnnl::memory::desc& md);
 std::string data_type_suffix(const dnnl::memory::desc& md);
 // oneDNN's reference kernels are its slow fallback ("ref:any").
 bool is_reference(const std::string& impl);
+// The profile's name for a convolution of input shape x (bench_infer sorts onnxruntime's
+// nodes by the same rule): "conv depthwise 3x3", "conv 1x1", "conv 1x1 on 1x1 maps", ...
+std::string conv_category(const Op& op, const Shape& x);
 // Scratchpads are supplied by the plan (one buffer for all steps), never allocated per call.
 dnnl::primitive_attr user_scratchpad_attr();
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dpar::profiler {
 
@@ -13,7 +14,14 @@ bool enabled();
 void set_enabled(bool on);
 void reset();
 void record(const std::string& name, int64_t nanoseconds);
-// A table sorted by total time: name, calls, total ms, share of all recorded time.
+struct Row {
+  std::string name;
+  int64_t calls = 0;
+  int64_t nanoseconds = 0;
+};
+// What has been recorded since the last reset, sorted by total time (largest first).
+std::vector<Row> rows();
+// A table of rows(): name, calls, total ms, share of all recorded time.
 std::string report();
 // Called at the start and the end of every recorded region while profiling: a device backend
 // whose kernels run asynchronously (CUDA) installs a wait for its queued work here, so that a
