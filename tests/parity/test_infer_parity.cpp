@@ -97,6 +97,11 @@ TEST_CASE("MobileNetV3-small exported by torch matches PyTorch eval at batch 1 a
   CHECK(count_steps(plan, "inner_product ") == 2);
   CHECK(count_steps(plan, "eltwise ") == 0);
   CHECK(plan.size() <= 52 + 10 + 9 + 2 + 1 + 2);  // at most a reorder of the input and one more
+  // Every convolution writes the layout the next one reads (blocked_activation_tag): no feature
+  // map is reordered between layers, only the pooled vector before the Flatten may be.
+  for (const std::string& line : plan) {
+    if (line.rfind("reorder ", 0) == 0) CHECK(line.find(",1,1] ") != std::string::npos);
+  }
   for (const std::string& line : plan) CHECK(line.find("ref:") == std::string::npos);
   table.print("infer mobilenet_v3_small");
 }

@@ -176,8 +176,8 @@ void Plan::build_conv(const Fused& f) {
   const memory::desc w_any(wdims, kF32, tag::any);
   const auto& pads = conv_pads_[f.op_index];
   const dnnl::primitive_attr attr = post_op_attr(f);
-  auto make = [&](const memory::desc& src) {
-    const memory::desc dst(y, kF32, tag::any);
+  auto make = [&](const memory::desc& src, tag dst_layout) {
+    const memory::desc dst(y, kF32, dst_layout);
     const memory::dims strides{op.stride[0], op.stride[1]};
     const memory::dims dilates{op.dilation[0] - 1, op.dilation[1] - 1};
     const memory::dims pad_l{pads[0], pads[1]}, pad_r{pads[2], pads[3]};
@@ -190,33 +190,54 @@ void Plan::build_conv(const Fused& f) {
                                                                     strides, dilates, pad_l, pad_r);
     return dnnl::convolution_forward::primitive_desc(desc, attr, engine());
   };
-  // Let oneDNN pick the source layout; if it differs from what the producer wrote, prefer a
-  // non-reference kernel on the existing layout over an extra reorder.
-  auto pd = make(memory::desc(x, kF32, tag::any));
-  int src = op.src;
-  const memory::desc& have = values_[static_cast<size_t>(src)].md;
-  const std::string category = conv_category(op, x);  // before to_layout moves values_
-  if (pd.src_desc() != have) {
+  // A fast kernel for this source and destination layout, if oneDNN has one.
+  auto jit_kernel =
+      [&](const memory::desc& src,
+          tag dst_layout) -> std::optional<dnnl::convolution_forward::primitive_desc> {
     try {
-      auto exact = make(have);
-      if (!is_reference(exact.impl_info_str())) pd = exact;
+      auto pd = make(src, dst_layout);
+      if (!is_reference(pd.impl_info_str())) return pd;
     } catch (const dnnl::error&) {
-      // This layout has no implementation with these attributes; reorder instead.
+      // No implementation for these layouts with these attributes.
     }
-    src = to_layout(src, pd.src_desc());
+    return std::nullopt;
+  };
+  int src = op.src;
+  const memory::desc have = values_[static_cast<size_t>(src)].md;
+  const memory::desc src_any(x, kF32, tag::any);
+  const std::string category = conv_category(op, x);  // before to_layout moves values_
+  // Activations in the CPU's blocked layout when a jit kernel takes it (blocked_activation_tag
+  // says why); the source stays as the producer wrote it if that is the blocked layout, else
+  // oneDNN picks it (the network's NCHW input for the first convolution). Otherwise oneDNN
+  // picks both layouts.
+  tag dst_layout = blocked_activation_tag();
+  std::optional<dnnl::convolution_forward::primitive_desc> pd;
+  if (dst_layout != tag::undef) {
+    const memory::desc blocked(x, kF32, dst_layout);
+    pd = jit_kernel(have == blocked ? blocked : src_any, dst_layout);
+  }
+  if (!pd) {
+    dst_layout = tag::any;
+    pd = make(src_any, dst_layout);
+  }
+  // If oneDNN wants another source layout than the producer wrote, prefer a non-reference
+  // kernel on the existing layout over an extra reorder.
+  if (pd->src_desc() != have) {
+    if (auto exact = jit_kernel(have, dst_layout)) pd = std::move(exact);
+    src = to_layout(src, pd->src_desc());
   }
   Step s;
   s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, f.dst, std::nullopt}};
   s.reads = {src};
   s.dst = f.dst;
   s.category = category;
-  s.fixed_args[DNNL_ARG_WEIGHTS] = weights_.get(f.op_index, op.weight, w_plain, pd.weights_desc());
+  s.fixed_args[DNNL_ARG_WEIGHTS] = weights_.get(f.op_index, op.weight, w_plain, pd->weights_desc());
   if (op.bias.defined()) {
     s.fixed_args[DNNL_ARG_BIAS] =
         memory(memory::desc({w[0]}, kF32, tag::x), engine(), op.bias.raw_data());
   }
-  add_sum_operand(s, f, pd.dst_desc());
-  finish_step(std::move(s), pd, dnnl::convolution_forward(pd), "conv", f.nodes);
+  add_sum_operand(s, f, pd->dst_desc());
+  finish_step(std::move(s), *pd, dnnl::convolution_forward(*pd), "conv", f.nodes);
 }
 
 void Plan::build_gemm(const Fused& f) {
