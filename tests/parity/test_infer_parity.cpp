@@ -106,6 +106,32 @@ TEST_CASE("MobileNetV3-small exported by torch matches PyTorch eval at batch 1 a
   table.print("infer mobilenet_v3_small");
 }
 
+TEST_CASE("at batch 4 the first layers run one image at a time, bitwise as the whole batch") {
+  // plan_prefix.cpp: a 224 px MobileNetV3's stem and first blocks need more than a core's L2
+  // per image, so a batch runs them image by image and only then the rest on the whole batch.
+  const Fixture ref("infer/mobilenet.safetensors");
+  infer::Model model = infer::Model::load(model_path("mobilenet_v3_small.onnx"));
+  const std::vector<std::string> plan = model.plan_summary({4, 3, 224, 224});
+  REQUIRE(plan.size() > 2);
+  CHECK(plan[0].find("at a time") != std::string::npos);
+  CHECK(count_steps(plan, "the rest on the whole batch") == 1);
+  CHECK(model.plan_summary({1, 3, 224, 224})[0].find("at a time") == std::string::npos);
+  const std::vector<float> split = model.run(ref["x4"]).to_float_vector();
+  // The same batch planned without sub-batching (DPAR_INFER_SUB_BATCH=0 is read when a plan
+  // is built; a new Model has none cached).
+  ::setenv("DPAR_INFER_SUB_BATCH", "0", 1);
+  infer::Model whole = infer::Model::load(model_path("mobilenet_v3_small.onnx"));
+  const std::vector<std::string> whole_plan = whole.plan_summary({4, 3, 224, 224});
+  const std::vector<float> together = whole.run(ref["x4"]).to_float_vector();
+  ::unsetenv("DPAR_INFER_SUB_BATCH");
+  CHECK(whole_plan[0].find("at a time") == std::string::npos);
+  CHECK(split == together);
+  ErrorTable table;
+  check_close(Tensor::from_vector(split, {4, 1000}), ref["logits4"], kTolerance,
+              "logits batch 4, sub-batched", table, "mobilenet logits");
+  table.print("infer sub-batched prefix");
+}
+
 TEST_CASE("DPAR_PROFILE times dpar::infer's steps by kind of node") {
   const Fixture ref("infer/mobilenet.safetensors");
   infer::Model model = infer::Model::load(model_path("mobilenet_v3_small.onnx"));

@@ -112,8 +112,8 @@ memory WeightCache::get(size_t op_index, const Tensor& plain, const memory::desc
   return e.memory;
 }
 
-Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims)
-    : program_(program), weights_(weights) {
+Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims, int last_value)
+    : program_(program), weights_(weights), last_value_(last_value) {
   values_.resize(program.value_names.size());
   Value& in = values_[static_cast<size_t>(program.input)];
   in.dims = input_dims;
@@ -129,6 +129,7 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
   }
   try {
     for (const Fused& f : fuse()) {
+      if (last_value_ >= 0 && !steps_.empty() && steps_.back().dst == last_value_) break;
       const Op& op = program.ops[f.op_index];
       switch (op.kind) {
         case OpKind::Conv:
@@ -154,6 +155,7 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
           break;
       }
     }
+    if (last_value_ < 0) plan_prefix(input_dims);
     assign_buffers();
     bind();
   } catch (const dnnl::error& e) {
@@ -163,6 +165,12 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
   for (const Step& s : steps_) {
     summary_.push_back(s.pre_copy ? "copy residual + " + s.text : s.text);
   }
+  if (prefix_plan_) {
+    summary_.insert(summary_.begin(),
+                    "steps 1-" + std::to_string(prefix_steps_) + " run one image at a time:");
+    summary_.insert(summary_.begin() + 1 + static_cast<std::ptrdiff_t>(prefix_steps_),
+                    "the rest on the whole batch:");
+  }
 }
 
 // Greedy liveness-based assignment: a value's buffer returns to the pool after its last
@@ -171,11 +179,12 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
 // otherwise is first copied into a fresh buffer).
 void Plan::assign_buffers() {
   const int end = static_cast<int>(steps_.size());
+  const int first = static_cast<int>(prefix_steps_);  // the prefix's values live elsewhere
   std::vector<int> last_use(values_.size(), -1);
-  for (int i = 0; i < end; ++i) {
+  for (int i = first; i < end; ++i) {
     for (int r : steps_[static_cast<size_t>(i)].reads) last_use[static_cast<size_t>(r)] = i;
   }
-  last_use[static_cast<size_t>(program_.output)] = end;
+  last_use[static_cast<size_t>(last_value_ >= 0 ? last_value_ : program_.output)] = end;
   std::vector<int> refs;
   std::vector<int> free_list;
   auto allocate = [&](size_t bytes) {
@@ -204,12 +213,16 @@ void Plan::assign_buffers() {
     refs[static_cast<size_t>(best)] = 1;
     return best;
   };
+  if (boundary_ >= 0) {  // written slice by slice before the first step here
+    Value& b = values_[static_cast<size_t>(boundary_)];
+    b.buffer = allocate(b.md.get_size());
+  }
   auto release = [&](int v) {
     const Value& val = values_[static_cast<size_t>(v)];
     if (val.external || val.buffer < 0) return;
     if (--refs[static_cast<size_t>(val.buffer)] == 0) free_list.push_back(val.buffer);
   };
-  for (int i = 0; i < end; ++i) {
+  for (int i = first; i < end; ++i) {
     Step& s = steps_[static_cast<size_t>(i)];
     Value& d = values_[static_cast<size_t>(s.dst)];
     bool placed = false;
@@ -268,7 +281,8 @@ void Plan::bind() {
     if (val.md.get_size() == 0 && !val.external) continue;  // folded away, never materialised
     if (val.buffer >= 0 || val.external) val.memory = make(static_cast<int>(v), val.md);
   }
-  for (Step& s : steps_) {
+  for (size_t i = prefix_steps_; i < steps_.size(); ++i) {
+    Step& s = steps_[i];
     for (const Arg& a : s.value_args) {
       s.args[a.arg] = a.md ? make(a.value, *a.md) : values_[static_cast<size_t>(a.value)].memory;
     }
@@ -277,6 +291,7 @@ void Plan::bind() {
       s.args[DNNL_ARG_SCRATCHPAD] = memory(s.scratchpad_md, engine(), scratchpad_.raw_data());
     }
   }
+  if (last_value_ >= 0) return;  // a prefix's plan: its caller copies last_value out
   const Value& out = values_[static_cast<size_t>(program_.output)];
   output_plain_ = memory(plain_md(out.dims), engine(), nullptr);
   to_output_ = dnnl::reorder(out.memory, output_plain_);
@@ -312,7 +327,8 @@ Tensor Plan::run(const Tensor& input) {
   const Value& out = values_[static_cast<size_t>(program_.output)];
   Tensor result = Tensor::empty(out.dims);
   try {
-    run_steps(0, steps_.size());
+    if (prefix_plan_) run_prefix(input);
+    run_steps(prefix_steps_, steps_.size());
     output_plain_.set_data_handle(result.raw_data());
     to_output_->execute(s, values_[static_cast<size_t>(program_.output)].memory, output_plain_);
     s.wait();

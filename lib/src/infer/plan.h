@@ -35,7 +35,10 @@ class WeightCache {
 
 class Plan {
  public:
-  Plan(const Program& program, WeightCache& weights, const Shape& input_dims);
+  // last_value < 0: the whole program, its first layers possibly sub-batched (plan_prefix.cpp).
+  // Otherwise only the steps up to the one writing last_value, kept for the caller to read: the
+  // plan of a sub-batched prefix.
+  Plan(const Program& program, WeightCache& weights, const Shape& input_dims, int last_value = -1);
   // input: a contiguous f32 tensor of the plan's input shape.
   Tensor run(const Tensor& input);
   const std::vector<std::string>& summary() const { return summary_; }
@@ -68,6 +71,7 @@ class Plan {
     std::unordered_map<int, dnnl::memory> args;
     std::string text;      // for summary()
     std::string category;  // for the profile (DPAR_PROFILE): "conv depthwise 3x3", "reorder", ...
+    bool per_sample = false;  // each image's result depends on that image alone (4-D, no Gemm)
   };
   struct PostOp {
     bool sum = false;
@@ -109,6 +113,10 @@ class Plan {
   void assign_buffers();
   void bind();
   void run_steps(size_t first, size_t last);
+  // plan_prefix.cpp: where to end the sub-batched prefix (0: nowhere), building it, running it.
+  size_t prefix_cut() const;
+  void plan_prefix(const Shape& input_dims);
+  void run_prefix(const Tensor& input);
 
   const Program& program_;
   WeightCache& weights_;
@@ -124,6 +132,14 @@ class Plan {
   std::optional<dnnl::reorder> to_output_;
   dnnl::memory output_plain_;
   std::vector<std::string> summary_;
+  // The sub-batched prefix: steps [0, prefix_steps_) run on prefix_plan_ (this program's
+  // steps up to boundary_ for one image) image by image, each image's boundary_ value copied
+  // into this plan's; this plan then runs the rest. It holds no buffers for the prefix's other
+  // values.
+  std::unique_ptr<Plan> prefix_plan_;
+  int last_value_ = -1;  // a prefix's plan: the value it ends with (else the program's output)
+  size_t prefix_steps_ = 0;
+  int boundary_ = -1;
 };
 
 }  // namespace dpar::infer::detail

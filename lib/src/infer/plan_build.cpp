@@ -385,6 +385,14 @@ void Plan::finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::pri
                        const std::string& what, const std::vector<std::string>& nodes) {
   step.prim = std::move(prim);
   if (step.category.empty()) step.category = what;
+  // Convolutions, pooling, elementwise ops and reorders of NCHW-shaped values compute each
+  // image from that image alone; inner products and softmax are left out (their rows need
+  // not be images).
+  static const char* const per_sample_kinds[] = {"conv",    "reorder", "quantize", "dequantize",
+                                                 "eltwise", "binary",  "pooling"};
+  step.per_sample = values_[static_cast<size_t>(step.dst)].dims.size() == 4 &&
+                    std::any_of(std::begin(per_sample_kinds), std::end(per_sample_kinds),
+                                [&](const char* k) { return what.rfind(k, 0) == 0; });
   step.scratchpad_md = pd.scratchpad_desc();
   scratchpad_bytes_ = std::max(scratchpad_bytes_, step.scratchpad_md.get_size());
   std::string text = what + " " + pd.impl_info_str() + " " +
