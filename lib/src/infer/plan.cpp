@@ -75,14 +75,8 @@ std::string data_type_suffix(const memory::desc& md) {
 bool is_reference(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
 
 memory::format_tag blocked_activation_tag() {
-  // oneDNN 2.6's ISA values are bit sets: a superset holds all of a subset's bits.
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  auto covers = [isa](dnnl::cpu_isa want) {
-    const auto bits = static_cast<unsigned>(want);
-    return (isa & bits) == bits;
-  };
-  if (covers(dnnl::cpu_isa::avx512_core)) return memory::format_tag::nChw16c;
-  if (covers(dnnl::cpu_isa::avx)) return memory::format_tag::nChw8c;
+  if (cpu::onednn::isa_covers(dnnl::cpu_isa::avx512_core)) return memory::format_tag::nChw16c;
+  if (cpu::onednn::isa_covers(dnnl::cpu_isa::avx)) return memory::format_tag::nChw8c;
   return memory::format_tag::undef;
 }
 

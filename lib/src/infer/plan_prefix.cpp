@@ -64,9 +64,10 @@ size_t Plan::prefix_cut() const {
     }
   }
   if (!any_big) return 0;
+  std::set<int> produced{program_.input};
+  for (size_t i = 0; i <= last_big; ++i) produced.insert(steps_[i].dst);
   for (size_t cut = last_big + 1; cut < steps_.size() && steps_[cut - 1].per_sample; ++cut) {
-    std::set<int> produced{program_.input};
-    for (size_t i = 0; i < cut; ++i) produced.insert(steps_[i].dst);
+    produced.insert(steps_[cut - 1].dst);
     if (produced.count(program_.output)) return 0;
     std::set<int> crossing;
     for (size_t i = cut; i < steps_.size(); ++i) {

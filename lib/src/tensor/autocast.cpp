@@ -7,6 +7,7 @@
 #include "dpar/core/error.h"
 #include "dpar/core/sysinfo.h"
 #include "tensor/autocast_policy.h"
+#include "tensor/cpu/onednn_context.h"
 #include "tensor/nn_kernels.h"
 
 namespace dpar::amp {
@@ -27,14 +28,9 @@ DType autocast_dtype() { return current; }
 CpuBf16 cpu_bf16_support() {
   static const CpuBf16 support = [] {
     // oneDNN's own dispatch decides which kernels run, so its view of the CPU is the one asked.
-    // (oneDNN 2.6's ISA values are bit sets: a superset holds all of a subset's bits.)
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    auto covers = [isa](dnnl::cpu_isa want) {
-      const auto bits = static_cast<unsigned>(want);
-      return (isa & bits) == bits;
-    };
-    if (covers(dnnl::cpu_isa::avx512_core_bf16)) return CpuBf16::native;
-    if (covers(dnnl::cpu_isa::avx512_core)) return CpuBf16::emulated;
+    using cpu::onednn::isa_covers;
+    if (isa_covers(dnnl::cpu_isa::avx512_core_bf16)) return CpuBf16::native;
+    if (isa_covers(dnnl::cpu_isa::avx512_core)) return CpuBf16::emulated;
     return CpuBf16::unsupported;
   }();
   return support;

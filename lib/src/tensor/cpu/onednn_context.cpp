@@ -21,6 +21,13 @@ dnnl::stream& stream() {
   return s;
 }
 
+bool isa_covers(dnnl::cpu_isa isa) {
+  // oneDNN 2.6's ISA values are bit sets: a superset holds all of a subset's bits.
+  const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bits = static_cast<unsigned>(isa);
+  return (effective & bits) == bits;
+}
+
 Key::Key(Kind kind) {
   values_.reserve(24);
   values_.push_back(static_cast<int64_t>(kind));

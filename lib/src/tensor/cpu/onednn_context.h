@@ -16,6 +16,8 @@ namespace dpar::cpu::onednn {
 
 dnnl::engine& engine();
 dnnl::stream& stream();
+// Whether the ISA oneDNN dispatches to (after ONEDNN_MAX_CPU_ISA) includes `isa`'s features.
+bool isa_covers(dnnl::cpu_isa isa);
 
 // Identifies a cached entry. The kind tag keeps entries of different ops apart; the current
 // OpenMP thread count is always part of the key because oneDNN tunes its blocking to it.
