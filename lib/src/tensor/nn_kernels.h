@@ -43,6 +43,12 @@ DPAR_KERNEL(conv2d_backward_weights, void(const kernels::Conv2dGeometry& g, cons
 DPAR_KERNEL(batch_norm_forward,
             void(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& mean,
                  Tensor& var, bool use_batch_stats, bool need_backward, double eps, Tensor& y));
+// The same forward followed by an activation, in one pass over the output: writes y and
+// z = act(y) (both with x's strides), z with the bits the unary kernel would give from y. An
+// optional fast path (KernelSlot::available): where a backend lacks it, the op runs the two.
+DPAR_KERNEL(batch_norm_act_forward, void(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         Tensor& mean, Tensor& var, bool use_batch_stats,
+                                         double eps, Activation act, Tensor& y, Tensor& z));
 // dy and dx have x's strides. weight/bias are the forward's; dweight/dbias ([C]) are
 // allocated exactly when weight/bias are defined.
 DPAR_KERNEL(batch_norm_backward,

@@ -111,18 +111,22 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
     var = detail::nn_layout_copy(running_var.detach(), MemoryFormat::Contiguous);
   }
   Tensor y = Tensor::empty_like(xc);
+  Tensor z = act == Activation::none ? y : Tensor::empty_like(y);
+  // The activation in the normalising pass where the backend fuses it (the CPU), else after.
+  const bool fused = act != Activation::none && kernels::batch_norm_act_forward.available(device);
   if (xc.numel() > 0) {
-    kernels::batch_norm_forward.get(device)(xc, wc, bc, mean, var, use_batch_stats, grad, eps, y);
+    if (fused) {
+      kernels::batch_norm_act_forward.get(device)(xc, wc, bc, mean, var, use_batch_stats, eps, act,
+                                                  y, z);
+    } else {
+      kernels::batch_norm_forward.get(device)(xc, wc, bc, mean, var, use_batch_stats, grad, eps, y);
+    }
   }
   if (training && running_mean.defined()) {
     kernels::batch_norm_update_stats.get(device)(running_mean, running_var, mean, var, momentum,
                                                  count);
   }
-  Tensor z = y;
-  if (act != Activation::none) {
-    z = Tensor::empty_like(y);
-    kernels::unary.get(device)(unary_op(act), y, z, {});
-  }
+  if (act != Activation::none && !fused) kernels::unary.get(device)(unary_op(act), y, z, {});
   if (!grad) return z;
 
   // Keep the output rather than the input when the backward can start from it: the activation

@@ -16,7 +16,7 @@ namespace dpar::cpu::avx512 {
 
 void batch_norm_forward_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
-                             Tensor& y);
+                             Activation act, Tensor& y, Tensor& z);
 void batch_norm_backward_from_output_bf16(const Tensor& y, const Tensor& dz, const Tensor& weight,
                                           const Tensor& bias, const Tensor& var,
                                           bool use_batch_stats, double eps, Activation act,

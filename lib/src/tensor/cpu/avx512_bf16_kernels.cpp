@@ -16,6 +16,7 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/elementwise_kernels.h"
 #include "tensor/nn_kernels.h"
+#include "tensor/unary_math.h"
 
 #if DPAR_HAVE_ISA_CLONES
 #pragma GCC push_options
@@ -31,8 +32,8 @@ namespace dpar::cpu::avx512 {
 
 void batch_norm_forward_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
-                             Tensor& y) {
-  batch_norm_forward_typed<BF16>(x, weight, bias, mean, var, use_batch_stats, eps, y);
+                             Activation act, Tensor& y, Tensor& z) {
+  batch_norm_forward_typed<BF16>(x, weight, bias, mean, var, use_batch_stats, eps, act, y, z);
 }
 
 void batch_norm_backward_from_output_bf16(const Tensor& y, const Tensor& dz, const Tensor& weight,

@@ -3,14 +3,15 @@
 // (float, or BF16 for amp::Autocast's activations; statistics and parameters in f32):
 //   - the backward from the forward output (kernel slot batch_norm_backward_from_output), for
 //     f32 and bf16;
-//   - the forward (batch statistics or running ones), for bf16, where oneDNN 2.6 has a jit
-//     kernel only for channel counts that are multiples of 16 (the others, MobileNetV3's 24,
-//     40, 72, 88 and 120, fell to its generic nspc kernel: 4-10 ms per layer at batch 16 on one
-//     thread).
+//   - the forward (batch statistics or running ones) with an activation fused in, for f32 and
+//     bf16. oneDNN 2.6 has a bf16 jit kernel only for channel counts that are multiples of 16
+//     (the others, MobileNetV3's 24, 40, 72, 88 and 120, fell to its generic nspc kernel: 4-10
+//     ms per layer at batch 16 on one thread), and its f32 one makes three passes over x.
 // Everything is in an unnamed namespace: each file that includes this gets its own copies,
 // compiled for the ISA in force where it is included. norm_kernels.cpp includes it for the x86-64
-// baseline and avx512_bf16_kernels.cpp for AVX-512 (the bf16 path of a CPU that has it), and
-// the two must never be merged by the linker.
+// baseline, avx512_bf16_kernels.cpp for AVX-512 (the bf16 path of a CPU that has it) and
+// bn_isa_kernels.inc for AVX2 and AVX-512 (the f32 path), and the copies must never be merged
+// by the linker.
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "tensor/cpu/float_types.h"
 #include "tensor/nn_kernels.h"
+#include "tensor/unary_math.h"
 
 namespace dpar::cpu {
 namespace {
@@ -37,6 +39,15 @@ inline float act_grad(float dz, float y) {
     return y < -3.f ? 0.f : (y <= 3.f ? mid : dz);
   }
   return dz;
+}
+
+// The activation itself, by the unary kernels' formula (tensor/unary_math.h).
+template <Activation Act>
+inline float activation(float y) {
+  if constexpr (Act == Activation::relu) return kernels::unary_value<kernels::UnaryOp::relu>(y);
+  if constexpr (Act == Activation::hardswish)
+    return kernels::unary_value<kernels::UnaryOp::hardswish>(y);
+  return y;
 }
 
 // A 4-D activation's layout as the loops below walk it: channels-last (rows of C channels) or
@@ -262,9 +273,13 @@ void bn_backward_from_output_typed(const Tensor& y, const Tensor& dz, const Tens
 }
 
 // The forward: the statistics in one pass over x, then
-// y = x * scale + shift with scale = weight / sqrt(var + eps), shift = bias - mean * scale.
-template <class T>
-void normalize(const T* x, T* y, const Layout& l, const std::vector<float>& scale_v,
+// y = x * scale + shift with scale = weight / sqrt(var + eps), shift = bias - mean * scale (as
+// PyTorch's CPU kernel forms it), and in the same pass z = act(y) where an activation follows:
+// the fused op then writes y (kept for the backward) and z without reading y back. z is formed
+// from the stored y by the unary kernels' formula, so it has the bits of the separate op and of
+// the recomputation from y.
+template <Activation Act, class T>
+void normalize(const T* x, T* y, T* z, const Layout& l, const std::vector<float>& scale_v,
                const std::vector<float>& shift_v) {
   const float* __restrict scale = scale_v.data();
   const float* __restrict shift = shift_v.data();
@@ -273,9 +288,13 @@ void normalize(const T* x, T* y, const Layout& l, const std::vector<float>& scal
     for (int64_t r = 0; r < l.N * l.HW; ++r) {
       const T* __restrict xr = x + r * l.C;
       T* __restrict yr = y + r * l.C;
+      T* __restrict zr = z + r * l.C;
 #pragma omp simd
-      for (int64_t c = 0; c < l.C; ++c)
-        yr[c] = from_float<T>(to_float(xr[c]) * scale[c] + shift[c]);
+      for (int64_t c = 0; c < l.C; ++c) {
+        const T yv = from_float<T>(to_float(xr[c]) * scale[c] + shift[c]);
+        yr[c] = yv;
+        if constexpr (Act != Activation::none) zr[c] = from_float<T>(activation<Act>(to_float(yv)));
+      }
     }
     return;
   }
@@ -285,15 +304,21 @@ void normalize(const T* x, T* y, const Layout& l, const std::vector<float>& scal
     const float a = scale[c], b = shift[c];
     const T* __restrict xp = x + plane * l.HW;
     T* __restrict yp = y + plane * l.HW;
+    T* __restrict zp = z + plane * l.HW;
 #pragma omp simd
-    for (int64_t i = 0; i < l.HW; ++i) yp[i] = from_float<T>(to_float(xp[i]) * a + b);
+    for (int64_t i = 0; i < l.HW; ++i) {
+      const T yv = from_float<T>(to_float(xp[i]) * a + b);
+      yp[i] = yv;
+      if constexpr (Act != Activation::none) zp[i] = from_float<T>(activation<Act>(to_float(yv)));
+    }
   }
 }
 
+// z (x's strides) receives act(y) when act is not Activation::none; it is unused otherwise.
 template <class T>
 void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
                               Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
-                              Tensor& y) {
+                              Activation act, Tensor& y, Tensor& z) {
   const Layout l = layout_of(x);
   const T* px = data_as<const T>(x);
   const size_t uC = static_cast<size_t>(l.C);
@@ -331,7 +356,15 @@ void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tenso
     scale[c] = (w ? w[c] : 1.f) * inv_std;
     shift[c] = (b ? b[c] : 0.f) - pm[c] * scale[c];
   }
-  normalize(px, data_as<T>(y), l, scale, shift);
+  T* py = data_as<T>(y);
+  switch (act) {
+    case Activation::none:
+      return normalize<Activation::none>(px, py, py, l, scale, shift);
+    case Activation::relu:
+      return normalize<Activation::relu>(px, py, data_as<T>(z), l, scale, shift);
+    case Activation::hardswish:
+      return normalize<Activation::hardswish>(px, py, data_as<T>(z), l, scale, shift);
+  }
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// CPU batch normalisation on oneDNN (nhwc or nchw, matching the activation), plus the
+// CPU batch normalisation (nhwc or nchw, matching the activation): the forward and the backward
+// from the output on dpar's loops (bn_loops.h), the backward from the input on oneDNN, and the
 // running-statistics update.
 #include <omp.h>
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "tensor/cpu/avx512_bf16.h"
+#include "tensor/cpu/bn_isa.h"
 #include "tensor/cpu/bn_loops.h"
 #include "tensor/cpu/float_types.h"
 #include "tensor/cpu/isa.h"
@@ -54,23 +56,17 @@ onednn::Key bn_key(onednn::Kind kind, const Tensor& x, const BnConfig& c, float 
   return key;
 }
 
-struct BnForward {
-  dnnl::batch_normalization_forward::primitive_desc pd;
-  dnnl::batch_normalization_forward prim;
-};
-
-const BnForward& forward_entry(const Tensor& x, const BnConfig& c, float eps, bool training) {
-  return onednn::cached<BnForward>(
-      bn_key(onednn::Kind::batch_norm_forward, x, c, eps, training), [&] {
-        const auto prop =
-            training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
-        dnnl::batch_normalization_forward::desc desc(prop, c.data, eps, c.fl);
-        BnForward e;
-        e.pd = dnnl::batch_normalization_forward::primitive_desc(desc, onednn::default_attr(),
-                                                                 onednn::engine());
-        e.prim = dnnl::batch_normalization_forward(e.pd);
-        return e;
-      });
+// The forward primitive's descriptor, which oneDNN's backward takes as its hint (the forward
+// itself runs on dpar's loops).
+const dnnl::batch_normalization_forward::primitive_desc& forward_hint(const Tensor& x,
+                                                                      const BnConfig& c,
+                                                                      float eps) {
+  using Pd = dnnl::batch_normalization_forward::primitive_desc;
+  return onednn::cached<Pd>(bn_key(onednn::Kind::batch_norm_forward, x, c, eps, true), [&] {
+    dnnl::batch_normalization_forward::desc desc(dnnl::prop_kind::forward_training, c.data, eps,
+                                                 c.fl);
+    return Pd(desc, onednn::default_attr(), onednn::engine());
+  });
 }
 
 struct BnBackward {
@@ -89,35 +85,49 @@ const BnBackward& backward_entry(const Tensor& x, const BnConfig& c, float eps) 
             eps, c.fl);
         BnBackward e;
         e.pd = dnnl::batch_normalization_backward::primitive_desc(
-            desc, onednn::default_attr(), onednn::engine(), forward_entry(x, c, eps, true).pd);
+            desc, onednn::default_attr(), onednn::engine(), forward_hint(x, c, eps));
         e.prim = dnnl::batch_normalization_backward(e.pd);
         return e;
       });
 }
 
+// The forward is dpar's (bn_loops.h) in both dtypes: the statistics in one pass over x, then
+// y and, fused, act(y) in a second, on 8 or 16 lanes where the CPU has AVX2 or AVX-512
+// (bn_isa.h). oneDNN 2.6's f32 forward (three passes: mean, variance, normalisation) followed
+// by the activation's own pass took 20-40% longer at MobileNetV3's large layers and about twice
+// as long at its small ones (batch 16, one thread, AVX2); its bf16 kernel is fast only for
+// channel counts that are multiples of 16.
+void batch_norm_act_forward_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
+                                Activation act, Tensor& y, Tensor& z) {
+  require_same_float("batch_norm", x, y, "the output");
+  if (x.dtype() == DType::bf16) {
+    if (cpu_isa() == Isa::avx512) {
+      return avx512::batch_norm_forward_bf16(x, weight, bias, mean, var, use_batch_stats, eps, act,
+                                             y, z);
+    }
+    return batch_norm_forward_typed<BF16>(x, weight, bias, mean, var, use_batch_stats, eps, act, y,
+                                          z);
+  }
+  switch (cpu_isa()) {
+    case Isa::avx512:
+      return avx512::batch_norm_forward_f32(x, weight, bias, mean, var, use_batch_stats, eps, act,
+                                            y, z);
+    case Isa::avx2:
+      return avx2::batch_norm_forward_f32(x, weight, bias, mean, var, use_batch_stats, eps, act, y,
+                                          z);
+    case Isa::baseline:
+      break;
+  }
+  batch_norm_forward_typed<float>(x, weight, bias, mean, var, use_batch_stats, eps, act, y, z);
+}
+
 void batch_norm_forward_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& mean,
                             Tensor& var, bool use_batch_stats, bool need_backward, double eps,
                             Tensor& y) {
-  // bf16 (amp::Autocast): dpar's kernel (bn_loops.h), as oneDNN's is fast only for some
-  // channel counts; 16 lanes wide where the CPU has AVX-512 (avx512_bf16.h).
-  if (x.dtype() == DType::bf16) {
-    if (cpu_isa() == Isa::avx512) {
-      return avx512::batch_norm_forward_bf16(x, weight, bias, mean, var, use_batch_stats, eps, y);
-    }
-    return batch_norm_forward_typed<BF16>(x, weight, bias, mean, var, use_batch_stats, eps, y);
-  }
-  const BnConfig c = make_config(x, weight.defined(), bias.defined(), use_batch_stats);
-  // Batch statistics are only returned by the training variant.
-  const bool training = need_backward || use_batch_stats;
-  const float feps = static_cast<float>(eps);
-  const BnForward& e = forward_entry(x, c, feps, training);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, onednn::wrap(c.data, x)},
-                                       {DNNL_ARG_DST, onednn::wrap(c.data, y)},
-                                       {DNNL_ARG_MEAN, onednn::wrap(c.stat, mean)},
-                                       {DNNL_ARG_VARIANCE, onednn::wrap(c.stat, var)}};
-  if (weight.defined()) args.emplace(DNNL_ARG_SCALE, onednn::wrap(c.stat, weight));
-  if (bias.defined()) args.emplace(DNNL_ARG_SHIFT, onednn::wrap(c.stat, bias));
-  onednn::execute(e.prim, e.pd.scratchpad_desc(), std::move(args));
+  Tensor no_activation;
+  batch_norm_act_forward_cpu(x, weight, bias, mean, var, use_batch_stats, eps, Activation::none, y,
+                             no_activation);
 }
 
 void batch_norm_backward_cpu(const Tensor& x, const Tensor& dy, const Tensor& weight,
@@ -154,6 +164,14 @@ void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dz, cons
     return avx512::batch_norm_backward_from_output_bf16(y, dz, weight, bias, var, use_batch_stats,
                                                         eps, act, dx, dweight, dbias);
   }
+  if (y.dtype() == DType::f32 && cpu_isa() != Isa::baseline) {
+    if (cpu_isa() == Isa::avx512) {
+      return avx512::batch_norm_backward_from_output_f32(y, dz, weight, bias, var, use_batch_stats,
+                                                         eps, act, dx, dweight, dbias);
+    }
+    return avx2::batch_norm_backward_from_output_f32(y, dz, weight, bias, var, use_batch_stats, eps,
+                                                     act, dx, dweight, dbias);
+  }
   visit_float_dtype(y.dtype(), "batch_norm backward", [&](auto tag) {
     bn_backward_from_output_typed<typename decltype(tag)::type>(
         y, dz, weight, bias, var, use_batch_stats, eps, act, dx, dweight, dbias);
@@ -180,6 +198,7 @@ void batch_norm_update_stats_cpu(Tensor& running_mean, Tensor& running_var,
 
 void register_norm_kernels() {
   kernels::batch_norm_forward.set(DeviceType::CPU, &batch_norm_forward_cpu);
+  kernels::batch_norm_act_forward.set(DeviceType::CPU, &batch_norm_act_forward_cpu);
   kernels::batch_norm_backward.set(DeviceType::CPU, &batch_norm_backward_cpu);
   kernels::batch_norm_backward_from_output.set(DeviceType::CPU,
                                                &batch_norm_backward_from_output_cpu);
