@@ -99,25 +99,26 @@ bool SegmentArena::owns(const void* p) const {
   return it != blocks_.end() && !it->second->free;
 }
 
+// left absorbs its neighbour right (neither marked free).
+void SegmentArena::absorb(Block* left, Block* right) {
+  left->size += right->size;
+  left->next = right->next;
+  if (left->next) left->next->prev = left;
+  blocks_.erase(right->ptr);
+  delete right;
+}
+
 size_t SegmentArena::give_back(void* p) {
   Block* b = blocks_.at(static_cast<const uint8_t*>(p));
   const size_t size = b->size;
   // Merge with the free neighbours, so that the segment can serve larger requests again.
   if (Block* next = b->next; next != nullptr && next->free) {
     unmark_free(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (b->next) b->next->prev = b;
-    blocks_.erase(next->ptr);
-    delete next;
+    absorb(b, next);
   }
   if (Block* prev = b->prev; prev != nullptr && prev->free) {
     unmark_free(prev);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (prev->next) prev->next->prev = prev;
-    blocks_.erase(b->ptr);
-    delete b;
+    absorb(prev, b);
     b = prev;
   }
   mark_free(b);

@@ -52,6 +52,7 @@ class SegmentArena {
     Block* next;
   };
   Block* carve(Block* b, size_t size);
+  void absorb(Block* left, Block* right);
   void mark_free(Block* b);
   void unmark_free(Block* b);
   bool whole_segment(const Block* b) const { return b->prev == nullptr && b->next == nullptr; }
