@@ -18,11 +18,11 @@ namespace {
 
 // CPU caching allocator. Training repeats the same shapes every step, so freed blocks are kept
 // for the next request: after the first step nothing reaches the system, and no page is faulted
-// in again. Blocks from kMapped bytes come from mapped segments that are split and merged
-// (detail::SegmentArena), so layers of different shapes share the memory another freed. Smaller
-// ones come from malloc, and a request takes the smallest cached one that fits with at most
-// kSlack of its size to spare (best fit), not only one of its exact size (with exact sizes
-// only, MobileNetV3's training step held ~30% more).
+// in again. Blocks from kMapped bytes come from reserved address ranges where they are split and
+// merged and only their pages are mapped (detail::SegmentArena), so layers of different shapes
+// share the memory another freed. Smaller ones come from malloc, and a request takes the smallest
+// cached one that fits with at most kSlack of its size to spare (best fit), not only one of its
+// exact size (with exact sizes only, MobileNetV3's training step held ~30% more).
 class CpuCachingAllocator final : public Allocator {
  public:
   ~CpuCachingAllocator() override { empty_cache(); }
@@ -35,7 +35,7 @@ class CpuCachingAllocator final : public Allocator {
     if (size >= kMapped) {
       p = arena_.take_cached(size, block);
       if (!p) {
-        trim_for(detail::SegmentArena::segment_size_for(size));
+        trim_for(detail::SegmentArena::block_size_for(size));
         p = arena_.take_new(size, block);
         if (!p) fail_out_of_memory(nbytes);
         ++stats_.system_allocations;
@@ -92,7 +92,7 @@ class CpuCachingAllocator final : public Allocator {
     for (auto& [size, p] : free_blocks_) std::free(p);
     free_blocks_.clear();
     small_cached_bytes_ = 0;
-    while (arena_.largest_free_segment() > 0) arena_.release_largest_free_segment();
+    while (arena_.largest_free_block() > 0) arena_.release_largest_free_block();
     update_cached();
   }
 
@@ -121,7 +121,7 @@ class CpuCachingAllocator final : public Allocator {
   void update_cached() { stats_.cached_bytes = small_cached_bytes_ + arena_.free_bytes(); }
 
   // Before memory comes from the system (`size` bytes of it): returns cached memory, the
-  // largest first (a wholly free segment or a small block), while what the allocator would
+  // largest first (a large free block's pages or a small block), while what the allocator would
   // then hold exceeds kHoldFactor times the most ever in use at once. A step's forward,
   // recomputation and backward ask for many sizes; without a bound the cache keeps a block of
   // every size it ever saw (MobileNetV3-small's training step held 227 MB for a peak of 140
@@ -132,11 +132,11 @@ class CpuCachingAllocator final : public Allocator {
     const size_t limit = static_cast<size_t>(
         kHoldFactor * static_cast<double>(std::max(stats_.peak_allocated_bytes, in_use)));
     while (in_use + stats_.cached_bytes > limit) {
-      const size_t segment = arena_.largest_free_segment();
+      const size_t large = arena_.largest_free_block();
       const size_t small = free_blocks_.empty() ? 0 : std::prev(free_blocks_.end())->first;
-      if (segment == 0 && small == 0) break;
-      if (segment >= small) {
-        arena_.release_largest_free_segment();
+      if (large == 0 && small == 0) break;
+      if (large >= small) {
+        arena_.release_largest_free_block();
       } else {
         auto largest = std::prev(free_blocks_.end());
         std::free(largest->second);
