@@ -44,8 +44,9 @@ DPAR_KERNEL(batch_norm_forward,
             void(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& mean,
                  Tensor& var, bool use_batch_stats, bool need_backward, double eps, Tensor& y));
 // The same forward followed by an activation, in one pass over the output: writes y and
-// z = act(y) (both with x's strides), z with the bits the unary kernel would give from y. An
-// optional fast path (KernelSlot::available): where a backend lacks it, the op runs the two.
+// z = act(y) (both with x's strides), z with the bits the unary kernel would give from y; y
+// may be undefined, and then only z is written. An optional fast path
+// (KernelSlot::available): where a backend lacks it, the op runs the two.
 DPAR_KERNEL(batch_norm_act_forward, void(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          Tensor& mean, Tensor& var, bool use_batch_stats,
                                          double eps, Activation act, Tensor& y, Tensor& z));
@@ -67,6 +68,16 @@ DPAR_KERNEL(batch_norm_backward_from_output,
             void(const Tensor& y, const Tensor& dz, const Tensor& weight, const Tensor& bias,
                  const Tensor& var, bool use_batch_stats, double eps, Activation act, Tensor& dx,
                  Tensor& dweight, Tensor& dbias));
+// The backward of batch_norm_act_forward from its input x, where the forward kept neither y
+// nor z: the activation's input y is formed again from x, mean and var as the forward formed
+// it, then dz (the gradient of z) becomes dy and dy the gradients of x, weight and bias. x, dz
+// and dx share one layout; mean and var are the forward's (batch or running). So a training
+// step keeps one activation per BatchNorm + activation, x, and the forward writes only z.
+// Optional (CPU, f32).
+DPAR_KERNEL(batch_norm_act_backward,
+            void(const Tensor& x, const Tensor& dz, const Tensor& weight, const Tensor& bias,
+                 const Tensor& mean, const Tensor& var, bool use_batch_stats, double eps,
+                 Activation act, Tensor& dx, Tensor& dweight, Tensor& dbias));
 // running = (1-momentum)*running + momentum*batch, with the variance made unbiased by
 // count/(count-1) (count = N*H*W). Running tensors are 1-D [C], any stride.
 DPAR_KERNEL(batch_norm_update_stats,

@@ -110,10 +110,18 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
     mean = detail::nn_layout_copy(running_mean.detach(), MemoryFormat::Contiguous);
     var = detail::nn_layout_copy(running_var.detach(), MemoryFormat::Contiguous);
   }
-  Tensor y = Tensor::empty_like(xc);
-  Tensor z = act == Activation::none ? y : Tensor::empty_like(y);
   // The activation in the normalising pass where the backend fuses it (the CPU), else after.
   const bool fused = act != Activation::none && kernels::batch_norm_act_forward.available(device);
+  // Where the backend also has the fused backward from the input (the CPU, f32), the backward
+  // keeps x, which nothing else reads, and forms y again from it: the forward then writes only
+  // z, a pass over one activation less than writing y as well. The memory is the same as
+  // keeping y (one activation), and no weight need be invertible.
+  const bool act_from_input = fused && grad && xc.dtype() == DType::f32 &&
+                              kernels::batch_norm_act_backward.available(device);
+  // y is written where something reads it: the unfused activation, or the backward from y.
+  const bool write_y = !fused || (grad && !act_from_input);
+  Tensor y = write_y ? Tensor::empty_like(xc) : Tensor();
+  Tensor z = act == Activation::none ? y : Tensor::empty_like(xc);
   if (xc.numel() > 0) {
     if (fused) {
       kernels::batch_norm_act_forward.get(device)(xc, wc, bc, mean, var, use_batch_stats, eps, act,
@@ -137,27 +145,37 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // Both activations' backward can start from y (ReLU's y <= 0 is its output's z <= 0).
   // The weight check reads the weights on the host: free on the CPU, a synchronisation per
   // layer and step on a GPU, so there the input is kept, as PyTorch always does.
-  const bool from_output = device.is_cpu() && weights_invertible(wc);
+  const bool from_output = !act_from_input && device.is_cpu() && weights_invertible(wc);
   // Where the input is kept, the activation's backward needs its own input y, except ReLU's:
   // its mask (y > 0) is its output's (z > 0), and z is kept by whatever reads it next. So y is
   // freed after this forward, as in PyTorch (BatchNorm keeps x, ReLU its output): on the GPU,
   // which always keeps x, that is one activation less per BatchNorm + ReLU.
-  const Tensor act_saved = !from_output && act == Activation::relu ? z : y;
+  const Tensor act_saved =
+      act_from_input ? Tensor() : (!from_output && act == Activation::relu ? z : y);
+  const Tensor ws = wc.defined() ? wc.detach() : Tensor();
+  const Tensor bs = bc.defined() ? bc.detach() : Tensor();
+  const Tensor xs = from_output ? Tensor() : xc.detach();
   autograd::record(
       act == Activation::none ? "batch_norm" : "batch_norm_act", {x, weight, bias}, {z},
-      [ys = act_saved.detach(), xs = from_output ? Tensor() : xc.detach(), act,
-       ws = wc.defined() ? wc.detach() : Tensor(), bs = bc.defined() ? bc.detach() : Tensor(), mean,
-       var, use_batch_stats, eps,
+      [ys = act_saved.defined() ? act_saved.detach() : Tensor(), xs, act, ws, bs, mean, var,
+       use_batch_stats, eps,
        format](const autograd::GradList& grads, const autograd::NeedsGrad& need) {
-        Tensor dz = detail::cast_for_compute(detail::nn_layout_copy(grads[0], format), ys.dtype());
-        Tensor dx = Tensor::empty_like(ys);
-        const Shape c{ys.size(1)};
+        // What the backward reads: y, or x where only x is kept (the same shape and layout).
+        const Tensor& kept = ys.defined() ? ys : xs;
+        Tensor dz =
+            detail::cast_for_compute(detail::nn_layout_copy(grads[0], format), kept.dtype());
+        Tensor dx = Tensor::empty_like(kept);
+        const Shape c{kept.size(1)};
         // The kernels produce the parameter gradients together with dx: allocate all they write.
-        Tensor dw = ws.defined() ? Tensor::empty(c, DType::f32, ys.device()) : Tensor();
-        Tensor db = bs.defined() ? Tensor::empty(c, DType::f32, ys.device()) : Tensor();
-        if (ys.numel() == 0) {  // an empty batch contributes nothing to the parameters
+        Tensor dw = ws.defined() ? Tensor::empty(c, DType::f32, kept.device()) : Tensor();
+        Tensor db = bs.defined() ? Tensor::empty(c, DType::f32, kept.device()) : Tensor();
+        if (kept.numel() == 0) {  // an empty batch contributes nothing to the parameters
           if (dw.defined()) dw.zero_();
           if (db.defined()) db.zero_();
+        } else if (!ys.defined()) {
+          // x alone: y and the activation's gradient are formed from it in one kernel.
+          kernels::batch_norm_act_backward.get(xs.device())(xs, dz, ws, bs, mean, var,
+                                                            use_batch_stats, eps, act, dx, dw, db);
         } else if (!xs.defined()) {
           // One kernel: the activation's gradient is formed on the fly from y.
           kernels::batch_norm_backward_from_output.get(ys.device())(
@@ -177,7 +195,17 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // The activation's output can be made again from y, which the backward above keeps: the op
   // that reads z next (a convolution, the SE multiply) keeps this recipe instead of z, so z is
   // freed after the forward (about a third of MobileNetV3's training activations).
-  if (act != Activation::none && act_saved.impl() == y.impl()) {
+  if (act_from_input) {
+    // From x, with the forward's statistics as fixed ones: the same affine map and the same
+    // loop, so the same bits.
+    autograd::set_recompute(z, [xs, ws, bs, mean, var, eps, act] {
+      Tensor again = Tensor::empty_like(xs);
+      Tensor m = mean, v = var, no_y;
+      kernels::batch_norm_act_forward.get(xs.device())(xs, ws, bs, m, v, false, eps, act, no_y,
+                                                       again);
+      return again;
+    });
+  } else if (act != Activation::none && act_saved.impl() == y.impl()) {
     autograd::set_recompute(z, [ys = y.detach(), act] {
       Tensor again = Tensor::empty_like(ys);
       kernels::unary.get(ys.device())(unary_op(act), ys, again, {});

@@ -7,14 +7,18 @@
 #include "dpar/tensor/ops.h"
 #include "dpar/tensor/tensor.h"
 
-#define DPAR_DECLARE_BN_ISA_KERNELS                                                        \
-  void batch_norm_forward_f32(const Tensor& x, const Tensor& weight, const Tensor& bias,   \
-                              Tensor& mean, Tensor& var, bool use_batch_stats, double eps, \
-                              Activation act, Tensor& y, Tensor& z);                       \
-  void batch_norm_backward_from_output_f32(                                                \
-      const Tensor& y, const Tensor& dz, const Tensor& weight, const Tensor& bias,         \
-      const Tensor& var, bool use_batch_stats, double eps, Activation act, Tensor& dx,     \
-      Tensor& dweight, Tensor& dbias);
+#define DPAR_DECLARE_BN_ISA_KERNELS                                                              \
+  void batch_norm_forward_f32(const Tensor& x, const Tensor& weight, const Tensor& bias,         \
+                              Tensor& mean, Tensor& var, bool use_batch_stats, double eps,       \
+                              Activation act, Tensor& y, Tensor& z);                             \
+  void batch_norm_backward_from_output_f32(                                                      \
+      const Tensor& y, const Tensor& dz, const Tensor& weight, const Tensor& bias,               \
+      const Tensor& var, bool use_batch_stats, double eps, Activation act, Tensor& dx,           \
+      Tensor& dweight, Tensor& dbias);                                                           \
+  void batch_norm_act_backward_f32(const Tensor& x, const Tensor& dz, const Tensor& weight,      \
+                                   const Tensor& bias, const Tensor& mean, const Tensor& var,    \
+                                   bool use_batch_stats, double eps, Activation act, Tensor& dx, \
+                                   Tensor& dweight, Tensor& dbias);
 
 namespace dpar::cpu::avx2 {
 DPAR_DECLARE_BN_ISA_KERNELS

@@ -3,6 +3,8 @@
 // (float, or BF16 for amp::Autocast's activations; statistics and parameters in f32):
 //   - the backward from the forward output (kernel slot batch_norm_backward_from_output), for
 //     f32 and bf16;
+//   - the backward from the input with the activation fused (batch_norm_act_backward), whose
+//     forward writes only act(y), for f32;
 //   - the forward (batch statistics or running ones) with an activation fused in, for f32 and
 //     bf16. oneDNN 2.6 has a bf16 jit kernel only for channel counts that are multiples of 16
 //     (the others, MobileNetV3's 24, 40, 72, 88 and 120, fell to its generic nspc kernel: 4-10
@@ -141,45 +143,64 @@ void channel_sum_pair(const Layout& l, Term term, std::vector<double>& sum_a,
   }
 }
 
+// The backward's source: the forward's output y (Source::output, x_hat = (y - bias) / weight)
+// or its input x (Source::input, x_hat = (x - mean) * inv_std, and the activation's input y
+// formed again from x as the forward formed it).
+enum class Source { output, input };
+
 template <class T>
 struct BnBackwardArgs {
-  const T* y;
+  const T* src;  // y or x
   const T* dz;
   T* dx;
   Layout l;
-  std::vector<float> shift, inv_scale, gain;  // x_hat = (y - shift) * inv_scale; dx = gain * ..
+  std::vector<float> shift, inv_scale, gain;  // x_hat = (src - shift) * inv_scale; dx = gain * ..
+  std::vector<float> act_scale, act_shift;    // Source::input: y = src * act_scale + act_shift
 };
 
+// The activation's input y at element value v of channel c: v itself, or the forward's
+// y = v * scale + shift rounded to T, so the activation's gradient sees the forward's y.
+template <Source S, class T>
+inline float act_input(float v, const float* scale, const float* shift, int64_t c) {
+  if constexpr (S == Source::input) return to_float(from_float<T>(v * scale[c] + shift[c]));
+  return v;
+}
+
 // Per-channel sums of dy and dy * x_hat, dy formed from dz and y.
-template <Activation Act, class T>
+template <Activation Act, Source S, class T>
 void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
                         std::vector<double>& sum_dy_xhat) {
   // __restrict: nothing written aliases the inputs, so the channel loops vectorise.
-  const T* __restrict y = a.y;
+  const T* __restrict src = a.src;
   const T* __restrict dz = a.dz;
   const float* __restrict shift = a.shift.data();
   const float* __restrict inv_scale = a.inv_scale.data();
+  const float* __restrict act_scale = a.act_scale.data();
+  const float* __restrict act_shift = a.act_shift.data();
   channel_sum_pair(
       a.l,
       [=](int64_t i, int64_t c) {
-        const float yv = to_float(y[i]);
-        const float dy = act_grad<Act>(to_float(dz[i]), yv);
-        return SumPair{dy, dy * ((yv - shift[c]) * inv_scale[c])};
+        const float v = to_float(src[i]);
+        const float dy =
+            act_grad<Act>(to_float(dz[i]), act_input<S, T>(v, act_scale, act_shift, c));
+        return SumPair{dy, dy * ((v - shift[c]) * inv_scale[c])};
       },
       sum_dy, sum_dy_xhat);
 }
 
 // dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat), dy formed again from dz and y.
-template <Activation Act, class T>
+template <Activation Act, Source S, class T>
 void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
               const std::vector<float>& mean_dy_xhat) {
   const int64_t C = a.l.C, HW = a.l.HW, N = a.l.N;
   const float* __restrict shift = a.shift.data();
   const float* __restrict inv_scale = a.inv_scale.data();
   const float* __restrict gain = a.gain.data();
+  const float* __restrict act_scale = a.act_scale.data();
+  const float* __restrict act_shift = a.act_shift.data();
   const float* __restrict m1 = mean_dy.data();
   const float* __restrict m2 = mean_dy_xhat.data();
-  const T* __restrict y = a.y;
+  const T* __restrict src = a.src;
   const T* __restrict dz = a.dz;
   T* __restrict dx = a.dx;
   if (a.l.nhwc) {
@@ -187,14 +208,16 @@ void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
     for (int64_t r = 0; r < N * HW; ++r) {
       // Row pointers local to the loop body: the vectoriser cannot see through the shared
       // variables OpenMP passes to the outlined function.
-      const T* __restrict yr = y + r * C;
+      const T* __restrict sr = src + r * C;
       const T* __restrict dr = dz + r * C;
       T* __restrict xr = dx + r * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
-        const float yc = to_float(yr[c]);
-        const float xh = (yc - shift[c]) * inv_scale[c];
-        xr[c] = from_float<T>(gain[c] * (act_grad<Act>(to_float(dr[c]), yc) - m1[c] - xh * m2[c]));
+        const float v = to_float(sr[c]);
+        const float xh = (v - shift[c]) * inv_scale[c];
+        const float dy =
+            act_grad<Act>(to_float(dr[c]), act_input<S, T>(v, act_scale, act_shift, c));
+        xr[c] = from_float<T>(gain[c] * (dy - m1[c] - xh * m2[c]));
       }
     }
   } else {
@@ -203,25 +226,26 @@ void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
       const int64_t c = plane % C;
       const int64_t o = plane * HW;
       const float sh = shift[c], is = inv_scale[c], g = gain[c], a1 = m1[c], a2 = m2[c];
-      const T* __restrict yp = y + o;
+      const T* __restrict sp = src + o;
       const T* __restrict dp = dz + o;
       T* __restrict xp = dx + o;
 #pragma omp simd
       for (int64_t p = 0; p < HW; ++p) {
-        const float yv = to_float(yp[p]);
-        const float xh = (yv - sh) * is;
-        xp[p] = from_float<T>(g * (act_grad<Act>(to_float(dp[p]), yv) - a1 - xh * a2));
+        const float v = to_float(sp[p]);
+        const float xh = (v - sh) * is;
+        const float dy =
+            act_grad<Act>(to_float(dp[p]), act_input<S, T>(v, act_scale, act_shift, c));
+        xp[p] = from_float<T>(g * (dy - a1 - xh * a2));
       }
     }
   }
 }
 
-template <Activation Act, class T>
-void bn_backward_from_output(const BnBackwardArgs<T>& a, bool use_batch_stats, Tensor& dweight,
-                             Tensor& dbias) {
+template <Activation Act, Source S, class T>
+void bn_backward(const BnBackwardArgs<T>& a, bool use_batch_stats, Tensor& dweight, Tensor& dbias) {
   const size_t uC = static_cast<size_t>(a.l.C);
   std::vector<double> sum_dy, sum_dy_xhat;
-  sum_dy_and_dy_xhat<Act, T>(a, sum_dy, sum_dy_xhat);
+  sum_dy_and_dy_xhat<Act, S, T>(a, sum_dy, sum_dy_xhat);
   if (dweight.defined()) {
     for (size_t c = 0; c < uC; ++c) dweight.data<float>()[c] = static_cast<float>(sum_dy_xhat[c]);
   }
@@ -239,7 +263,35 @@ void bn_backward_from_output(const BnBackwardArgs<T>& a, bool use_batch_stats, T
       mean_dy_xhat[c] = static_cast<float>(sum_dy_xhat[c] / M);
     }
   }
-  write_dx<Act, T>(a, mean_dy, mean_dy_xhat);
+  write_dx<Act, S, T>(a, mean_dy, mean_dy_xhat);
+}
+
+template <Source S, class T>
+void bn_backward_for(Activation act, const BnBackwardArgs<T>& a, bool use_batch_stats,
+                     Tensor& dweight, Tensor& dbias) {
+  switch (act) {
+    case Activation::none:
+      return bn_backward<Activation::none, S>(a, use_batch_stats, dweight, dbias);
+    case Activation::relu:
+      return bn_backward<Activation::relu, S>(a, use_batch_stats, dweight, dbias);
+    case Activation::hardswish:
+      return bn_backward<Activation::hardswish, S>(a, use_batch_stats, dweight, dbias);
+  }
+}
+
+// The forward's y = x * scale + shift per channel: scale = weight / sqrt(var + eps),
+// shift = bias - mean * scale (as PyTorch's CPU kernel forms them). The forward, the
+// recomputation of act(y) and the backward from the input all take them from here, so they
+// agree to the bit.
+inline void bn_affine(const Tensor& weight, const Tensor& bias, const float* mean, const float* var,
+                      double eps, std::vector<float>& scale, std::vector<float>& shift) {
+  const float* w = weight.defined() ? weight.data<float>() : nullptr;
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  for (size_t c = 0; c < scale.size(); ++c) {
+    const float inv_std = 1.f / std::sqrt(var[c] + static_cast<float>(eps));
+    scale[c] = (w ? w[c] : 1.f) * inv_std;
+    shift[c] = (b ? b[c] : 0.f) - mean[c] * scale[c];
+  }
 }
 
 template <class T>
@@ -248,7 +300,7 @@ void bn_backward_from_output_typed(const Tensor& y, const Tensor& dz, const Tens
                                    double eps, Activation act, Tensor& dx, Tensor& dweight,
                                    Tensor& dbias) {
   BnBackwardArgs<T> a{
-      data_as<const T>(y), data_as<const T>(dz), data_as<T>(dx), layout_of(y), {}, {}, {}};
+      data_as<const T>(y), data_as<const T>(dz), data_as<T>(dx), layout_of(y), {}, {}, {}, {}, {}};
   const size_t uC = static_cast<size_t>(a.l.C);
   a.shift.assign(uC, 0.f);
   a.inv_scale.assign(uC, 1.f);
@@ -262,23 +314,42 @@ void bn_backward_from_output_typed(const Tensor& y, const Tensor& dz, const Tens
     a.inv_scale[c] = 1.f / scale;
     a.gain[c] = scale / std::sqrt(v[c] + static_cast<float>(eps));
   }
-  switch (act) {
-    case Activation::none:
-      return bn_backward_from_output<Activation::none>(a, use_batch_stats, dweight, dbias);
-    case Activation::relu:
-      return bn_backward_from_output<Activation::relu>(a, use_batch_stats, dweight, dbias);
-    case Activation::hardswish:
-      return bn_backward_from_output<Activation::hardswish>(a, use_batch_stats, dweight, dbias);
-  }
+  bn_backward_for<Source::output>(act, a, use_batch_stats, dweight, dbias);
 }
 
-// The forward: the statistics in one pass over x, then
-// y = x * scale + shift with scale = weight / sqrt(var + eps), shift = bias - mean * scale (as
-// PyTorch's CPU kernel forms it), and in the same pass z = act(y) where an activation follows:
-// the fused op then writes y (kept for the backward) and z without reading y back. z is formed
-// from the stored y by the unary kernels' formula, so it has the bits of the separate op and of
-// the recomputation from y.
-template <Activation Act, class T>
+// The backward from the input x with the activation fused, for the forward that wrote only
+// z = act(y): y is formed again from x with the forward's bn_affine, the activation's gradient
+// from it, x_hat = (x - mean) * inv_std.
+template <class T>
+void bn_act_backward_from_input_typed(const Tensor& x, const Tensor& dz, const Tensor& weight,
+                                      const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                      bool use_batch_stats, double eps, Activation act, Tensor& dx,
+                                      Tensor& dweight, Tensor& dbias) {
+  BnBackwardArgs<T> a{
+      data_as<const T>(x), data_as<const T>(dz), data_as<T>(dx), layout_of(x), {}, {}, {}, {}, {}};
+  const size_t uC = static_cast<size_t>(a.l.C);
+  const float* m = mean.data<float>();
+  const float* v = var.data<float>();
+  a.act_scale.resize(uC);
+  a.act_shift.resize(uC);
+  bn_affine(weight, bias, m, v, eps, a.act_scale, a.act_shift);
+  a.shift.assign(m, m + uC);
+  a.inv_scale.resize(uC);
+  a.gain.resize(uC);
+  const float* w = weight.defined() ? weight.data<float>() : nullptr;
+  for (size_t c = 0; c < uC; ++c) {
+    a.inv_scale[c] = 1.f / std::sqrt(v[c] + static_cast<float>(eps));
+    a.gain[c] = (w ? w[c] : 1.f) * a.inv_scale[c];
+  }
+  bn_backward_for<Source::input>(act, a, use_batch_stats, dweight, dbias);
+}
+
+// The forward: the statistics in one pass over x, then y = x * scale + shift (bn_affine) and
+// in the same pass z = act(y) where an activation follows. The fused op writes z, and y only
+// where it is wanted (KeepY: the backward from the output keeps it; the backward from the input
+// and inference do not); z is formed from y rounded to T by the unary kernels' formula, so it
+// has the bits of the separate ops and of a recomputation from y or from x.
+template <Activation Act, bool KeepY, class T>
 void normalize(const T* x, T* y, T* z, const Layout& l, const std::vector<float>& scale_v,
                const std::vector<float>& shift_v) {
   const float* __restrict scale = scale_v.data();
@@ -292,7 +363,7 @@ void normalize(const T* x, T* y, T* z, const Layout& l, const std::vector<float>
 #pragma omp simd
       for (int64_t c = 0; c < l.C; ++c) {
         const T yv = from_float<T>(to_float(xr[c]) * scale[c] + shift[c]);
-        yr[c] = yv;
+        if constexpr (KeepY) yr[c] = yv;
         if constexpr (Act != Activation::none) zr[c] = from_float<T>(activation<Act>(to_float(yv)));
       }
     }
@@ -308,13 +379,14 @@ void normalize(const T* x, T* y, T* z, const Layout& l, const std::vector<float>
 #pragma omp simd
     for (int64_t i = 0; i < l.HW; ++i) {
       const T yv = from_float<T>(to_float(xp[i]) * a + b);
-      yp[i] = yv;
+      if constexpr (KeepY) yp[i] = yv;
       if constexpr (Act != Activation::none) zp[i] = from_float<T>(activation<Act>(to_float(yv)));
     }
   }
 }
 
 // z (x's strides) receives act(y) when act is not Activation::none; it is unused otherwise.
+// y may be undefined where act is not Activation::none: only z is written then.
 template <class T>
 void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
                               Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
@@ -349,22 +421,21 @@ void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tenso
     }
   }
   std::vector<float> scale(uC), shift(uC);
-  const float* w = weight.defined() ? weight.data<float>() : nullptr;
-  const float* b = bias.defined() ? bias.data<float>() : nullptr;
-  for (size_t c = 0; c < uC; ++c) {
-    const float inv_std = 1.f / std::sqrt(pv[c] + static_cast<float>(eps));
-    scale[c] = (w ? w[c] : 1.f) * inv_std;
-    shift[c] = (b ? b[c] : 0.f) - pm[c] * scale[c];
+  bn_affine(weight, bias, pm, pv, eps, scale, shift);
+  if (act == Activation::none) {
+    T* py = data_as<T>(y);
+    return normalize<Activation::none, true>(px, py, py, l, scale, shift);
   }
-  T* py = data_as<T>(y);
-  switch (act) {
-    case Activation::none:
-      return normalize<Activation::none>(px, py, py, l, scale, shift);
-    case Activation::relu:
-      return normalize<Activation::relu>(px, py, data_as<T>(z), l, scale, shift);
-    case Activation::hardswish:
-      return normalize<Activation::hardswish>(px, py, data_as<T>(z), l, scale, shift);
+  T* pz = data_as<T>(z);
+  if (y.defined()) {
+    T* py = data_as<T>(y);
+    if (act == Activation::relu)
+      return normalize<Activation::relu, true>(px, py, pz, l, scale, shift);
+    return normalize<Activation::hardswish, true>(px, py, pz, l, scale, shift);
   }
+  if (act == Activation::relu)
+    return normalize<Activation::relu, false>(px, pz, pz, l, scale, shift);
+  normalize<Activation::hardswish, false>(px, pz, pz, l, scale, shift);
 }
 
 }  // namespace

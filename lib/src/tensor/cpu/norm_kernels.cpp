@@ -100,7 +100,7 @@ const BnBackward& backward_entry(const Tensor& x, const BnConfig& c, float eps) 
 void batch_norm_act_forward_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                 Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
                                 Activation act, Tensor& y, Tensor& z) {
-  require_same_float("batch_norm", x, y, "the output");
+  require_same_float("batch_norm", x, y.defined() ? y : z, "the output");
   if (x.dtype() == DType::bf16) {
     if (cpu_isa() == Isa::avx512) {
       return avx512::batch_norm_forward_bf16(x, weight, bias, mean, var, use_batch_stats, eps, act,
@@ -178,6 +178,28 @@ void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dz, cons
   });
 }
 
+void batch_norm_act_backward_cpu(const Tensor& x, const Tensor& dz, const Tensor& weight,
+                                 const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                 bool use_batch_stats, double eps, Activation act, Tensor& dx,
+                                 Tensor& dweight, Tensor& dbias) {
+  DPAR_CHECK(x.dtype() == DType::f32, "batch_norm_act backward: input has dtype ", x.dtype(),
+             "; the backward from the input with the activation fused supports f32");
+  require_same_float("batch_norm_act backward", x, dz, "the output gradient");
+  require_same_float("batch_norm_act backward", x, dx, "the input gradient");
+  switch (cpu_isa()) {
+    case Isa::avx512:
+      return avx512::batch_norm_act_backward_f32(x, dz, weight, bias, mean, var, use_batch_stats,
+                                                 eps, act, dx, dweight, dbias);
+    case Isa::avx2:
+      return avx2::batch_norm_act_backward_f32(x, dz, weight, bias, mean, var, use_batch_stats, eps,
+                                               act, dx, dweight, dbias);
+    case Isa::baseline:
+      break;
+  }
+  bn_act_backward_from_input_typed<float>(x, dz, weight, bias, mean, var, use_batch_stats, eps, act,
+                                          dx, dweight, dbias);
+}
+
 void batch_norm_update_stats_cpu(Tensor& running_mean, Tensor& running_var,
                                  const Tensor& batch_mean, const Tensor& batch_var, double momentum,
                                  int64_t count) {
@@ -202,6 +224,7 @@ void register_norm_kernels() {
   kernels::batch_norm_backward.set(DeviceType::CPU, &batch_norm_backward_cpu);
   kernels::batch_norm_backward_from_output.set(DeviceType::CPU,
                                                &batch_norm_backward_from_output_cpu);
+  kernels::batch_norm_act_backward.set(DeviceType::CPU, &batch_norm_act_backward_cpu);
   kernels::batch_norm_update_stats.set(DeviceType::CPU, &batch_norm_update_stats_cpu);
 }
 
