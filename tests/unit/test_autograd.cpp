@@ -28,6 +28,27 @@ TEST_CASE("SE-style broadcast on channels-last", "[autograd]") {
   gradcheck([](const std::vector<Tensor>& in) { return mul(in[0], in[1]); }, {x, s});
 }
 
+TEST_CASE("the SE scale's gradient sums the product over many rows, in either layout",
+          "[autograd]") {
+  // 132 rows per image: several of the fused kernel's row blocks (channels-last), and the
+  // product-then-sum path for NCHW; both against a double-precision sum.
+  Generator gen(10);
+  for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
+    Tensor x = random_tensor({3, 5, 12, 11}, gen, -1, 1, format).set_requires_grad();
+    Tensor s = random_tensor({3, 5, 1, 1}, gen).set_requires_grad();
+    Tensor g = random_tensor({3, 5, 12, 11}, gen, -1, 1, format);
+    mul(x, s).backward(g);
+    const Tensor xc = x.detach().contiguous(), gc = g.contiguous();
+    const std::vector<float> xv = xc.to_float_vector(), gv = gc.to_float_vector();
+    const std::vector<float> ds = s.grad().to_float_vector();
+    for (int64_t nc = 0; nc < 15; ++nc) {
+      double want = 0;
+      for (int64_t p = 0; p < 132; ++p) want += double(xv[nc * 132 + p]) * gv[nc * 132 + p];
+      CHECK(ds[static_cast<size_t>(nc)] == Approx(want).epsilon(1e-5).margin(1e-6));
+    }
+  }
+}
+
 TEST_CASE("reductions and view gradients", "[autograd]") {
   Generator gen(9);
   Tensor x = random_tensor({2, 3, 4}, gen).set_requires_grad();

@@ -15,5 +15,9 @@ DPAR_KERNEL(affine, void(const Tensor& a, double alpha, double beta, Tensor& out
 DPAR_KERNEL(add_inplace, void(Tensor& self, const Tensor& other, double alpha));
 // out (keepdim shape) = sum of x over the dims where out has size 1 and x does not.
 DPAR_KERNEL(sum_to, void(const Tensor& x, Tensor& out));
+// out (f32, keepdim shape) = sum_to(a * b) for f32 a and b of one shape, without forming the
+// product: the gradient of mul's broadcast operand (the SE block's per-channel scale). An
+// optional fast path (KernelSlot::available).
+DPAR_KERNEL(mul_sum_to, void(const Tensor& a, const Tensor& b, Tensor& out));
 
 }  // namespace dpar::kernels

@@ -47,6 +47,19 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
 
 namespace {
 
+// sum_to_shape(mul(g, other), shape) without the product where the backend fuses the two: the
+// gradient of mul's broadcast operand (the SE block's per-channel scale).
+Tensor mul_sum_to_shape(const Tensor& g, const Tensor& other, const Shape& shape) {
+  if (shape != g.shape() && shape.size() == g.shape().size() && other.shape() == g.shape() &&
+      g.dtype() == DType::f32 && other.dtype() == DType::f32 &&
+      kernels::mul_sum_to.available(g.device())) {
+    Tensor out = Tensor::empty(shape, DType::f32, g.device());
+    kernels::mul_sum_to.get(g.device())(g, other, out);
+    return out;
+  }
+  return detail::sum_to_shape(mul(g, other), shape);
+}
+
 void check_float(const Tensor& t, const char* op, const char* which) {
   DPAR_CHECK(t.defined(), op, ": ", which, " is undefined");
   DPAR_CHECK(
@@ -125,8 +138,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
     autograd::record("mul", {a, b}, {out},
                      [as, bs](const autograd::GradList& g, const autograd::NeedsGrad& need) {
                        Tensor ga, gb;
-                       if (need[0]) ga = detail::sum_to_shape(mul(g[0], bs.get()), as.shape());
-                       if (need[1]) gb = detail::sum_to_shape(mul(g[0], as.get()), bs.shape());
+                       if (need[0]) ga = mul_sum_to_shape(g[0], bs.get(), as.shape());
+                       if (need[1]) gb = mul_sum_to_shape(g[0], as.get(), bs.shape());
                        return autograd::GradList{ga, gb};
                      });
     if (as.recomputed() || bs.recomputed()) {

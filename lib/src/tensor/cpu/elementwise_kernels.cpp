@@ -162,6 +162,51 @@ void sum_to_cpu(const Tensor& x, Tensor& out) {
                     [&](auto tag) { sum_to_strided<typename decltype(tag)::type>(x, out); });
 }
 
+// The per-image channel sums of a * b for channels-last a and b of [N, C, H, W] (the SE
+// block's scale gradient, out [N, C, 1, 1]): one pass over both, where the product formed and
+// summed apart wrote and read it again. Images run in parallel, each summed the same way on
+// any thread count: rows in f32 over blocks of kRowsPerBlock, the blocks in double.
+bool mul_sum_over_rows(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.dim() != 4 || a.dtype() != DType::f32 || b.dtype() != DType::f32 ||
+      out.dtype() != DType::f32 || a.strides() != b.strides() ||
+      !a.is_contiguous(MemoryFormat::ChannelsLast) || !out.is_contiguous() ||
+      out.shape() != Shape{a.size(0), a.size(1), 1, 1}) {
+    return false;
+  }
+  constexpr int64_t kRowsPerBlock = 64;
+  const int64_t N = a.size(0), C = a.size(1), rows = a.size(2) * a.size(3);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+#pragma omp parallel for schedule(static) if (N > 1 && a.numel() > 65536)
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> total(static_cast<size_t>(C), 0.0);
+    std::vector<float> block(static_cast<size_t>(C));
+    float* __restrict part = block.data();
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerBlock) {
+      std::fill(block.begin(), block.end(), 0.f);
+      for (int64_t r = r0; r < std::min(rows, r0 + kRowsPerBlock); ++r) {
+        const float* __restrict ar = pa + (n * rows + r) * C;
+        const float* __restrict br = pb + (n * rows + r) * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) part[c] += ar[c] * br[c];
+      }
+      for (int64_t c = 0; c < C; ++c) total[static_cast<size_t>(c)] += part[c];
+    }
+    for (int64_t c = 0; c < C; ++c)
+      po[n * C + c] = static_cast<float>(total[static_cast<size_t>(c)]);
+  }
+  return true;
+}
+
+void mul_sum_to_cpu(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (mul_sum_over_rows(a, b, out)) return;
+  NoGradGuard no_grad;
+  Tensor product = Tensor::empty_like(a);
+  binary_cpu(BinaryOp::mul, a, b, product);
+  sum_to_cpu(product, out);
+}
+
 }  // namespace
 
 void column_sum_block(const float* x, int64_t rows, int64_t cols, int64_t ld, double* acc) {
@@ -198,6 +243,7 @@ void register_elementwise_kernels() {
   kernels::affine.set(DeviceType::CPU, &affine_cpu);
   kernels::add_inplace.set(DeviceType::CPU, &add_inplace_cpu);
   kernels::sum_to.set(DeviceType::CPU, &sum_to_cpu);
+  kernels::mul_sum_to.set(DeviceType::CPU, &mul_sum_to_cpu);
 }
 
 }  // namespace dpar::cpu
