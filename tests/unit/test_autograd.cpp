@@ -49,6 +49,21 @@ TEST_CASE("the SE scale's gradient sums the product over many rows, in either la
   }
 }
 
+TEST_CASE("an SE block's two gradients of x add up, the pooling's added in place", "[autograd]") {
+  // x reaches the output through the multiply and through the pooling: the engine holds the
+  // multiply's gradient when the pooling's backward runs, which adds into it (dense in x's
+  // layout) instead of writing its own; both layouts, against finite differences.
+  Generator gen(11);
+  for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
+    Tensor x = random_tensor({2, 3, 3, 2}, gen, -1, 1, format).set_requires_grad();
+    gradcheck(
+        [](const std::vector<Tensor>& in) {
+          return mul(in[0], hardsigmoid(global_avg_pool2d(in[0])));
+        },
+        {x});
+  }
+}
+
 TEST_CASE("reductions and view gradients", "[autograd]") {
   Generator gen(9);
   Tensor x = random_tensor({2, 3, 4}, gen).set_requires_grad();

@@ -21,15 +21,17 @@ struct ReadyOrder {
 // Whether slot's memory belongs to slot alone: dpar allocated it, and no other tensor or view
 // shares its impl or its storage (a backward that hands one gradient to two inputs, a hook, a
 // retained grad, a slice of a larger gradient, a caller's own gradient tensor all hold a
-// second reference), so adding into it changes nothing anyone else can see.
+// second reference), so adding into it changes nothing anyone else can see. Dense in any
+// layout: a CNN's gradients are channels-last.
 bool owned_alone(const Tensor& slot) {
   return slot.defined() && slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
          slot.storage()->from_allocator() && !slot.storage()->has_pending_write() &&
-         slot.dtype() == DType::f32 && slot.is_contiguous();
+         slot.dtype() == DType::f32 && slot.is_dense();
 }
+// ... and g adds into it in one flat pass (or slot is contiguous, as before).
 bool owned_alone(const Tensor& slot, const Tensor& g) {
   return owned_alone(slot) && g.dtype() == DType::f32 && slot.shape() == g.shape() &&
-         slot.device() == g.device();
+         slot.device() == g.device() && (slot.is_contiguous() || slot.strides() == g.strides());
 }
 
 // Adds g into slot: in place when slot's memory is its own (a residual connection's two

@@ -89,6 +89,10 @@ DPAR_KERNEL(global_avg_pool2d_forward, void(const Tensor& x, Tensor& y));
 // dx (contiguous or channels-last) = dy / (H*W) broadcast over H and W; dy [N,C,1,1] any
 // strides.
 DPAR_KERNEL(global_avg_pool2d_backward, void(const Tensor& dy, Tensor& dx));
+// The same gradient added into dx, which holds the gradient x has from elsewhere (the SE
+// block's multiply): one pass over dx, where writing the broadcast and adding it took three.
+// Optional (the CPU).
+DPAR_KERNEL(global_avg_pool2d_backward_add, void(const Tensor& dy, Tensor& dx));
 
 }  // namespace dpar::kernels
 

@@ -38,7 +38,7 @@ autograd::GradList normalize_rows_backward(const SavedRows& s, const Tensor& gra
   if (need[0]) {
     Tensor target = autograd::accumulation_target(0);
     accumulate = device.is_cpu() && target.defined() && target.shape() == s.x_shape &&
-                 target.device() == device;
+                 target.device() == device && target.is_contiguous();
     dx = accumulate ? target : Tensor::empty(s.x_shape, DType::f32, device);
   }
   if (need[1]) dw = Tensor::empty(s.w_shape, DType::f32, device);

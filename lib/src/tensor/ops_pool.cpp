@@ -34,6 +34,16 @@ Tensor global_avg_pool2d(const Tensor& x) {
     autograd::record("global_avg_pool2d", {x}, {y},
                      [shape = x.shape(), dtype = x.dtype(), format, device](
                          const autograd::GradList& grads, const autograd::NeedsGrad&) {
+                       // Where the engine holds x's gradient from elsewhere (the SE block's
+                       // multiply) in x's layout, this one is added into it in place.
+                       Tensor target = autograd::accumulation_target(0);
+                       if (target.defined() && target.shape() == shape && target.dtype() == dtype &&
+                           target.device() == device && target.is_contiguous(format) &&
+                           target.numel() > 0 &&
+                           kernels::global_avg_pool2d_backward_add.available(device)) {
+                         kernels::global_avg_pool2d_backward_add.get(device)(grads[0], target);
+                         return autograd::GradList{target};
+                       }
                        Tensor dx = Tensor::empty(shape, dtype, device, format);
                        if (dx.numel() > 0) {
                          kernels::global_avg_pool2d_backward.get(device)(grads[0], dx);

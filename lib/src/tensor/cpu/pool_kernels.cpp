@@ -46,7 +46,9 @@ void global_avg_pool2d_forward_typed(const Tensor& x, Tensor& y) {
   }
 }
 
-template <class T>
+// dx = dy / (H*W) broadcast, or dx += it (Add): the value added has the bits of the one
+// written, so adding here equals writing it and adding the two.
+template <class T, bool Add>
 void global_avg_pool2d_backward_typed(const Tensor& dy, Tensor& dx) {
   const int64_t N = dx.size(0), C = dx.size(1), HW = dx.size(2) * dx.size(3);
   const T* pg = data_as<const T>(dy);
@@ -61,7 +63,11 @@ void global_avg_pool2d_backward_typed(const Tensor& dy, Tensor& dx) {
       T* xn = px + n * HW * C;
       for (int64_t p = 0; p < HW; ++p) {
         T* row = xn + p * C;
-        for (int64_t c = 0; c < C; ++c) row[c] = v[c];
+        if constexpr (Add) {
+          for (int64_t c = 0; c < C; ++c) row[c] = from_float<T>(to_float(row[c]) + to_float(v[c]));
+        } else {
+          for (int64_t c = 0; c < C; ++c) row[c] = v[c];
+        }
       }
     }
     return;
@@ -70,7 +76,12 @@ void global_avg_pool2d_backward_typed(const Tensor& dy, Tensor& dx) {
   for (int64_t nc = 0; nc < N * C; ++nc) {
     const T v = from_float<T>(to_float(pg[(nc / C) * sn + (nc % C) * sc]) * scale);
     T* plane = px + nc * HW;
-    for (int64_t p = 0; p < HW; ++p) plane[p] = v;
+    if constexpr (Add) {
+      const float add = to_float(v);
+      for (int64_t p = 0; p < HW; ++p) plane[p] = from_float<T>(to_float(plane[p]) + add);
+    } else {
+      for (int64_t p = 0; p < HW; ++p) plane[p] = v;
+    }
   }
 }
 
@@ -84,7 +95,14 @@ void global_avg_pool2d_forward_cpu(const Tensor& x, Tensor& y) {
 void global_avg_pool2d_backward_cpu(const Tensor& dy, Tensor& dx) {
   require_same_float("global_avg_pool2d backward", dx, dy, "the output gradient");
   visit_float_dtype(dx.dtype(), "global_avg_pool2d backward", [&](auto tag) {
-    global_avg_pool2d_backward_typed<typename decltype(tag)::type>(dy, dx);
+    global_avg_pool2d_backward_typed<typename decltype(tag)::type, false>(dy, dx);
+  });
+}
+
+void global_avg_pool2d_backward_add_cpu(const Tensor& dy, Tensor& dx) {
+  require_same_float("global_avg_pool2d backward", dx, dy, "the output gradient");
+  visit_float_dtype(dx.dtype(), "global_avg_pool2d backward", [&](auto tag) {
+    global_avg_pool2d_backward_typed<typename decltype(tag)::type, true>(dy, dx);
   });
 }
 
@@ -93,6 +111,7 @@ void global_avg_pool2d_backward_cpu(const Tensor& dy, Tensor& dx) {
 void register_pool_kernels() {
   kernels::global_avg_pool2d_forward.set(DeviceType::CPU, &global_avg_pool2d_forward_cpu);
   kernels::global_avg_pool2d_backward.set(DeviceType::CPU, &global_avg_pool2d_backward_cpu);
+  kernels::global_avg_pool2d_backward_add.set(DeviceType::CPU, &global_avg_pool2d_backward_add_cpu);
 }
 
 }  // namespace dpar::cpu
