@@ -74,6 +74,8 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
       {"3x3 s2 p1", {1, 4, 7, 6}, {3, 4, 3, 3}, opts({2, 2}, {1, 1}), false, NCHW},
       {"1x1 bias", {2, 5, 3, 3}, {6, 5, 1, 1}, opts({1, 1}, {0, 0}), true, CL},
       {"1x1 nchw", {2, 5, 3, 2}, {4, 5, 1, 1}, opts({1, 1}, {0, 0}), false, NCHW},
+      // 24 or more input channels without a bias: the weight gradient is one sgemm.
+      {"1x1 26 channels", {2, 26, 3, 2}, {7, 26, 1, 1}, opts({1, 1}, {0, 0}), false, CL},
       {"depthwise 5x5 s2 p2",
        {1, 4, 9, 8},
        {4, 1, 5, 5},

@@ -204,10 +204,38 @@ void conv2d_backward_data_cpu(const Conv2dGeometry& g, const Tensor& dy, const T
        {DNNL_ARG_DIFF_SRC, onednn::wrap(e.diff_src, dx)}});
 }
 
+// A 1x1 convolution's weight gradient as one matrix product over the M = N*H*W rows of the
+// channels-last activations: dweight[O, C] = dy[M, O]^T x[M, C]. oneDNN 2.6's jit_1x1 weight
+// gradient (plus the reorder of its blocked result to the plain layout) took 10-45% longer
+// than its sgemm on MobileNetV3-small's 1x1 layers with 24 or more input channels (batch 16,
+// one thread, AVX2: 16.0 -> 12.9 ms per step over those layers) and ~30% less with 16 input
+// channels, which stay with the convolution. f32 without a bias only: the SE blocks' biased
+// layers on 1x1 maps are tiny.
+bool backward_weights_as_gemm(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
+                              Tensor& dweight) {
+  constexpr int64_t kMinInputChannels = 24;
+  const bool pointwise = g.kH == 1 && g.kW == 1 && g.groups == 1 && g.stride[0] == 1 &&
+                         g.stride[1] == 1 && g.padding[0] == 0 && g.padding[1] == 0;
+  if (!pointwise || g.has_bias || g.C < kMinInputChannels || x.dtype() != DType::f32 ||
+      dy.dtype() != DType::f32 || dweight.dtype() != DType::f32 ||
+      !x.is_contiguous(MemoryFormat::ChannelsLast) ||
+      !dy.is_contiguous(MemoryFormat::ChannelsLast) || !dweight.is_contiguous()) {
+    return false;
+  }
+  const dnnl_dim_t M = g.N * g.H * g.W;
+  const dnnl_status_t status = dnnl_sgemm('T', 'N', g.O, g.C, M, 1.f, dy.data<float>(), g.O,
+                                          x.data<float>(), g.C, 0.f, dweight.data<float>(), g.C);
+  DPAR_CHECK(status == dnnl_success, "conv2d backward: oneDNN's sgemm failed (status ",
+             static_cast<int>(status), ") for the weight gradient of a 1x1 convolution ", g.C,
+             " -> ", g.O, " channels over ", M, " rows");
+  return true;
+}
+
 void conv2d_backward_weights_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
                                  Tensor& dweight, Tensor& dbias) {
   require_same_float("conv2d", x, dy, "the output gradient");
   if (depthwise_backward_weights(g, x, dy, dweight, dbias)) return;
+  if (backward_weights_as_gemm(g, x, dy, dweight)) return;
   const ConvBackwardWeights& e = backward_weights_entry(g, {x.dtype(), dweight.dtype()});
   memory plain = onednn::wrap(e.plain_weights, dweight);
   onednn::OwnedMemory blocked;
