@@ -167,13 +167,23 @@ bool SegmentArena::add_range(size_t size) {
 // Maps the unmapped pages of window w and makes the window one used block.
 void* SegmentArena::claim(const Window& w, size_t size) {
   uint8_t* const end = w.start + size;
-  // mprotect leaves the window's mapped pages (free blocks) as they are. On failure, what it
-  // may have mapped of the unmapped blocks is dropped again.
-  if (::mprotect(w.start, size, PROT_READ | PROT_WRITE) != 0) {
-    for (Block* q = w.first; q != nullptr && q->ptr < end; q = q->next) {
+  // The whole 2 MiB pages around the window become accessible, so that huge pages can back its
+  // edges: the kernel uses one only where its whole extent is mapped when it is first touched,
+  // and blocks placed one after another otherwise ended on 4 KiB pages (MobileNetV3-small's
+  // step had 80 MB of huge pages against 116 MB with separately mapped segments). The margin
+  // stays unmapped in the arena's books (no block holds it) and costs nothing until touched.
+  // Ranges start and end on 2 MiB boundaries, so the margin stays inside the range. mprotect
+  // leaves mapped pages as they are; on failure, what it may have mapped is dropped again.
+  auto* lo =
+      reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(w.start) / kHugePage * kHugePage);
+  auto* hi = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(end), kHugePage));
+  if (::mprotect(lo, static_cast<size_t>(hi - lo), PROT_READ | PROT_WRITE) != 0) {
+    Block* q = w.first;
+    while (q->prev != nullptr && q->ptr > lo) q = q->prev;
+    for (; q != nullptr && q->ptr < hi; q = q->next) {
       if (q->state != State::unmapped) continue;
-      uint8_t* from = std::max(q->ptr, w.start);
-      drop_pages(from, static_cast<size_t>(std::min(q->ptr + q->size, end) - from));
+      uint8_t* from = std::max(q->ptr, lo);
+      drop_pages(from, static_cast<size_t>(std::min(q->ptr + q->size, hi) - from));
     }
     return nullptr;
   }
