@@ -96,6 +96,14 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
        opts({1, 1}, {2, 2}, {1, 1}, 27),
        true,
        CL},
+      // 5x5 and larger, stride 1, "same" padding: the input gradient runs as a forward
+      // convolution with the flipped filter (as in the 5x5 27-channel case above).
+      {"depthwise 7x7 s1 p3 8 channels",
+       {2, 8, 7, 8},
+       {8, 1, 7, 7},
+       opts({1, 1}, {3, 3}, {1, 1}, 8),
+       false,
+       CL},
       {"depthwise 7x7 s2 19 channels",
        {1, 19, 8, 7},
        {19, 1, 7, 7},
