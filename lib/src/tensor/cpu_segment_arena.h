@@ -63,7 +63,8 @@ class SegmentArena {
     Block* prev;  // neighbours in the same range, by address
     Block* next;
   };
-  // Where take_new maps: blocks [first, last] of one range, the window starting at `start`.
+  // Where take_new maps: `size` bytes from `start`, which lies in block `first`; to_map of them
+  // are unmapped.
   struct Window {
     Block* first = nullptr;
     uint8_t* start = nullptr;

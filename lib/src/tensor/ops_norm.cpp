@@ -192,9 +192,9 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
         return autograd::GradList{need[0] ? dx : Tensor(), need[1] ? dw : Tensor(),
                                   need[2] ? db : Tensor()};
       });
-  // The activation's output can be made again from y, which the backward above keeps: the op
-  // that reads z next (a convolution, the SE multiply) keeps this recipe instead of z, so z is
-  // freed after the forward (about a third of MobileNetV3's training activations).
+  // The activation's output can be made again from what the backward above keeps (x, or y):
+  // the op that reads z next (a convolution, the SE multiply) keeps this recipe instead of z,
+  // so z is freed after the forward (about a third of MobileNetV3's training activations).
   if (act_from_input) {
     // From x, with the forward's statistics as fixed ones: the same affine map and the same
     // loop, so the same bits.
