@@ -92,15 +92,23 @@ TEST_CASE("allocator reuses a cached small block a little larger than the reques
   CHECK(a.stats().allocated_bytes == before.allocated_bytes);
 }
 
+// The large-block tests: blocks from 256 KiB come from the allocator's address ranges, except
+// under AddressSanitizer, where every block comes from malloc.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kLargeBlocksFromMalloc = true;
+#else
+constexpr bool kLargeBlocksFromMalloc = false;
+#endif
+constexpr size_t kMiB = size_t{1} << 20;
+
 TEST_CASE("allocator splits a cached large block for smaller requests and merges it back",
           "[tensor]") {
-#if defined(__SANITIZE_ADDRESS__)
-  SUCCEED("under AddressSanitizer every block comes from malloc, which guards it with red zones");
-  return;
-#endif
+  if (kLargeBlocksFromMalloc) {
+    SUCCEED("under AddressSanitizer every block comes from malloc, which guards it with red zones");
+    return;
+  }
   Allocator& a = allocator_for(Device::cpu());
   a.empty_cache();
-  constexpr size_t kMiB = size_t{1} << 20;
   { Tensor one_layer = Tensor::empty({12 * kMiB / sizeof(float)}); }
   const auto before = a.stats();
   {
@@ -126,13 +134,12 @@ TEST_CASE("allocator splits a cached large block for smaller requests and merges
 
 TEST_CASE("allocator merges large blocks mapped one after another and gives pages back",
           "[tensor]") {
-#if defined(__SANITIZE_ADDRESS__)
-  SUCCEED("under AddressSanitizer every block comes from malloc, which guards it with red zones");
-  return;
-#endif
+  if (kLargeBlocksFromMalloc) {
+    SUCCEED("under AddressSanitizer every block comes from malloc, which guards it with red zones");
+    return;
+  }
   Allocator& a = allocator_for(Device::cpu());
   a.empty_cache();
-  constexpr size_t kMiB = size_t{1} << 20;
   const int64_t kBlock = 40 * kMiB / sizeof(float);  // larger than any gap other tests leave
   {
     // Three requests the cache cannot serve, each mapping its own pages: they lie side by side
