@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "dpar/dpar.h"
+#include "gradcheck.h"
 
 using namespace dpar;
 
@@ -173,4 +174,46 @@ TEST_CASE("cuda device errors are clear", "[tensor]") {
                     Catch::Contains("built without CUDA"));
   CHECK(Device::parse("gpu:1") == Device::cuda(1));
   CHECK_THROWS_WITH(Device::parse("tpu"), Catch::Contains("expected cpu"));
+}
+
+TEST_CASE("strided elementwise loops split over threads give the one-thread bits", "[tensor]") {
+  // 3 x 40 x 23 x 29 = 80040 elements: above the threshold where the walk over rows is split,
+  // and 2001 rows of 40 channels channels-last, so 3 threads get uneven runs.
+  const Shape shape{3, 40, 23, 29};
+  Generator gen(7);
+  const Tensor x = testing::random_tensor(shape, gen).contiguous(MemoryFormat::ChannelsLast);
+  const Tensor scale = testing::random_tensor({3, 40, 1, 1}, gen);
+  const Tensor other = testing::random_tensor(shape, gen);  // NCHW beside channels-last x
+  const int threads_before = get_num_threads();
+  struct Results {
+    std::vector<float> product, to_nchw, sum, relu_of_slice;
+  };
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    Results r;
+    r.product = mul(x, scale).to_float_vector();
+    r.to_nchw = x.contiguous().to_float_vector();
+    Tensor acc = x.clone();
+    add_(acc, other, 0.5);
+    r.sum = acc.to_float_vector();
+    r.relu_of_slice = relu(x.slice(3, 0, 28)).to_float_vector();
+    set_num_threads(threads_before);
+    return r;
+  };
+  const Results one = run(1);
+  const auto xv = x.to_float_vector(), sv = scale.to_float_vector(), ov = other.to_float_vector();
+  const int64_t plane = shape[2] * shape[3];
+  for (size_t i = 0; i < xv.size(); ++i) {
+    REQUIRE(one.product[i] == xv[i] * sv[i / plane]);
+    REQUIRE(one.sum[i] == xv[i] + 0.5f * ov[i]);
+  }
+  CHECK(one.to_nchw == xv);
+  CHECK(one.relu_of_slice.size() == xv.size() / shape[3] * 28);
+  for (int threads : {2, 3}) {
+    const Results many = run(threads);
+    CHECK(many.product == one.product);
+    CHECK(many.to_nchw == one.to_nchw);
+    CHECK(many.sum == one.sum);
+    CHECK(many.relu_of_slice == one.relu_of_slice);
+  }
 }

@@ -10,6 +10,9 @@
 namespace dpar::cpu {
 namespace {
 
+// Strided copies and fills of at least this many elements are split across the OpenMP team.
+constexpr int64_t kMinParallelCopy = 65536;
+
 struct Half {
   uint16_t bits;
 };
@@ -73,8 +76,8 @@ template <class S, class D>
 void copy_typed(const Tensor& src, Tensor& dst) {
   const S* s = static_cast<const S*>(src.raw_data());
   D* d = static_cast<D*>(dst.raw_data());
-  for_each_row<2>(
-      dst.shape(), {&src.strides(), &dst.strides()},
+  for_each_row_parallel<2>(
+      dst.shape(), {&src.strides(), &dst.strides()}, kMinParallelCopy,
       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
         const S* sp = s + off[0];
         D* dp = d + off[1];
@@ -122,8 +125,8 @@ void fill_cpu(Tensor& dst, double value) {
     const T v = store<T>(value);
     T* d = static_cast<T*>(dst.raw_data());
     const Shape* strides = &dst.strides();
-    for_each_row<1>(
-        dst.shape(), {strides},
+    for_each_row_parallel<1>(
+        dst.shape(), {strides}, kMinParallelCopy,
         [&](const std::array<int64_t, 1>& off, int64_t n, const std::array<int64_t, 1>& st) {
           T* p = d + off[0];
           for (int64_t i = 0; i < n; ++i) p[i * st[0]] = v;

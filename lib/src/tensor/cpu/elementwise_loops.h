@@ -13,6 +13,9 @@ namespace {
 
 using kernels::BinaryOp;
 
+// Below this many elements a loop runs on the calling thread alone.
+constexpr int64_t kMinParallelElements = 65536;
+
 template <BinaryOp Op>
 inline float apply(float x, float y) {
   if constexpr (Op == BinaryOp::add) return x + y;
@@ -30,12 +33,12 @@ void binary_typed(const Tensor& a, const Tensor& b, Tensor& out) {
   // Flat fast path: all three share one dense layout.
   if (a.strides() == out.strides() && b.strides() == out.strides() && out.is_dense()) {
     const int64_t n = out.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > kMinParallelElements)
     for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
     return;
   }
-  for_each_row<3>(
-      out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+  for_each_row_parallel<3>(
+      out.shape(), {&out.strides(), &a.strides(), &b.strides()}, kMinParallelElements,
       [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
         T* o = po + off[0];
         const T* x = pa + off[1];
@@ -60,12 +63,12 @@ void affine_typed(const Tensor& a, float al, float be, Tensor& out) {
   T* po = data_as<T>(out);
   if (a.strides() == out.strides() && out.is_dense()) {
     const int64_t n = out.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > kMinParallelElements)
     for (int64_t i = 0; i < n; ++i) po[i] = from_float<T>(to_float(pa[i]) * al + be);
     return;
   }
-  for_each_row<2>(
-      out.shape(), {&out.strides(), &a.strides()},
+  for_each_row_parallel<2>(
+      out.shape(), {&out.strides(), &a.strides()}, kMinParallelElements,
       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
         for (int64_t i = 0; i < n; ++i) {
           po[off[0] + i * st[0]] = from_float<T>(to_float(pa[off[1] + i * st[1]]) * al + be);
@@ -80,12 +83,12 @@ void add_inplace_typed(Tensor& self, const Tensor& other, float al) {
   auto f = [al](T s, T o) { return from_float<T>(to_float(s) + al * to_float(o)); };
   if (self.strides() == other.strides() && self.is_dense()) {
     const int64_t n = self.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > kMinParallelElements)
     for (int64_t i = 0; i < n; ++i) ps[i] = f(ps[i], po[i]);
     return;
   }
-  for_each_row<2>(
-      self.shape(), {&self.strides(), &other.strides()},
+  for_each_row_parallel<2>(
+      self.shape(), {&self.strides(), &other.strides()}, kMinParallelElements,
       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
         for (int64_t i = 0; i < n; ++i) {
           T& s = ps[off[0] + i * st[0]];

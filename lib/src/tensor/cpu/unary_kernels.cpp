@@ -119,8 +119,8 @@ void unary_typed(const Tensor& x, Tensor& out, kernels::UnaryArgs args) {
     return;
   }
   auto f = [&](T v) { return from_float<T>(kernels::unary_value<Op>(to_float(v), args)); };
-  for_each_row<2>(
-      out.shape(), {&out.strides(), &x.strides()},
+  for_each_row_parallel<2>(
+      out.shape(), {&out.strides(), &x.strides()}, kParallelThreshold,
       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
         T* o = po + off[0];
         const T* xi = px + off[1];
@@ -146,8 +146,8 @@ void unary_backward_typed(const Tensor& grad, const Tensor& saved, Tensor& grad_
   auto f = [&](T g, T s) {
     return from_float<T>(kernels::unary_grad<Op>(to_float(g), to_float(s), args));
   };
-  for_each_row<3>(
-      grad_in.shape(), {&grad_in.strides(), &grad.strides(), &saved.strides()},
+  for_each_row_parallel<3>(
+      grad_in.shape(), {&grad_in.strides(), &grad.strides(), &saved.strides()}, kParallelThreshold,
       [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
         T* o = po + off[0];
         const T* g = pg + off[1];
@@ -196,8 +196,8 @@ void masked_scale_typed(const Tensor& x, const Tensor& mask, float scale, Tensor
     for (int64_t i = 0; i < n; ++i) po[i] = f(px[i], pm[i]);
     return;
   }
-  for_each_row<3>(
-      out.shape(), {&out.strides(), &x.strides(), &mask.strides()},
+  for_each_row_parallel<3>(
+      out.shape(), {&out.strides(), &x.strides(), &mask.strides()}, kParallelThreshold,
       [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
         T* o = po + off[0];
         const T* xi = px + off[1];
