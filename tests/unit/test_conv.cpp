@@ -125,6 +125,23 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
        true,
        CL},
       {"floor output size s2 no pad", {1, 2, 6, 5}, {2, 2, 3, 3}, opts({2}, {0}), false, CL},
+      // At most 4 input channels into 8, 16 or 32 without a bias, channels-last: dpar's own
+      // weight gradient (few_channel_conv_kernels.cpp). Rows and columns in the padding on
+      // both sides, more than one block of rows and of taps, and a remainder of each.
+      {"stem 3 -> 16 3x3 s2 p1", {2, 3, 37, 29}, {16, 3, 3, 3}, opts({2, 2}, {1, 1}), false, CL},
+      {"stem 3 -> 8 3x3 s1 p1", {1, 3, 9, 28}, {8, 3, 3, 3}, opts({1, 1}, {1, 1}), false, CL},
+      {"stem 4 -> 32 5x3 s(1,2) p(2,1)",
+       {2, 4, 9, 11},
+       {32, 4, 5, 3},
+       opts({1, 2}, {2, 1}),
+       false,
+       CL},
+      {"stem 1 -> 16 7x7 s2 p3, wider than the input",
+       {1, 1, 5, 4},
+       {16, 1, 7, 7},
+       opts({2, 2}, {3, 3}),
+       false,
+       CL},
   };
   Generator gen(21);
   for (const ConvCase& c : cases) {
@@ -263,4 +280,23 @@ TEST_CASE("cuDNN is given canonical strides for activations with size-1 dimensio
   // A size-1 channel dimension: channels-last canonical beside an NHWC filter.
   const Tensor one_channel = Tensor::empty({2, 1, 4, 5});
   CHECK(cudnn_activation_strides(one_channel, true) == Strides{20, 1, 5, 1});
+}
+
+TEST_CASE("a stem convolution's weight gradient has the same bits on any thread count", "[conv]") {
+  // 3 -> 16 channels: dpar's own kernel, which sums blocks of 8 output rows in a fixed order.
+  Generator gen(25);
+  const Tensor x = random_tensor({3, 3, 40, 36}, gen, -1, 1, MemoryFormat::ChannelsLast);
+  const Tensor w0 = random_tensor({16, 3, 3, 3}, gen);
+  const Tensor g = random_tensor({3, 16, 20, 18}, gen, -1, 1, MemoryFormat::ChannelsLast);
+  const int threads_before = get_num_threads();
+  auto weight_grad = [&](int threads) {
+    set_num_threads(threads);
+    Tensor w = w0.detach().set_requires_grad();
+    conv2d(x, w, {}, opts({2, 2}, {1, 1})).backward(g);
+    set_num_threads(threads_before);
+    return w.grad().to_float_vector();
+  };
+  const std::vector<float> one = weight_grad(1);
+  CHECK(weight_grad(2) == one);
+  CHECK(weight_grad(3) == one);
 }

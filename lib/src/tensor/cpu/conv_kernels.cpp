@@ -15,6 +15,10 @@ namespace dpar::cpu {
 // for the shapes it leaves to oneDNN.
 bool depthwise_backward_weights(const kernels::Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
                                 Tensor& dweight, Tensor& dbias);
+// few_channel_conv_kernels.cpp: the weight gradient of a stem's convolution (at most 4 input
+// channels, 8/16/32 output channels); false for the shapes it leaves to oneDNN.
+bool few_channel_conv_backward_weights(const kernels::Conv2dGeometry& g, const Tensor& x,
+                                       const Tensor& dy, Tensor& dweight);
 
 namespace {
 
@@ -264,6 +268,7 @@ void conv2d_backward_weights_cpu(const Conv2dGeometry& g, const Tensor& x, const
   require_same_float("conv2d", x, dy, "the output gradient");
   if (depthwise_backward_weights(g, x, dy, dweight, dbias)) return;
   if (backward_weights_as_gemm(g, x, dy, dweight)) return;
+  if (few_channel_conv_backward_weights(g, x, dy, dweight)) return;
   const ConvBackwardWeights& e = backward_weights_entry(g, {x.dtype(), dweight.dtype()});
   memory plain = onednn::wrap(e.plain_weights, dweight);
   onednn::OwnedMemory blocked;
