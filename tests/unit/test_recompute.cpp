@@ -1,7 +1,8 @@
 // Activations recomputed in backward (autograd::SavedTensor): a batch norm + activation's output
-// read by a convolution or the SE multiply, and that product read by the next convolution, are
-// kept as recipes, freed after the forward and made again in backward with the same bits; and
-// the CPU caching allocator's bound on what it holds.
+// read by a convolution, and the SE multiply's product read by the next convolution, are kept as
+// recipes, freed after the forward and made again in backward with the same bits (the SE
+// multiply keeps its activation operand, which both its backward and the product's recipe read);
+// and the CPU caching allocator's bound on what it holds.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
@@ -17,7 +18,7 @@ using dpar::testing::random_tensor;
 namespace {
 
 struct Block {
-  Tensor x, w1, gamma, beta, se, w2, r;
+  Tensor x, w1, gamma, beta, wd, gamma2, beta2, se, w2, r;
 };
 
 Block make_block() {
@@ -28,6 +29,9 @@ Block make_block() {
   b.w1 = random_tensor({16, 8, 1, 1}, gen).set_requires_grad();
   b.gamma = random_tensor({16}, gen, 0.5f, 1.5f).set_requires_grad();  // away from zero
   b.beta = random_tensor({16}, gen).set_requires_grad();
+  b.wd = random_tensor({16, 1, 3, 3}, gen).set_requires_grad();
+  b.gamma2 = random_tensor({16}, gen, 0.5f, 1.5f).set_requires_grad();
+  b.beta2 = random_tensor({16}, gen).set_requires_grad();
   b.se = random_tensor({2, 16, 1, 1}, gen, 0.1f, 1.0f).set_requires_grad();
   b.w2 = random_tensor({4, 16, 3, 3}, gen).set_requires_grad();
   b.r = random_tensor({2, 4, 10, 10}, gen);
@@ -36,28 +40,39 @@ Block make_block() {
 
 struct Run {
   std::vector<std::vector<float>> grads;
-  std::weak_ptr<Storage> activation, product;
+  // Whether each tensor's storage was freed once the forward's locals were gone, before backward.
+  bool activation_freed = false, se_activation_freed = false, product_freed = false;
 };
 
-// conv 1x1 -> batch norm + hardswish -> SE-style multiply -> 3x3 conv, then a weighted sum.
+// conv 1x1 -> batch norm + hardswish -> depthwise 3x3 conv -> batch norm + ReLU -> SE-style
+// multiply -> 3x3 conv, then a weighted sum.
 Run run_block(bool recompute) {
   autograd::set_recompute_enabled(recompute);
   Block b = make_block();
   Tensor running_mean = Tensor::zeros({16}), running_var = Tensor::ones({16});
+  Tensor running_mean2 = Tensor::zeros({16}), running_var2 = Tensor::ones({16});
   Run run;
   Tensor loss;
+  std::weak_ptr<Storage> activation, se_activation, product;
   {
     Tensor y = conv2d(b.x, b.w1, Tensor(), {});
     Tensor z = batch_norm_act(y, b.gamma, b.beta, running_mean, running_var, /*training=*/true, 0.1,
                               1e-3, Activation::hardswish);
-    Tensor p = mul(b.se, z);
+    Tensor yd = conv2d(z, b.wd, Tensor(), {.padding = {1, 1}, .groups = 16});
+    Tensor zd = batch_norm_act(yd, b.gamma2, b.beta2, running_mean2, running_var2, true, 0.1, 1e-3,
+                               Activation::relu);
+    Tensor p = mul(b.se, zd);
     Tensor out = conv2d(p, b.w2, Tensor(), {.padding = {1, 1}});
     loss = sum(mul(out, b.r));
-    run.activation = z.storage();
-    run.product = p.storage();
+    activation = z.storage();
+    se_activation = zd.storage();
+    product = p.storage();
   }
+  run.activation_freed = activation.expired();
+  run.se_activation_freed = se_activation.expired();
+  run.product_freed = product.expired();
   loss.backward();
-  for (const Tensor& t : {b.x, b.w1, b.gamma, b.beta, b.se, b.w2})
+  for (const Tensor& t : {b.x, b.w1, b.gamma, b.beta, b.wd, b.gamma2, b.beta2, b.se, b.w2})
     run.grads.push_back(t.grad().to_float_vector());
   autograd::set_recompute_enabled(true);
   return run;
@@ -69,10 +84,15 @@ TEST_CASE("recomputed activations free their memory and give bitwise the kept on
           "[autograd][recompute]") {
   const Run kept = run_block(false);
   const Run recomputed = run_block(true);
-  // Kept: the graph held the activation and the product until backward freed it; recomputed:
-  // nothing held either once the forward's locals were gone.
-  CHECK(recomputed.activation.expired());
-  CHECK(recomputed.product.expired());
+  // Kept: the graph held the activations and the product until backward freed them;
+  // recomputed: nothing held the convolution's input or the product once the forward's locals
+  // were gone, while the SE multiply held its activation operand.
+  CHECK(recomputed.activation_freed);
+  CHECK(recomputed.product_freed);
+  CHECK_FALSE(recomputed.se_activation_freed);
+  CHECK_FALSE(kept.activation_freed);
+  CHECK_FALSE(kept.se_activation_freed);
+  CHECK_FALSE(kept.product_freed);
   REQUIRE(kept.grads.size() == recomputed.grads.size());
   for (size_t i = 0; i < kept.grads.size(); ++i) {
     INFO("gradient " << i);
