@@ -300,3 +300,53 @@ TEST_CASE("a stem convolution's weight gradient has the same bits on any thread 
   CHECK(weight_grad(2) == one);
   CHECK(weight_grad(3) == one);
 }
+
+TEST_CASE("a depthwise weight gradient over large maps matches a direct sum on any thread count",
+          "[conv]") {
+  // Maps too large for a channel block to stay in L2: the kernel sweeps several filter rows per
+  // output row (depthwise_kernels.cpp). 24 channels: a 16-wide and an 8-wide block; 19 channels
+  // of a 7x7 filter: two 8-wide blocks and three single channels.
+  struct Case {
+    Shape x;
+    int64_t k, stride;
+  };
+  for (const Case& c : {Case{{2, 24, 40, 40}, 5, 1}, Case{{2, 19, 72, 72}, 7, 2}}) {
+    Generator gen(26);
+    const int64_t C = c.x[1], H = c.x[2], W = c.x[3], pad = c.k / 2;
+    const Tensor x = random_tensor(c.x, gen, -1, 1, MemoryFormat::ChannelsLast);
+    const Tensor w0 = random_tensor({C, 1, c.k, c.k}, gen);
+    const Conv2dOptions o = opts({c.stride, c.stride}, {pad, pad}, {1, 1}, C);
+    const Tensor y0 = conv2d(x, w0, {}, o);
+    const Tensor g = random_tensor(y0.shape(), gen, -1, 1, MemoryFormat::ChannelsLast);
+    const int64_t OH = y0.size(2), OW = y0.size(3);
+    const std::vector<float> xv = x.to_float_vector(), gv = g.to_float_vector();
+    std::vector<float> want(static_cast<size_t>(C * c.k * c.k));
+    for (int64_t ch = 0; ch < C; ++ch)
+      for (int64_t kh = 0; kh < c.k; ++kh)
+        for (int64_t kw = 0; kw < c.k; ++kw) {
+          double s = 0;
+          for (int64_t n = 0; n < c.x[0]; ++n)
+            for (int64_t oh = 0; oh < OH; ++oh)
+              for (int64_t ow = 0; ow < OW; ++ow) {
+                const int64_t ih = oh * c.stride - pad + kh, iw = ow * c.stride - pad + kw;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                s += static_cast<double>(gv[((n * C + ch) * OH + oh) * OW + ow]) *
+                     xv[((n * C + ch) * H + ih) * W + iw];
+              }
+          want[static_cast<size_t>((ch * c.k + kh) * c.k + kw)] = static_cast<float>(s);
+        }
+    const int threads_before = get_num_threads();
+    auto weight_grad = [&](int threads) {
+      set_num_threads(threads);
+      Tensor w = w0.detach().set_requires_grad();
+      conv2d(x, w, {}, o).backward(g);
+      set_num_threads(threads_before);
+      return w.grad().to_float_vector();
+    };
+    const std::vector<float> one = weight_grad(1);
+    // Sums of ~3000 products accumulated in f32 lanes, as oneDNN's are.
+    CHECK(max_rel_error(one, want, 0.1) < 1e-3);
+    CHECK(weight_grad(2) == one);
+    CHECK(weight_grad(3) == one);
+  }
+}
