@@ -86,7 +86,8 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
     opt = dp.make_optimizer<optim::SGD>(
         optim::SGDOptions{.lr = 0.01, .momentum = 0.9, .weight_decay = 4e-5});
   }
-  const auto [host_x, host_y] = bench::random_batch(batch, img, 1000, static_cast<uint64_t>(seed));
+  const auto [host_x, host_y] = bench::random_batch(batch, img, 1000, static_cast<uint64_t>(seed),
+                                                    MemoryFormat::ChannelsLast);
   const Tensor x = host_x.to(device), y = host_y.to(device);
   StepResult r;
   auto step = [&] {
@@ -142,7 +143,8 @@ StepResult run_ps_training(int64_t batch, int64_t img, int64_t warmup, int64_t s
   options.log = [](const std::string&) {};
   ps::ParameterServerTrainer trainer(*model, opt, ps::env_from_environment(), options);
   const auto [x, y] =
-      bench::random_batch(batch, img, 1000, static_cast<uint64_t>(trainer.trainer_id() + 1));
+      bench::random_batch(batch, img, 1000, static_cast<uint64_t>(trainer.trainer_id() + 1),
+                          MemoryFormat::ChannelsLast);
   auto step = [&] {
     opt.zero_grad();
     cross_entropy(model->forward(x), y).backward();

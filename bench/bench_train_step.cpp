@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     }
     model->train();
     optim::Optimizer& opt = *optimizer;
-    const auto [x, y] = bench::random_batch(batch, img, classes, 1);
+    const auto [x, y] = bench::random_batch(batch, img, classes, 1, MemoryFormat::ChannelsLast);
 
     auto step = [&] {
       // Both frameworks drop the gradients rather than zero them (PyTorch's documented faster

@@ -102,18 +102,22 @@ inline double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-// A random image batch (normal pixels) and labels in [0, classes), reproducible from seed.
+// A random image batch (normal pixels) and labels in [0, classes), reproducible from seed; the
+// images in `format` (the CPU peers take theirs channels-last, converted before their timing, and
+// so does dpar then: its convolutions read channels-last).
 struct RandomBatch {
   Tensor images;
   Tensor labels;
 };
-inline RandomBatch random_batch(int64_t batch, int64_t img, int64_t classes, uint64_t seed) {
+inline RandomBatch random_batch(int64_t batch, int64_t img, int64_t classes, uint64_t seed,
+                                MemoryFormat format = MemoryFormat::Contiguous) {
   Generator gen(seed);
   std::vector<float> xv(static_cast<size_t>(batch * 3 * img * img));
   for (float& v : xv) v = gen.normal();
   std::vector<int64_t> yv(static_cast<size_t>(batch));
   for (auto& v : yv) v = static_cast<int64_t>(gen.next_u64() % static_cast<uint64_t>(classes));
-  return {Tensor::from_vector(xv, {batch, 3, img, img}), Tensor::from_vector(yv, {batch})};
+  return {Tensor::from_vector(xv, {batch, 3, img, img}).contiguous(format),
+          Tensor::from_vector(yv, {batch})};
 }
 
 // This executable's absolute path (for re-running itself under dpar-launch).
