@@ -139,17 +139,18 @@ Tensor mul(const Tensor& a, const Tensor& b) {
     // batch 16) and saves two passes over it.
     const bool remakeable = static_cast<bool>(autograd::recompute_of(a)) ||
                             static_cast<bool>(autograd::recompute_of(b));
-    const autograd::SavedTensor as(remakeable ? a.detach() : a), bs(remakeable ? b.detach() : b);
     autograd::record("mul", {a, b}, {out},
-                     [as, bs](const autograd::GradList& g, const autograd::NeedsGrad& need) {
+                     [ad = a.detach(), bd = b.detach()](const autograd::GradList& g,
+                                                        const autograd::NeedsGrad& need) {
                        Tensor ga, gb;
-                       if (need[0]) ga = mul_sum_to_shape(g[0], bs.get(), as.shape());
-                       if (need[1]) gb = mul_sum_to_shape(g[0], as.get(), bs.shape());
+                       if (need[0]) ga = mul_sum_to_shape(g[0], bd, ad.shape());
+                       if (need[1]) gb = mul_sum_to_shape(g[0], ad, bd.shape());
                        return autograd::GradList{ga, gb};
                      });
     if (remakeable) {
-      autograd::set_recompute(
-          out, [as, bs] { return binary(kernels::BinaryOp::mul, "mul", as.get(), bs.get()); });
+      autograd::set_recompute(out, [ad = a.detach(), bd = b.detach()] {
+        return binary(kernels::BinaryOp::mul, "mul", ad, bd);
+      });
     }
   }
   return out;
