@@ -102,12 +102,18 @@ constexpr bool kLargeBlocksFromMalloc = false;
 #endif
 constexpr size_t kMiB = size_t{1} << 20;
 
-TEST_CASE("allocator splits a cached large block for smaller requests and merges it back",
-          "[tensor]") {
+// Whether a test of the arena's large blocks has nothing to watch (and says so): under
+// AddressSanitizer every block comes from malloc, which guards it with red zones.
+bool large_blocks_from_malloc() {
   if (kLargeBlocksFromMalloc) {
     SUCCEED("under AddressSanitizer every block comes from malloc, which guards it with red zones");
-    return;
   }
+  return kLargeBlocksFromMalloc;
+}
+
+TEST_CASE("allocator splits a cached large block for smaller requests and merges it back",
+          "[tensor]") {
+  if (large_blocks_from_malloc()) return;
   Allocator& a = allocator_for(Device::cpu());
   a.empty_cache();
   { Tensor one_layer = Tensor::empty({12 * kMiB / sizeof(float)}); }
@@ -135,10 +141,7 @@ TEST_CASE("allocator splits a cached large block for smaller requests and merges
 
 TEST_CASE("allocator merges large blocks mapped one after another and gives pages back",
           "[tensor]") {
-  if (kLargeBlocksFromMalloc) {
-    SUCCEED("under AddressSanitizer every block comes from malloc, which guards it with red zones");
-    return;
-  }
+  if (large_blocks_from_malloc()) return;
   Allocator& a = allocator_for(Device::cpu());
   a.empty_cache();
   const int64_t kBlock = 40 * kMiB / sizeof(float);  // larger than any gap other tests leave
