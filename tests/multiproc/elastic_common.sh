@@ -34,13 +34,23 @@ node() {
 }
 
 # start_nodes <run> [launcher flags...] -- [worker flags...]: the three nodes in $node_order
-# (with the dpar backend node a, which hosts the store, goes first).
+# (with the dpar backend node a, which hosts the store, goes first). Each starts a moment (well
+# within DPAR_ELASTIC_SETTLE) after the one before reached the rendezvous (its worker wrote
+# <trace>.ready): starting a process can take seconds under a sanitizer, and the arrival order
+# makes round 0's ranks, which decide whose initial weights the job trains (the reference must
+# match) and whom a drill strikes.
 start_nodes() {
-  local run=$1 name first=1
+  local run=$1 name previous=""
   shift
   for name in $node_order; do
-    [ $first = 1 ] || sleep 0.5
-    first=0
+    if [ -n "$previous" ]; then
+      local deadline=$((SECONDS + 30 * slow))
+      while [ ! -e "$work/$run/$previous.trace.ready" ] && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+      [ -e "$work/$run/$previous.trace.ready" ] ||
+        fail "$run: node $previous's worker did not reach the rendezvous in $((30 * slow)) s"
+      sleep "$([ $slow = 1 ] && echo 0.3 || echo 2)"
+    fi
+    previous=$name
     node "$name" "$run" "$@"
   done
 }

@@ -14,6 +14,7 @@
 //            off its whole node (network-namespace drills: the launcher, an etcd member),
 //   --leave  leaves on purpose after committing the step before (the planned-schedule
 //            reference: the same membership change without a failure).
+// With --trace, <--trace>.ready appears as the process is about to join the job's first round.
 // And --kill-connecting: the member SIGKILLs itself as soon as round 0 has formed with it as
 // rank --drill-rank of 3, before the round's group connects (the others are connecting to it);
 // --stop-joining: a restarted process (DPAR_RESTART_COUNT >= 1) SIGSTOPs itself as soon as the
@@ -136,6 +137,11 @@ int main(int argc, char** argv) {
       }
     };
     ElasticJob job(options);
+    if (!trace.empty()) {
+      // Tells the test this process is about to join round 0, so it can start the next node
+      // only then: arrival order decides round 0's ranks, and process start-up times vary.
+      if (FILE* ready = std::fopen((trace + ".ready").c_str(), "w")) std::fclose(ready);
+    }
     auto last_commit = std::chrono::steady_clock::now();
     job.run(state, [&](Group& group) {
       const int rank = group.rank(), world = group.size();
