@@ -116,6 +116,20 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
        opts({2, 2}, {4, 1}, {2, 2}, 24),
        false,
        NCHW},
+      // 3x3 depthwise weight gradients run image by image over all channels (f32): 8-wide
+      // vectors and a tail of 3 channels, taps cut by the padding on both sides, a dilated one.
+      {"depthwise 3x3 s2 p1 11 channels bias",
+       {3, 11, 9, 8},
+       {11, 1, 3, 3},
+       opts({2, 2}, {1, 1}, {1, 1}, 11),
+       true,
+       CL},
+      {"depthwise 3x3 s1 p2 dilation 2 16 channels",
+       {2, 16, 7, 9},
+       {16, 1, 3, 3},
+       opts({1, 1}, {2, 2}, {2, 2}, 16),
+       false,
+       NCHW},
       {"groups 2 bias", {1, 4, 5, 5}, {6, 2, 3, 3}, opts({1, 1}, {1, 1}, {1, 1}, 2), true, NCHW},
       {"dilation 2", {1, 2, 7, 6}, {3, 2, 3, 3}, opts({1, 1}, {2, 2}, {2, 2}), true, CL},
       {"3x1 kernel, stride (2,1), pad (1,0)",
@@ -305,12 +319,14 @@ TEST_CASE("a depthwise weight gradient over large maps matches a direct sum on a
           "[conv]") {
   // Maps too large for a channel block to stay in L2: the kernel sweeps several filter rows per
   // output row (depthwise_kernels.cpp). 24 channels: a 16-wide and an 8-wide block; 19 channels
-  // of a 7x7 filter: two 8-wide blocks and three single channels.
+  // of a 7x7 filter: two 8-wide blocks and three single channels. 3x3 filters go image by image
+  // (three images: split unevenly over two threads), 20 channels: two vectors and a tail of 4.
   struct Case {
     Shape x;
     int64_t k, stride;
   };
-  for (const Case& c : {Case{{2, 24, 40, 40}, 5, 1}, Case{{2, 19, 72, 72}, 7, 2}}) {
+  for (const Case& c : {Case{{2, 24, 40, 40}, 5, 1}, Case{{2, 19, 72, 72}, 7, 2},
+                        Case{{3, 20, 57, 56}, 3, 2}, Case{{3, 72, 30, 30}, 3, 1}}) {
     Generator gen(26);
     const int64_t C = c.x[1], H = c.x[2], W = c.x[3], pad = c.k / 2;
     const Tensor x = random_tensor(c.x, gen, -1, 1, MemoryFormat::ChannelsLast);
