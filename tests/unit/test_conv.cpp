@@ -124,6 +124,14 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
        opts({2, 2}, {1, 1}, {1, 1}, 11),
        true,
        CL},
+      // 3x3 stride 2 from 32 channels: dpar's own forward and input gradient (4 vectors and a
+      // tail of 1; an odd and an even width).
+      {"depthwise 3x3 s2 p1 33 channels bias",
+       {2, 33, 5, 6},
+       {33, 1, 3, 3},
+       opts({2, 2}, {1, 1}, {1, 1}, 33),
+       true,
+       CL},
       {"depthwise 3x3 s1 p2 dilation 2 16 channels",
        {2, 16, 7, 9},
        {16, 1, 3, 3},
@@ -169,8 +177,8 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
       CHECK(max_rel_error(y.to_float_vector(), reference_conv(x, w, b, c.opt, y.shape()), 0.1) <
             1e-4);
 
-      std::vector<Tensor> inputs{x, w};
-      if (c.bias) inputs.push_back(b);
+      const std::vector<Tensor> inputs =
+          c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
       gradcheck(
           [&](const std::vector<Tensor>& in) {
             return conv2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), c.opt);
@@ -365,4 +373,28 @@ TEST_CASE("a depthwise weight gradient over large maps matches a direct sum on a
     CHECK(weight_grad(2) == one);
     CHECK(weight_grad(3) == one);
   }
+}
+
+TEST_CASE("a 3x3 stride-2 depthwise convolution has the same bits on any thread count", "[conv]") {
+  // dpar's own forward and input gradient (depthwise_stride2_kernels.cpp): 40 channels, odd and
+  // even sides, against direct convolution; every output and input-gradient element is one
+  // thread's.
+  Generator gen(27);
+  const Tensor x0 = random_tensor({3, 40, 29, 30}, gen, -1, 1, MemoryFormat::ChannelsLast);
+  const Tensor w = random_tensor({40, 1, 3, 3}, gen);
+  const Tensor b = random_tensor({40}, gen);
+  const Conv2dOptions o = opts({2, 2}, {1, 1}, {1, 1}, 40);
+  const int threads_before = get_num_threads();
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    Tensor x = x0.detach().set_requires_grad();
+    Tensor y = conv2d(x, w, b, o);
+    y.backward(Tensor::ones(y.shape()));
+    set_num_threads(threads_before);
+    return std::pair{y.to_float_vector(), x.grad().to_float_vector()};
+  };
+  const auto [y1, dx1] = run(1);
+  CHECK(max_rel_error(y1, reference_conv(x0, w, b, o, Shape{3, 40, 15, 15}), 0.1) < 1e-4);
+  CHECK(run(2) == std::pair{y1, dx1});
+  CHECK(run(3) == std::pair{y1, dx1});
 }

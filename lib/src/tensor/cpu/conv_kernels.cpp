@@ -15,6 +15,12 @@ namespace dpar::cpu {
 // for the shapes it leaves to oneDNN.
 bool depthwise_backward_weights(const kernels::Conv2dGeometry& g, const Tensor& x, const Tensor& dy,
                                 Tensor& dweight, Tensor& dbias);
+// depthwise_stride2_kernels.cpp: the forward and input gradient of 3x3 stride-2 depthwise
+// layers (f32, channels-last); false for the shapes it leaves to oneDNN.
+bool depthwise3x3_stride2_forward(const kernels::Conv2dGeometry& g, const Tensor& x,
+                                  const Tensor& weight, const Tensor& bias, Tensor& y);
+bool depthwise3x3_stride2_backward_data(const kernels::Conv2dGeometry& g, const Tensor& dy,
+                                        const Tensor& weight, Tensor& dx);
 // few_channel_conv_kernels.cpp: the weight gradient of a stem's convolution (at most 4 input
 // channels, 8/16/32 output channels); false for the shapes it leaves to oneDNN.
 bool few_channel_conv_backward_weights(const kernels::Conv2dGeometry& g, const Tensor& x,
@@ -185,6 +191,7 @@ void conv2d_forward_cpu(const Conv2dGeometry& g, const Tensor& x, const Tensor& 
                         const Tensor& bias, Tensor& y, bool training) {
   require_same_float("conv2d", x, y, "the output");
   require_same_float("conv2d", x, weight, "the weight");
+  if (depthwise3x3_stride2_forward(g, x, weight, bias, y)) return;
   const ConvForward& e = forward_entry(g, training, {x.dtype(), weight.dtype()});
   onednn::OwnedMemory reordered;
   std::unordered_map<int, memory> args{
@@ -227,6 +234,7 @@ void conv2d_backward_data_cpu(const Conv2dGeometry& g, const Tensor& dy, const T
   require_same_float("conv2d", dy, dx, "the input gradient");
   require_same_float("conv2d", dy, weight, "the weight");
   if (backward_data_as_forward(g, dy, weight, dx)) return;
+  if (depthwise3x3_stride2_backward_data(g, dy, weight, dx)) return;
   const ConvBackwardData& e = backward_data_entry(g, {dy.dtype(), weight.dtype()});
   onednn::OwnedMemory reordered;
   onednn::execute(
