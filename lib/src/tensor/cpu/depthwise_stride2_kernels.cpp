@@ -29,9 +29,11 @@ std::vector<float> taps_by_channel(const float* weight, int64_t C) {
 }
 
 // out[c] = start[c] + sum over the n terms of src[t][c] * tap[t][c], the terms in order.
-__attribute__((target("avx2,fma"))) void channel_dot(const float* const* src,
-                                                     const float* const* tap, int n,
-                                                     const float* start, int64_t C, float* out) {
+__attribute__((target("avx2,fma"), always_inline)) inline void channel_dot(const float* const* src,
+                                                                           const float* const* tap,
+                                                                           int n,
+                                                                           const float* start,
+                                                                           int64_t C, float* out) {
   const int64_t C8 = C / 8 * 8;
   int64_t c = 0;
   for (; c < C8; c += 8) {
@@ -44,6 +46,55 @@ __attribute__((target("avx2,fma"))) void channel_dot(const float* const* src,
     float acc = start ? start[c] : 0.0f;
     for (int t = 0; t < n; ++t) acc = __builtin_fmaf(src[t][c], tap[t][c], acc);
     out[c] = acc;
+  }
+}
+
+// Output row `row` (n * OH + oh) of the forward: each pixel's taps inside the input, in order.
+__attribute__((target("avx2,fma"))) void forward_row(const Conv2dGeometry& g, const float* x,
+                                                     const float* taps, const float* bias,
+                                                     int64_t row, float* y) {
+  const int64_t C = g.C, H = g.H, W = g.W, n = row / g.OH, oh = row % g.OH;
+  for (int64_t ow = 0; ow < g.OW; ++ow) {
+    const float* src[9];
+    const float* tap[9];
+    int terms = 0;
+    for (int64_t kh = 0; kh < 3; ++kh) {
+      const int64_t ih = 2 * oh - 1 + kh;
+      if (ih < 0 || ih >= H) continue;
+      for (int64_t kw = 0; kw < 3; ++kw) {
+        const int64_t iw = 2 * ow - 1 + kw;
+        if (iw < 0 || iw >= W) continue;
+        src[terms] = x + ((n * H + ih) * W + iw) * C;
+        tap[terms++] = taps + (3 * kh + kw) * C;
+      }
+    }
+    channel_dot(src, tap, terms, bias, C, y + (row * g.OW + ow) * C);
+  }
+}
+
+// Input row `row` (n * H + ih) of the input gradient: dx[ih, iw] = sum of dy[oh, ow] * w[kh, kw]
+// over the taps with ih = 2 oh - 1 + kh and iw = 2 ow - 1 + kw, one, two or four of them,
+// gathered (dx written once).
+__attribute__((target("avx2,fma"))) void input_gradient_row(const Conv2dGeometry& g,
+                                                            const float* dy, const float* taps,
+                                                            int64_t row, float* dx) {
+  const int64_t C = g.C, W = g.W, OH = g.OH, OW = g.OW, n = row / g.H, ih = row % g.H;
+  for (int64_t iw = 0; iw < W; ++iw) {
+    const float* src[4];
+    const float* tap[4];
+    int terms = 0;
+    // kh of the parity of ih + 1 (kh = 0 and 2, or 1), within the output's rows.
+    for (int64_t kh = (ih + 1) % 2; kh < 3; kh += 2) {
+      const int64_t oh = (ih + 1 - kh) / 2;
+      if (oh < 0 || oh >= OH) continue;
+      for (int64_t kw = (iw + 1) % 2; kw < 3; kw += 2) {
+        const int64_t ow = (iw + 1 - kw) / 2;
+        if (ow < 0 || ow >= OW) continue;
+        src[terms] = dy + ((n * OH + oh) * OW + ow) * C;
+        tap[terms++] = taps + (3 * kh + kw) * C;
+      }
+    }
+    channel_dot(src, tap, terms, nullptr, C, dx + (row * W + iw) * C);
   }
 }
 
@@ -64,64 +115,23 @@ bool applies(const Conv2dGeometry& g, const Tensor& a, const Tensor& b, const Te
 bool depthwise3x3_stride2_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
                                   const Tensor& bias, Tensor& y) {
   if (!applies(g, x, y, weight)) return false;
-  const int64_t C = g.C, H = g.H, W = g.W, OH = g.OH, OW = g.OW;
-  const std::vector<float> taps = taps_by_channel(weight.data<float>(), C);
+  const std::vector<float> taps = taps_by_channel(weight.data<float>(), g.C);
   const float* px = x.data<float>();
   const float* pb = g.has_bias ? bias.data<float>() : nullptr;
   float* py = y.data<float>();
-#pragma omp parallel for schedule(static) if (g.N * OH * OW * C > (1 << 16))
-  for (int64_t row = 0; row < g.N * OH; ++row) {
-    const int64_t n = row / OH, oh = row % OH;
-    for (int64_t ow = 0; ow < OW; ++ow) {
-      const float* src[9];
-      const float* tap[9];
-      int terms = 0;
-      for (int64_t kh = 0; kh < 3; ++kh) {
-        const int64_t ih = 2 * oh - 1 + kh;
-        if (ih < 0 || ih >= H) continue;
-        for (int64_t kw = 0; kw < 3; ++kw) {
-          const int64_t iw = 2 * ow - 1 + kw;
-          if (iw < 0 || iw >= W) continue;
-          src[terms] = px + ((n * H + ih) * W + iw) * C;
-          tap[terms++] = taps.data() + (3 * kh + kw) * C;
-        }
-      }
-      channel_dot(src, tap, terms, pb, C, py + (row * OW + ow) * C);
-    }
-  }
+#pragma omp parallel for schedule(static) if (g.N * g.OH * g.OW * g.C > (1 << 16))
+  for (int64_t row = 0; row < g.N * g.OH; ++row) forward_row(g, px, taps.data(), pb, row, py);
   return true;
 }
 
-// dx[ih, iw] = sum of dy[oh, ow] * w[kh, kw] over the taps with ih = 2 oh - 1 + kh and
-// iw = 2 ow - 1 + kw: one, two or four terms per input pixel, gathered (dx written once).
 bool depthwise3x3_stride2_backward_data(const Conv2dGeometry& g, const Tensor& dy,
                                         const Tensor& weight, Tensor& dx) {
   if (!applies(g, dy, dx, weight)) return false;
-  const int64_t C = g.C, H = g.H, W = g.W, OH = g.OH, OW = g.OW;
-  const std::vector<float> taps = taps_by_channel(weight.data<float>(), C);
+  const std::vector<float> taps = taps_by_channel(weight.data<float>(), g.C);
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-#pragma omp parallel for schedule(static) if (g.N * H * W * C > (1 << 16))
-  for (int64_t row = 0; row < g.N * H; ++row) {
-    const int64_t n = row / H, ih = row % H;
-    for (int64_t iw = 0; iw < W; ++iw) {
-      const float* src[4];
-      const float* tap[4];
-      int terms = 0;
-      // kh of the parity of ih + 1 (kh = 0 and 2, or 1), within the output's rows.
-      for (int64_t kh = (ih + 1) % 2; kh < 3; kh += 2) {
-        const int64_t oh = (ih + 1 - kh) / 2;
-        if (oh < 0 || oh >= OH) continue;
-        for (int64_t kw = (iw + 1) % 2; kw < 3; kw += 2) {
-          const int64_t ow = (iw + 1 - kw) / 2;
-          if (ow < 0 || ow >= OW) continue;
-          src[terms] = pdy + ((n * OH + oh) * OW + ow) * C;
-          tap[terms++] = taps.data() + (3 * kh + kw) * C;
-        }
-      }
-      channel_dot(src, tap, terms, nullptr, C, pdx + (row * W + iw) * C);
-    }
-  }
+#pragma omp parallel for schedule(static) if (g.N * g.H * g.W * g.C > (1 << 16))
+  for (int64_t row = 0; row < g.N * g.H; ++row) input_gradient_row(g, pdy, taps.data(), row, pdx);
   return true;
 }
 
