@@ -99,8 +99,9 @@ __attribute__((target("avx2,fma"))) void input_gradient_row(const Conv2dGeometry
 }
 
 // Fewer than 32 channels stay with oneDNN: a pixel's channels are one or two cache lines, which
-// its walk reads no worse (16 channels at 112x112: the same forward time at batch 32; the input
-// gradient no faster at batch 16).
+// its walk reads no worse, and it is faster where the maps stay in cache (16 channels at
+// 112x112, batch 16, one thread: forward 1.1-1.3 ms against these loops' 2.2, input gradient
+// 1.8-2.2 against 2.8-3.2).
 bool applies(const Conv2dGeometry& g, const Tensor& a, const Tensor& b, const Tensor& weight) {
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return avx2 && g.C >= 32 && g.groups == g.C && g.O == g.C && g.kH == 3 && g.kW == 3 &&
