@@ -178,7 +178,7 @@ __attribute__((target("avx2,fma"))) void dw3x3_image(const Conv2dGeometry& g, co
 
 // 3x3, f32: images in parallel, each summed apart (dw3x3_image), the images' sums then added in
 // image order in double, so the bits do not depend on the thread count.
-bool depthwise3x3_backward_weights(const Conv2dGeometry& g, const float* x, const float* dy,
+void depthwise3x3_backward_weights(const Conv2dGeometry& g, const float* x, const float* dy,
                                    float* dweight) {
   const int64_t C = g.C, per_image = 9 * C;
   std::vector<float> sums(static_cast<size_t>(g.N * per_image));
@@ -195,7 +195,6 @@ bool depthwise3x3_backward_weights(const Conv2dGeometry& g, const float* x, cons
   for (int64_t c = 0; c < C; ++c)
     for (int64_t k = 0; k < 9; ++k)
       dweight[c * 9 + k] = static_cast<float>(total[static_cast<size_t>(k * C + c)]);
-  return true;
 }
 
 // The bias gradient: the output gradient's channel sums, rows in order.
