@@ -296,7 +296,7 @@ void Plan::run_steps(size_t first, size_t last) {
   const bool profiling = profiler::enabled();
   for (size_t i = first; i < last; ++i) {
     Step& step = steps_[i];
-    if (!step.prim && !step.pre_copy) continue;  // a view: nothing to compute
+    if (!step.prim && !step.kernel && !step.pre_copy) continue;  // a view: nothing to compute
     const auto start =
         profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (step.pre_copy) {
@@ -304,6 +304,7 @@ void Plan::run_steps(size_t first, size_t last) {
                              values_[static_cast<size_t>(step.dst)].memory);
     }
     if (step.prim) step.prim->execute(s, step.args);
+    if (step.kernel) step.kernel(step.args);
     if (profiling) {
       // CPU primitives finish inside execute(); wait() only makes that explicit.
       s.wait();

@@ -5,6 +5,7 @@
 // primitives (layouts chosen by oneDNN, reorders only where a consumer wants another layout),
 // reorders weights through the shared WeightCache, and packs the activations into a few
 // reused buffers. run() then only executes the prepared primitives.
+#include <functional>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
@@ -59,6 +60,8 @@ class Plan {
   };
   struct Step {
     std::optional<dnnl::primitive> prim;  // empty for a pure view (Flatten of plain data)
+    // dpar's own computation in place of a primitive (global_pool.h), given the step's args.
+    std::function<void(const std::unordered_map<int, dnnl::memory>&)> kernel;
     std::vector<Arg> value_args;
     std::unordered_map<int, dnnl::memory> fixed_args;  // weights, bias
     dnnl::memory::desc scratchpad_md;
@@ -109,6 +112,9 @@ class Plan {
   dnnl::primitive_attr post_op_attr(const Fused& f) const;
   void add_sum_operand(Step& step, const Fused& f, const dnnl::memory::desc& dst_md);
   void finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::primitive prim,
+                   const std::string& what, const std::vector<std::string>& nodes);
+  // The same for a step computed by step.kernel (no primitive, no scratchpad).
+  void finish_step(Step step, const std::string& impl, const dnnl::memory::desc& scratchpad_md,
                    const std::string& what, const std::vector<std::string>& nodes);
   void assign_buffers();
   void bind();

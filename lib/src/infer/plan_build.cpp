@@ -2,6 +2,7 @@
 // convolution or inner product, and creation of the oneDNN primitives (shapes: shapes.cpp).
 #include <algorithm>
 
+#include "infer/global_pool.h"
 #include "infer/plan.h"
 #include "infer/plan_util.h"
 
@@ -323,8 +324,21 @@ void Plan::build_binary(const Op& op) {
 
 void Plan::build_pool(const Op& op) {
   const Value& v = values_[static_cast<size_t>(op.src)];
-  const Shape& x = v.dims;
+  const Shape x = v.dims;
   const memory::desc src_md = v.md;
+  if (const auto layout = global_pool_layout(src_md)) {
+    values_[static_cast<size_t>(op.dst)].md = global_pool_output_md(src_md);
+    Step s;
+    s.value_args = {{DNNL_ARG_SRC, op.src, std::nullopt}, {DNNL_ARG_DST, op.dst, std::nullopt}};
+    s.reads = {op.src};
+    s.dst = op.dst;
+    s.kernel = [x, layout = *layout](const std::unordered_map<int, memory>& args) {
+      global_average_pool(static_cast<const float*>(args.at(DNNL_ARG_SRC).get_data_handle()),
+                          static_cast<float*>(args.at(DNNL_ARG_DST).get_data_handle()), x, layout);
+    };
+    finish_step(std::move(s), "dpar:global_average", memory::desc(), "pooling", op.nodes);
+    return;
+  }
   dnnl::pooling_v2_forward::primitive_desc pd(
       dnnl::pooling_v2_forward::desc(dnnl::prop_kind::forward_inference,
                                      dnnl::algorithm::pooling_avg_exclude_padding, src_md,
@@ -384,6 +398,11 @@ void Plan::build_softmax(const Op& op) {
 void Plan::finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::primitive prim,
                        const std::string& what, const std::vector<std::string>& nodes) {
   step.prim = std::move(prim);
+  finish_step(std::move(step), pd.impl_info_str(), pd.scratchpad_desc(), what, nodes);
+}
+
+void Plan::finish_step(Step step, const std::string& impl, const memory::desc& scratchpad_md,
+                       const std::string& what, const std::vector<std::string>& nodes) {
   if (step.category.empty()) step.category = what;
   // Convolutions, pooling, elementwise ops and reorders of NCHW-shaped values compute each
   // image from that image alone; inner products and softmax are left out (their rows need
@@ -393,9 +412,9 @@ void Plan::finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::pri
   step.per_sample = values_[static_cast<size_t>(step.dst)].dims.size() == 4 &&
                     std::any_of(std::begin(per_sample_kinds), std::end(per_sample_kinds),
                                 [&](const char* k) { return what.rfind(k, 0) == 0; });
-  step.scratchpad_md = pd.scratchpad_desc();
+  step.scratchpad_md = scratchpad_md;
   scratchpad_bytes_ = std::max(scratchpad_bytes_, step.scratchpad_md.get_size());
-  std::string text = what + " " + pd.impl_info_str() + " " +
+  std::string text = what + " " + impl + " " +
                      shape_str(values_[static_cast<size_t>(step.dst)].dims) + " " +
                      describe_layout(values_[static_cast<size_t>(step.dst)].md) +
                      data_type_suffix(values_[static_cast<size_t>(step.dst)].md) + " <-";
