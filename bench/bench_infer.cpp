@@ -21,6 +21,10 @@
 // node (1x1, depthwise and other convolutions, reorders, pooling, ...), dpar::infer's time per
 // run beside onnxruntime's on the same file (its own profiler), in runs apart from the timed
 // ones: both profilers wait at every node.
+//
+// --rounds N (with onnxruntime) times dpar::infer and a fresh onnxruntime process N times in
+// turn and prints the median of the per-round ratios: on a shared machine the speed drifts
+// within seconds, and one pair of timings can land on either side of a target.
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,6 +58,14 @@ double time_ms(Fn&& fn, int64_t warmup, int64_t iters) {
   }
   std::nth_element(ms.begin(), ms.begin() + static_cast<int64_t>(ms.size() / 2), ms.end());
   return ms[ms.size() / 2];
+}
+
+// "0.71x (0.65-0.80)": the median of per-round ratios and their range.
+std::string median_and_range(const std::vector<double>& ratios) {
+  const auto [low, high] = std::minmax_element(ratios.begin(), ratios.end());
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2fx (%.2f-%.2f)", bench::median(ratios), *low, *high);
+  return text;
 }
 
 // "avx512_vnni", "avx_vnni", both, or "none", from the kernel's CPU flags.
@@ -162,6 +174,8 @@ int main(int argc, char** argv) {
     auto& img = flags.add_int("img", 224, "image side");
     auto& warmup = flags.add_int("warmup", 3, "untimed runs");
     auto& iters = flags.add_int("iters", 20, "timed runs");
+    auto& rounds =
+        flags.add_int("rounds", 1, "alternating dpar::infer / onnxruntime rounds (median ratio)");
     auto& eager = flags.add_bool("eager", true, "time dpar's eager nn::Module forward");
     auto& onnx = flags.add_bool("onnx", true, "time dpar::infer on the exported ONNX model");
     auto& peer = flags.add_bool("peer", true, "also run the PyTorch peer");
@@ -177,6 +191,12 @@ int main(int argc, char** argv) {
       throw FlagError("bench_infer: --precision=" + precision + ": expected fp32 or int8");
     }
     const bool int8 = precision == "int8";
+    if (rounds < 1) throw FlagError("bench_infer: --rounds must be at least 1");
+    if (rounds > 1 && !(onnx && ort)) {
+      throw FlagError(
+          "bench_infer: --rounds alternates dpar::infer with onnxruntime; drop "
+          "--onnx=false / --ort=false");
+    }
     if (int8 && !onnx) throw FlagError("bench_infer: --precision int8 needs --onnx");
 
     set_num_threads(static_cast<int>(threads));
@@ -249,7 +269,8 @@ int main(int argc, char** argv) {
         std::printf(" dpar::infer %8.2f ms |", infer_ms);
       }
       std::optional<nlohmann::json> ort_profile, ort_int8_profile;
-      double int8_ms = 0;
+      std::string rounds_report;
+      double int8_ms = 0, ort_int8_ms = 0;
       if (runtime_int8) {
         runtime_int8->prepare(x.shape());
         int8_ms = time_ms([&] { runtime_int8->run(x); }, warmup, iters);
@@ -261,7 +282,7 @@ int main(int argc, char** argv) {
         const std::string tag = std::to_string(b);
         write_floats(dir / ("input_" + tag + ".bin"), x);
         auto run_ort = [&](const std::string& model_path, infer::Model& ours,
-                           const std::string& name) {
+                           const std::string& name, bool with_profile) {
           const std::filesystem::path expected = dir / (name + "_expected_" + tag + ".bin");
           write_floats(expected, ours.run(x));
           return bench::run_peer_program(
@@ -271,10 +292,11 @@ int main(int argc, char** argv) {
                   " --expected " + expected.string() + " --threads " + std::to_string(threads) +
                   " --warmup " + std::to_string(warmup) + " --iters " + std::to_string(iters) +
                   " --ort-dir " + ort_dir +
-                  (profile ? " --profile-prefix " + (dir / ("ort_profile_" + name)).string() : ""),
+                  (with_profile ? " --profile-prefix " + (dir / ("ort_profile_" + name)).string()
+                                : ""),
               static_cast<int>(threads));
         };
-        const auto o = run_ort(fp32_path, *runtime, "fp32");
+        const auto o = run_ort(fp32_path, *runtime, "fp32", profile);
         if (o.contains("profile")) ort_profile = o.at("profile");
         const double ort_ms = o.at("ms").get<double>();
         const double diff = o.at("max_abs_diff").get<double>();
@@ -291,15 +313,40 @@ int main(int argc, char** argv) {
             "onnxruntime %.2fx |",
             o.at("ort").get<std::string>().c_str(), ort_ms, diff, scale, infer_ms / ort_ms);
         if (runtime_int8) {
-          const auto q = run_ort(int8_path, *runtime_int8, "int8");
+          const auto q = run_ort(int8_path, *runtime_int8, "int8", profile);
           if (q.contains("profile")) ort_int8_profile = q.at("profile");
-          const double ort_int8_ms = q.at("ms").get<double>();
+          ort_int8_ms = q.at("ms").get<double>();
           // int8 outputs differ by rounding at each requantisation: reported, not checked.
           std::printf(
               " onnxruntime int8 %8.2f ms (max diff %.1e of %.1e) | dpar int8 / "
               "onnxruntime int8 %.2fx |",
               ort_int8_ms, q.at("max_abs_diff").get<double>(),
               q.at("max_abs_expected").get<double>(), int8_ms / ort_int8_ms);
+        }
+        if (rounds > 1) {
+          std::vector<double> ratios{infer_ms / ort_ms}, int8_ratios;
+          if (runtime_int8) int8_ratios.push_back(int8_ms / ort_int8_ms);
+          for (int64_t r = 2; r <= rounds; ++r) {
+            const double mine = time_ms([&] { runtime->run(x); }, warmup, iters);
+            const double theirs =
+                run_ort(fp32_path, *runtime, "fp32", false).at("ms").get<double>();
+            ratios.push_back(mine / theirs);
+            char line[128];
+            std::snprintf(line, sizeof line,
+                          "    round %lld: dpar::infer %.2f ms, onnxruntime %.2f ms, %.2fx\n",
+                          static_cast<long long>(r), mine, theirs, mine / theirs);
+            rounds_report += line;
+            if (runtime_int8) {
+              const double mine_int8 = time_ms([&] { runtime_int8->run(x); }, warmup, iters);
+              int8_ratios.push_back(
+                  mine_int8 /
+                  run_ort(int8_path, *runtime_int8, "int8", false).at("ms").get<double>());
+            }
+          }
+          rounds_report += "    median dpar::infer / onnxruntime over " + std::to_string(rounds) +
+                           " rounds: fp32 " + median_and_range(ratios);
+          if (runtime_int8) rounds_report += ", int8 " + median_and_range(int8_ratios);
+          rounds_report += "\n";
         }
       }
       if (peer) {
@@ -324,7 +371,7 @@ int main(int argc, char** argv) {
                       p.at("int8_error").get<std::string>().c_str());
         }
       }
-      std::printf("\n");
+      std::printf("\n%s", rounds_report.c_str());
       std::fflush(stdout);
       if (plan && runtime) {
         for (const std::string& line : runtime->plan_summary(x.shape())) {
