@@ -331,17 +331,21 @@ int main(int argc, char** argv) {
             const double theirs =
                 run_ort(fp32_path, *runtime, "fp32", false).at("ms").get<double>();
             ratios.push_back(mine / theirs);
-            char line[128];
+            char line[192];
             std::snprintf(line, sizeof line,
-                          "    round %lld: dpar::infer %.2f ms, onnxruntime %.2f ms, %.2fx\n",
+                          "    round %lld: dpar::infer %.2f ms, onnxruntime %.2f ms, %.2fx",
                           static_cast<long long>(r), mine, theirs, mine / theirs);
             rounds_report += line;
             if (runtime_int8) {
               const double mine_int8 = time_ms([&] { runtime_int8->run(x); }, warmup, iters);
-              int8_ratios.push_back(
-                  mine_int8 /
-                  run_ort(int8_path, *runtime_int8, "int8", false).at("ms").get<double>());
+              const double theirs_int8 =
+                  run_ort(int8_path, *runtime_int8, "int8", false).at("ms").get<double>();
+              int8_ratios.push_back(mine_int8 / theirs_int8);
+              std::snprintf(line, sizeof line, "; int8 %.2f ms, %.2f ms, %.2fx", mine_int8,
+                            theirs_int8, mine_int8 / theirs_int8);
+              rounds_report += line;
             }
+            rounds_report += "\n";
           }
           rounds_report += "    median dpar::infer / onnxruntime over " + std::to_string(rounds) +
                            " rounds: fp32 " + median_and_range(ratios);
