@@ -113,7 +113,8 @@ class Plan {
   void add_sum_operand(Step& step, const Fused& f, const dnnl::memory::desc& dst_md);
   void finish_step(Step step, const dnnl::primitive_desc_base& pd, dnnl::primitive prim,
                    const std::string& what, const std::vector<std::string>& nodes);
-  // The same for a step computed by step.kernel (no primitive, no scratchpad).
+  // The part both kinds of step share; a step computed by step.kernel comes here directly, its
+  // kernel's name as `impl` (for summaries) and an empty scratchpad.
   void finish_step(Step step, const std::string& impl, const dnnl::memory::desc& scratchpad_md,
                    const std::string& what, const std::vector<std::string>& nodes);
   void assign_buffers();
