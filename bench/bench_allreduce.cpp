@@ -1,6 +1,6 @@
 // All-reduce throughput of dpar's Gloo process group beside raw Gloo and Open MPI, 2 ranks, in
 // the same invocation. The default group reduces through shared memory when every rank is on
-// this host (shm_allreduce.h); a second group with shared memory off times dpar's TCP ring
+// this host (shm_collectives.h); a second group with shared memory off times dpar's TCP ring
 // beside it; after the table rank 0 runs Open MPI's MPI_Allreduce on its shared-memory transport
 // (bench/peers/mpi_allreduce.cpp under mpirun) at the sizes from 1 MB, the other ranks idle.
 // Started on its own it re-launches itself through dpar-launch (2 processes on loopback); under a
@@ -243,7 +243,7 @@ int run_worker(const Options& opt) {
       std::make_shared<dist::PrefixStore>("bench_allreduce/ring", group.store()), rank, world,
       ring_options);
   const auto* gloo_backend = dynamic_cast<const dist::detail::ProcessGroupGloo*>(backend.get());
-  const std::string transport = gloo_backend ? gloo_backend->allreduce_transport() : "?";
+  const std::string transport = gloo_backend ? gloo_backend->transport() : "?";
 
   std::vector<size_t> sizes;
   for (size_t b = 1024; b <= (64u << 20); b *= 4) sizes.push_back(b);

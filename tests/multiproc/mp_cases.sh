@@ -74,21 +74,35 @@ case $case_name in
     code=$?
     expect_kill9_teardown $code "$(now_ms)" "$work/out.txt" "$work"/logs/workerlog.* ;;
   timeout)
-    # rank 1 skips an all-reduce: rank 0 must fail with a timeout naming the op, not hang.
+    # rank 1 skips an all-reduce (and goes on to a barrier): rank 0 must fail naming the op, not
+    # hang. Over TCP (DPAR_SHM=0) that is the collective timeout; through shared memory the
+    # ranks see at once that they called different collectives, and both say so.
     # DPAR_DRILL_TIMEOUT (default 3 s) is the collective timeout of this drill: ranks sharing
     # one GPU need longer to set up before the skipped all-reduce.
     drill_timeout=${DPAR_DRILL_TIMEOUT:-3}
     limit_ms=$(( (drill_timeout + 27) * 1000 ))
-    start=$(now_ms)
-    DPAR_TIMEOUT=$drill_timeout launch logs 2 "$ddp" --skip-rank 1 "$marker" >"$work/out.txt" 2>&1
-    code=$?
-    elapsed=$(( $(now_ms) - start ))
-    [ $code -ne 0 ] && ok "launcher exited $code" || fail "a skipped collective went unnoticed"
-    [ $elapsed -lt $limit_ms ] && ok "failed after $elapsed ms" || fail "took $elapsed ms (limit $limit_ms ms)"
-    cat "$work"/logs/workerlog.* >"$work/all.txt"
-    expect_text "$work/all.txt" "allreduce"
-    expect_text "$work/all.txt" "timed out"
-    expect_no_job_processes ;;
+    shm_runs="0 1"
+    [ "${DPAR_DIST_BACKEND:-}" = nccl ] && shm_runs=0  # the NCCL group (gpu_mp.sh): its timeout
+    for shm in $shm_runs; do
+      start=$(now_ms)
+      DPAR_SHM=$shm DPAR_TIMEOUT=$drill_timeout launch logs$shm 2 "$ddp" --skip-rank 1 "$marker" \
+        >"$work/out.txt" 2>&1
+      code=$?
+      elapsed=$(( $(now_ms) - start ))
+      [ $code -ne 0 ] && ok "DPAR_SHM=$shm: launcher exited $code" ||
+        fail "DPAR_SHM=$shm: a skipped collective went unnoticed"
+      [ $elapsed -lt $limit_ms ] && ok "DPAR_SHM=$shm: failed after $elapsed ms" ||
+        fail "DPAR_SHM=$shm: took $elapsed ms (limit $limit_ms ms)"
+      cat "$work"/logs$shm/workerlog.* >"$work/all.txt"
+      expect_text "$work/all.txt" "allreduce"
+      if [ $shm = 0 ]; then
+        expect_text "$work/all.txt" "timed out"
+      else
+        expect_text "$work/all.txt" "rank 1 waits at a barrier, rank 0 all-reduces 1000 elements"
+        expect_text "$work/all.txt" "the ranks called different collectives"
+      fi
+      expect_no_job_processes
+    done ;;
   recorder_skip | recorder_shape)
     # A drill's flight records (rank 1 skips the all-reduce, or all-reduces 999 elements for
     # 1000): dpar-launch names the position and both calls.

@@ -44,7 +44,7 @@ run() {  # run <name> [env...]: train on 2 hosts x 2 ranks, logs and weights und
 run shm
 run tcp DPAR_SHM=0
 transport() {  # transport <run> <host> <local rank>: the transport line of that rank's log
-  sed -n 's/.*gloo\/[0-9]* rank [0-9]* of 4: allreduce through \(.*\)$/\1/p' \
+  sed -n 's/.*gloo\/[0-9]* rank [0-9]* of 4: collectives through \(.*\)$/\1/p' \
     "$work/$1/$2/workerlog.$3" | head -n 1
 }
 for host in a b; do

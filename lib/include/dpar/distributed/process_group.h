@@ -64,10 +64,11 @@ struct ProcessGroupOptions {
   // that will not come. Group sets it for the backends it creates, so Group::abort (e.g. an
   // elastic job's, after a member's heartbeat stopped) stops a connect in progress too.
   std::function<std::string()> cancel_connect;
-  // CPU allreduce through shared memory between ranks of one host (same machine and network
-  // namespace), bitwise equal to the TCP ring: all through one segment when every rank is on
-  // this host, else the ring with its hops inside a host through shared memory and those between
-  // hosts through TCP. DPAR_SHM=0 turns it off.
+  // CPU collectives through shared memory between ranks of one host (same machine and network
+  // namespace), bitwise equal to the TCP ring: all of them through one segment when every rank
+  // is on this host, else allreduce, reduce_scatter and allgather on the ring with its hops
+  // inside a host through shared memory and those between hosts through TCP (broadcast and
+  // barrier then stay on Gloo). DPAR_SHM=0 turns it off.
   bool shared_memory = true;
   // Which host this rank runs on, as the shared-memory transport compares them; empty: detected
   // (boot id, hostname, network and pid namespaces). Ranks that are threads of one process (the

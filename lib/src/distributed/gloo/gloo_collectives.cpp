@@ -14,6 +14,7 @@
 
 #include "core/crc32c.h"
 #include "distributed/gloo/checked_ring.h"
+#include "distributed/gloo/hybrid_ring.h"
 #include "distributed/gloo/process_group_gloo.h"
 #include "distributed/gloo/reduce_functions.h"
 
@@ -44,6 +45,10 @@ size_t total_bytes(const std::vector<Tensor>& tensors) {
 
 bool single_contiguous(const std::vector<Tensor>& tensors) {
   return tensors.size() == 1 && tensors[0].is_contiguous();
+}
+
+bool overlap(const uint8_t* a, size_t a_bytes, const uint8_t* b, size_t b_bytes) {
+  return a_bytes > 0 && b_bytes > 0 && a < b + b_bytes && b < a + a_bytes;
 }
 
 // The chunk sizes allreduce_chunk_bounds gives (the same split a sharded reduce-scatter uses).
@@ -113,6 +118,29 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
   const CollectiveInfo& info = op.work->info();
   std::vector<Tensor>& tensors = op.tensors;
   if (info.numel == 0 || size_ == 1) return;
+  if (shm_) {
+    // Every rank on this host: the root's bytes through the shared segment, straight from and
+    // into a single contiguous tensor.
+    const size_t bytes = total_bytes(tensors);
+    const bool direct = single_contiguous(tensors);
+    uint8_t* data = direct ? static_cast<uint8_t*>(tensors[0].raw_data()) : staging(bytes);
+    if (!direct && rank_ == info.root) {
+      size_t offset = 0;
+      for (const Tensor& t : tensors) {
+        pack(t, data + offset);
+        offset += t.nbytes();
+      }
+    }
+    shm_->broadcast(data, bytes, info.root, options_.timeout, [this] { return abort_reason(); });
+    if (!direct && rank_ != info.root) {
+      size_t offset = 0;
+      for (Tensor& t : tensors) {
+        unpack(data + offset, t);
+        offset += t.nbytes();
+      }
+    }
+    return;
+  }
   // Bytes, not elements: tensors of different dtypes may travel together (e.g. parameters and
   // integer buffers). The root's CRC-32C travels behind the payload in the same message, so
   // even a single tensor goes through the staging buffer: Gloo's broadcast tree is kept (log2 n
@@ -167,6 +195,7 @@ void ProcessGroupGloo::run_allgather(PendingOp& op) {
     total += ring.chunk_bytes[r];
   }
   if (total == 0) return;
+  if (shm_) return shm_allgather(input, outputs, ring.chunk_bytes);
   // Outputs that are consecutive slices of one buffer (e.g. views of a flat tensor) are
   // gathered into directly.
   bool direct = true;
@@ -186,7 +215,13 @@ void ProcessGroupGloo::run_allgather(PendingOp& op) {
   } else {
     pack(input, ring.data + mine);
   }
-  ring_allgather(context_, ring, tag(op.work->info()), options_.timeout, ring_scratch_);
+  if (links_.in_use()) {
+    hybrid_ring_allgather(
+        context_, links_, ring, tag(op.work->info()), options_.timeout,
+        [this] { return abort_reason(); }, hybrid_scratch_);
+  } else {
+    ring_allgather(context_, ring, tag(op.work->info()), options_.timeout, ring_scratch_);
+  }
   if (!direct) {
     offset = 0;
     for (int r = 0; r < size_; ++r) {
@@ -205,6 +240,7 @@ void ProcessGroupGloo::run_reduce_scatter(PendingOp& op) {
     return;
   }
   if (info.numel == 0) return;
+  if (shm_) return shm_reduce_scatter(info, inputs, output);
   // The ring reduces in place, so the inputs (which the caller keeps) are packed into the
   // staging buffer first; this rank's chunk is then copied out.
   RingBuffer ring{nullptr, std::vector<size_t>(static_cast<size_t>(size_)), dtype_size(info.dtype)};
@@ -220,15 +256,105 @@ void ProcessGroupGloo::run_reduce_scatter(PendingOp& op) {
     pack(inputs[r], ring.data + offset);
     offset += ring.chunk_bytes[r];
   }
-  ring_reduce_scatter(context_, ring, reduce_function(info.dtype, info.reduce_op, "reduce_scatter"),
-                      tag(info), options_.timeout, ring_scratch_);
+  const ReduceFn reduce = reduce_function(info.dtype, info.reduce_op, "reduce_scatter");
+  if (links_.in_use()) {
+    hybrid_ring_reduce_scatter(
+        context_, links_, ring, reduce, tag(info), options_.timeout,
+        [this] { return abort_reason(); }, hybrid_scratch_);
+  } else {
+    ring_reduce_scatter(context_, ring, reduce, tag(info), options_.timeout, ring_scratch_);
+  }
   const size_t count = static_cast<size_t>(output.numel());
   if (info.reduce_op == ReduceOp::Avg) divide_in_place(ring.data + mine, count, info.dtype, size_);
   unpack(ring.data + mine, output);
 }
 
+// Every rank on this host. Contiguous inputs are read in place and a contiguous output written
+// in place (the fold reads the slots, so the output may be this rank's own input chunk); others
+// go through the staging buffer.
+void ProcessGroupGloo::shm_reduce_scatter(const CollectiveInfo& info,
+                                          const std::vector<Tensor>& inputs, Tensor& output) {
+  const size_t n = static_cast<size_t>(size_);
+  std::vector<const uint8_t*> chunks(n);
+  std::vector<size_t> chunk_bytes(n);
+  size_t staged = 0;
+  for (size_t r = 0; r < n; ++r) {
+    chunk_bytes[r] = inputs[r].nbytes();
+    if (!inputs[r].is_contiguous()) staged += chunk_bytes[r];
+  }
+  auto* out = static_cast<uint8_t*>(output.raw_data());
+  bool out_direct = output.is_contiguous();
+  for (size_t r = 0; r < n && out_direct; ++r) {
+    const auto* in = static_cast<const uint8_t*>(inputs[r].raw_data());
+    const bool own = r == static_cast<size_t>(rank_) && in == out;
+    out_direct = own || !overlap(in, chunk_bytes[r], out, output.nbytes());
+  }
+  uint8_t* stage = staging(staged + (out_direct ? 0 : output.nbytes()));
+  size_t offset = 0;
+  for (size_t r = 0; r < n; ++r) {
+    if (inputs[r].is_contiguous()) {
+      chunks[r] = static_cast<const uint8_t*>(inputs[r].raw_data());
+    } else {
+      pack(inputs[r], stage + offset);
+      chunks[r] = stage + offset;
+      offset += chunk_bytes[r];
+    }
+  }
+  uint8_t* result = out_direct ? out : stage + offset;
+  ChunkFn finish;
+  if (info.reduce_op == ReduceOp::Avg) {
+    finish = [&](uint8_t* chunk, size_t count) {
+      divide_in_place(chunk, count, info.dtype, size_);
+    };
+  }
+  shm_->reduce_scatter(chunks, chunk_bytes, result, dtype_size(info.dtype),
+                       reduce_function(info.dtype, info.reduce_op, "reduce_scatter"), finish,
+                       options_.timeout, [this] { return abort_reason(); });
+  if (!out_direct) unpack(result, output);
+}
+
+// Every rank on this host: straight from a contiguous input into contiguous outputs, through
+// the staging buffer otherwise.
+void ProcessGroupGloo::shm_allgather(const Tensor& input, std::vector<Tensor>& outputs,
+                                     const std::vector<size_t>& chunk_bytes) {
+  const size_t n = static_cast<size_t>(size_);
+  std::vector<uint8_t*> to(n);
+  size_t staged = 0;
+  for (size_t r = 0; r < n; ++r) {
+    if (!outputs[r].is_contiguous()) staged += chunk_bytes[r];
+  }
+  const size_t mine = static_cast<size_t>(rank_);
+  const auto* in = static_cast<const uint8_t*>(input.raw_data());
+  // The input is copied in piece by piece as outputs are written, so it must not lie in another
+  // rank's output (its own output may be the input itself).
+  bool in_direct = input.is_contiguous();
+  for (size_t r = 0; r < n && in_direct; ++r) {
+    const auto* out = static_cast<const uint8_t*>(outputs[r].raw_data());
+    in_direct = (r == mine && out == in) || !overlap(in, input.nbytes(), out, chunk_bytes[r]);
+  }
+  uint8_t* stage = staging(staged + (in_direct ? 0 : input.nbytes()));
+  size_t offset = 0;
+  for (size_t r = 0; r < n; ++r) {
+    if (outputs[r].is_contiguous()) {
+      to[r] = static_cast<uint8_t*>(outputs[r].raw_data());
+    } else {
+      to[r] = stage + offset;
+      offset += chunk_bytes[r];
+    }
+  }
+  if (!in_direct) {
+    pack(input, stage + offset);
+    in = stage + offset;
+  }
+  shm_->allgather(in, to, chunk_bytes, options_.timeout, [this] { return abort_reason(); });
+  for (size_t r = 0; r < n; ++r) {
+    if (!outputs[r].is_contiguous()) unpack(to[r], outputs[r]);
+  }
+}
+
 void ProcessGroupGloo::run_barrier(PendingOp& op) {
   if (size_ == 1) return;
+  if (shm_) return shm_->barrier(options_.timeout, [this] { return abort_reason(); });
   gloo::BarrierOptions opts(context_);
   opts.setTag(tag(op.work->info()));
   opts.setTimeout(options_.timeout);

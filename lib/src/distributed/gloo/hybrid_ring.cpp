@@ -215,22 +215,25 @@ struct Step {
   bool reducing;
 };
 
-}  // namespace
-
-void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
-                           const RingBuffer& buffer, ReduceFn reduce, const ChunkFn& finish,
-                           uint32_t tag, Millis timeout,
-                           const std::function<std::string()>& cancelled, HybridScratch& scratch) {
+// The ring's reduce-scatter (then `finish`), its allgather, or both.
+void hybrid_ring(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                 const RingBuffer& buffer, ReduceFn reduce, const ChunkFn& finish,
+                 bool reduce_scatter, bool allgather, uint32_t tag, Millis timeout,
+                 const std::function<std::string()>& cancelled, HybridScratch& scratch) {
   const int n = context->size, rank = context->rank;
   const Geometry g(buffer, timeout);
   if (n == 1 || g.offset.back() == 0) return;
   // Reduce-scatter: chunk c starts at rank c+1 and picks up one contribution per hop. Then
   // `finish`, then the allgather: each finished chunk travels on from its owner.
   std::vector<Step> steps;
-  for (int s = 0; s + 1 < n; ++s)
-    steps.push_back({wrap(rank - s - 1, n), wrap(rank - s - 2, n), true});
-  for (int s = 0; s + 1 < n; ++s)
-    steps.push_back({wrap(rank - s, n), wrap(rank - s - 1, n), false});
+  if (reduce_scatter) {
+    for (int s = 0; s + 1 < n; ++s)
+      steps.push_back({wrap(rank - s - 1, n), wrap(rank - s - 2, n), true});
+  }
+  if (allgather) {
+    for (int s = 0; s + 1 < n; ++s)
+      steps.push_back({wrap(rank - s, n), wrap(rank - s - 1, n), false});
+  }
   std::vector<Incoming::Arrival> arrivals;  // what the TCP hop in posts its receives for
   if (!links.from_prev) {
     for (const Step& step : steps) {
@@ -259,11 +262,35 @@ void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLi
       in.release();
     }
     out.end_step();
-    if (finish && k + 2 == static_cast<size_t>(n)) {  // the last reduce-scatter step
+    if (finish && reduce_scatter && k + 2 == static_cast<size_t>(n)) {  // its last step
       finish(buffer.data + g.at(rank, 0),
              buffer.chunk_bytes[static_cast<size_t>(rank)] / buffer.element_size);
     }
   }
+}
+
+}  // namespace
+
+void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                           const RingBuffer& buffer, ReduceFn reduce, const ChunkFn& finish,
+                           uint32_t tag, Millis timeout,
+                           const std::function<std::string()>& cancelled, HybridScratch& scratch) {
+  hybrid_ring(context, links, buffer, reduce, finish, true, true, tag, timeout, cancelled, scratch);
+}
+
+void hybrid_ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                                const RingBuffer& buffer, ReduceFn reduce, uint32_t tag,
+                                Millis timeout, const std::function<std::string()>& cancelled,
+                                HybridScratch& scratch) {
+  hybrid_ring(context, links, buffer, reduce, nullptr, true, false, tag, timeout, cancelled,
+              scratch);
+}
+
+void hybrid_ring_allgather(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                           const RingBuffer& buffer, uint32_t tag, Millis timeout,
+                           const std::function<std::string()>& cancelled, HybridScratch& scratch) {
+  hybrid_ring(context, links, buffer, nullptr, nullptr, false, true, tag, timeout, cancelled,
+              scratch);
 }
 
 }  // namespace dpar::dist::detail

@@ -1,8 +1,8 @@
 #pragma once
-// The hierarchical allreduce of a group spread over several hosts with several ranks on some:
-// the ring allreduce of checked_ring.h, whose hops between two ranks of one host go through
-// shared memory (shm_link.h) and whose hops between hosts go through Gloo's TCP pairs, every
-// TCP segment checked by CRC-32C.
+// The hierarchical allreduce (and reduce-scatter and allgather) of a group spread over several
+// hosts with several ranks on some: the ring collectives of checked_ring.h, whose hops between
+// two ranks of one host go through shared memory (shm_link.h) and whose hops between hosts go
+// through Gloo's TCP pairs, every TCP segment checked by CRC-32C.
 //
 // Why a ring with mixed hops rather than "reduce within each host, allreduce between hosts,
 // broadcast within each host": dpar promises that switching transport never changes a bit, and
@@ -39,6 +39,16 @@ struct HybridScratch {
 void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
                            const RingBuffer& buffer, ReduceFn reduce, const ChunkFn& finish,
                            uint32_t tag, Millis timeout,
+                           const std::function<std::string()>& cancelled, HybridScratch& scratch);
+
+// Its two halves, as ring_reduce_scatter and ring_allgather (checked_ring.h): on return chunk
+// rank() holds the reduction (the other chunks hold partial sums), or every chunk its owner's.
+void hybrid_ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                                const RingBuffer& buffer, ReduceFn reduce, uint32_t tag,
+                                Millis timeout, const std::function<std::string()>& cancelled,
+                                HybridScratch& scratch);
+void hybrid_ring_allgather(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                           const RingBuffer& buffer, uint32_t tag, Millis timeout,
                            const std::function<std::string()>& cancelled, HybridScratch& scratch);
 
 }  // namespace dpar::dist::detail

@@ -106,8 +106,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     }
     if (options_.debug_info || options_.debug_detail) {
       log_line(options_.log, name + " rank " + std::to_string(rank) + " of " +
-                                 std::to_string(size) + ": allreduce through " +
-                                 allreduce_transport());
+                                 std::to_string(size) + ": collectives through " + transport());
     }
     fingerprints_.resize(static_cast<size_t>(size));
     note_gloo_group(this, [this] {
@@ -150,7 +149,7 @@ void ProcessGroupGloo::connect_shared_memory() {
       options_.timeout);
   // Every rank sees every identity, so every rank takes the same branch.
   if (std::all_of(hosts.begin(), hosts.end(), [&](const auto& h) { return h == hosts[0]; })) {
-    shm_ = ShmAllreduce::connect(*store_, rank_, size_, options_.timeout, &no_shm_reason_);
+    shm_ = ShmCollectives::connect(*store_, rank_, size_, options_.timeout, &no_shm_reason_);
   } else {
     links_ = connect_ring_links(*store_, rank_, size_, hosts, options_.timeout, &no_shm_reason_);
     if (!links_.summary.empty()) return;
@@ -442,7 +441,7 @@ void ProcessGroupGloo::check_fingerprints(const CollectiveInfo& info) {
   DPAR_CHECK(mismatch.empty(), mismatch, " (DPAR_DEBUG=DETAIL, reported on rank ", rank_, ")");
 }
 
-std::string ProcessGroupGloo::allreduce_transport() const {
+std::string ProcessGroupGloo::transport() const {
   if (shm_) return "shared memory";
   if (!links_.summary.empty()) return links_.summary;
   return "tcp (" + no_shm_reason_ + ")";

@@ -25,7 +25,7 @@
 #include "distributed/flight_recorder.h"
 #include "distributed/gloo/checked_ring.h"
 #include "distributed/gloo/hybrid_ring.h"
-#include "distributed/gloo/shm_allreduce.h"
+#include "distributed/gloo/shm_collectives.h"
 #include "distributed/progress_heartbeat.h"
 #include "distributed/work_impl.h"
 #include "dpar/distributed/process_group.h"
@@ -69,10 +69,11 @@ class ProcessGroupGloo final : public ProcessGroup,
 
   const ProcessGroupOptions& options() const { return options_; }
   const std::string& bind_address() const { return bind_address_; }
-  // How allreduce travels: "shared memory" (every rank on this host), "shared memory within
-  // hosts (k of n ring hops), tcp between them" (hybrid_ring.h) or "tcp", and why not shared
-  // memory where it is not.
-  std::string allreduce_transport() const;
+  // How the collectives travel: "shared memory" (every rank on this host: all of them through
+  // shm_collectives.h), "shared memory within hosts (k of n ring hops), tcp between them"
+  // (allreduce, reduce_scatter and allgather on hybrid_ring.h; broadcast and barrier on Gloo) or
+  // "tcp", and why not shared memory where it is not.
+  std::string transport() const;
 
  private:
   struct PendingOp {
@@ -105,6 +106,11 @@ class ProcessGroupGloo final : public ProcessGroup,
   void run_allgather(PendingOp& op);
   void run_reduce_scatter(PendingOp& op);
   void run_barrier(PendingOp& op);
+  // Their paths through shared memory (every rank on this host).
+  void shm_reduce_scatter(const CollectiveInfo& info, const std::vector<Tensor>& inputs,
+                          Tensor& output);
+  void shm_allgather(const Tensor& input, std::vector<Tensor>& outputs,
+                     const std::vector<size_t>& chunk_bytes);
   uint8_t* staging(size_t bytes);  // reused buffer for fused / non-contiguous tensors
   uint32_t tag(const CollectiveInfo& info) const {
     return static_cast<uint32_t>(info.seq % 0x7fffffff);
@@ -115,8 +121,8 @@ class ProcessGroupGloo final : public ProcessGroup,
   std::shared_ptr<Store> store_;  // this group's prefixed view
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  std::unique_ptr<ShmAllreduce> shm_;  // allreduce between ranks of one host, else null
-  RingLinks links_;                    // otherwise this rank's ring hops within its host, if any
+  std::unique_ptr<ShmCollectives> shm_;  // every rank on this host: collectives, else null
+  RingLinks links_;                      // otherwise this rank's ring hops within its host, if any
   std::string no_shm_reason_;
   std::unique_ptr<ProgressHeartbeat> heartbeat_;
   std::unique_ptr<FlightRecorder> recorder_;

@@ -1,0 +1,322 @@
+#include "distributed/gloo/shm_collectives.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "dpar/core/error.h"
+
+namespace dpar::dist::detail {
+namespace {
+
+// What a rank is calling, checked by every rank after the call's first barrier: over TCP a
+// mismatch fails in the transport, here it would pass silently.
+struct CallRecord {
+  std::atomic<uint32_t> kind;
+  std::atomic<uint32_t> element_size;
+  std::atomic<uint64_t> bytes;
+  std::atomic<int32_t> root;
+};
+
+// Two cache lines per rank, so a rank's arrivals never share a line with another's.
+struct RankControl {
+  ShmCounter arrived;  // barriers this rank has reached; its pid
+  // By the parity of the call: a rank that finished a call (one barrier per piece) may already
+  // publish its next while a slower one still checks this one, but never the one after.
+  alignas(64) CallRecord calls[2];
+};
+
+constexpr size_t kPage = 4096;
+constexpr size_t kMaxSegmentBytes = 64 << 20;
+
+size_t control_bytes(int size) {
+  return (static_cast<size_t>(size) * sizeof(RankControl) + kPage - 1) / kPage * kPage;
+}
+
+RankControl& control(uint8_t* base, int rank) { return reinterpret_cast<RankControl*>(base)[rank]; }
+
+}  // namespace
+
+size_t ShmCollectives::slot_bytes(int size) {
+  const size_t most = kMaxSegmentBytes / (2 * static_cast<size_t>(size)) / kPage * kPage;
+  return std::clamp<size_t>(most, 64 << 10, 1 << 20);
+}
+
+std::unique_ptr<ShmCollectives> ShmCollectives::connect(Store& store, int rank, int size,
+                                                        Millis timeout, std::string* why_not) {
+  auto refuse = [&](std::string why) {
+    if (why_not) *why_not = std::move(why);
+    return std::unique_ptr<ShmCollectives>();
+  };
+  if (size < 2) return refuse("a world of one");
+  auto key = [](const std::string& what, int r) { return "shm/" + what + "/" + std::to_string(r); };
+  auto all_keys = [&](const std::string& what) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(key(what, r));
+    return keys;
+  };
+  auto text = [](const Bytes& b) { return std::string(b.begin(), b.end()); };
+  auto bytes_of = [](const std::string& s) { return Bytes(s.begin(), s.end()); };
+
+  // 1. Rank 0 creates the segment and publishes its name, or why it could not.
+  const size_t slot = slot_bytes(size);
+  const size_t bytes = control_bytes(size) + 2 * static_cast<size_t>(size) * slot;
+  std::string name;
+  ShmMapping mapping;
+  if (rank == 0) {
+    name = new_shm_segment_name("shm");
+    mapping = map_shm_segment(name, bytes, /*create=*/true);
+    store.set("shm/segment", bytes_of(mapping.base ? name : "!" + mapping.error));
+  } else {
+    store.wait({"shm/segment"}, timeout);
+    name = text(store.get("shm/segment"));
+    mapping = name.rfind('!', 0) == 0 ? ShmMapping{nullptr, 0, "rank 0: " + name.substr(1)}
+                                      : map_shm_segment(name, bytes, /*create=*/false);
+  }
+  if (mapping.base) control(mapping.base, rank).arrived.pid.store(static_cast<int32_t>(getpid()));
+
+  // 2. Every rank says whether it mapped it; rank 0 then unlinks the name, so the segment goes
+  // away with the last process that maps it, however the job ends.
+  store.set(key("mapped", rank), bytes_of(mapping.base ? "" : mapping.error));
+  store.wait(all_keys("mapped"), timeout);
+  std::string failed;
+  for (int r = 0; r < size && failed.empty(); ++r) {
+    const std::string error = text(store.get(key("mapped", r)));
+    if (!error.empty()) failed = "rank " + std::to_string(r) + " cannot map it: " + error;
+  }
+  if (rank == 0 && mapping.base) shm_unlink(name.c_str());
+  if (!failed.empty()) {
+    if (mapping.base) munmap(mapping.base, bytes);
+    return refuse("no shared-memory segment: " + failed);
+  }
+  return std::unique_ptr<ShmCollectives>(new ShmCollectives(rank, size, mapping.base, bytes));
+}
+
+ShmCollectives::ShmCollectives(int rank, int size, uint8_t* base, size_t bytes)
+    : rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes(size)) {
+  // Every pid is in the segment once all ranks mapped it.
+  for (int r = 0; r < size_; ++r)
+    peers_.emplace_back(r == rank_ ? ShmPeer() : ShmPeer(r, control(base_, r).arrived.pid.load()));
+}
+
+ShmCollectives::~ShmCollectives() { munmap(base_, bytes_); }
+
+uint8_t* ShmCollectives::slot(int set, int rank) const {
+  return base_ + control_bytes(size_) +
+         (static_cast<size_t>(set) * static_cast<size_t>(size_) + static_cast<size_t>(rank)) *
+             slot_bytes_;
+}
+
+void ShmCollectives::wait_for_all(Millis timeout, const Cancelled& cancelled) {
+  const uint32_t target = ++barriers_;
+  shm_advance(control(base_, rank_).arrived, target);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 1; r < size_; ++r) {
+    const int peer = (rank_ + r) % size_;
+    shm_wait(control(base_, peer).arrived, target, peers_[static_cast<size_t>(peer)], nullptr,
+             deadline, timeout, cancelled);
+  }
+}
+
+void ShmCollectives::begin_call(const Call& call) {
+  CallRecord& r = control(base_, rank_).calls[calls_ % 2];
+  r.kind.store(static_cast<uint32_t>(call.kind));
+  r.element_size.store(call.element_size);
+  r.bytes.store(call.bytes);
+  r.root.store(call.root);
+}
+
+namespace {
+
+std::string describe(const CallRecord& r) {
+  const uint64_t bytes = r.bytes.load();
+  const uint32_t element_size = std::max<uint32_t>(r.element_size.load(), 1);
+  const std::string elements = element_size == 1
+                                   ? std::to_string(bytes) + " bytes"
+                                   : std::to_string(bytes / element_size) + " elements of " +
+                                         std::to_string(element_size) + " bytes";
+  using Kind = ShmCollectives::Kind;
+  switch (static_cast<Kind>(r.kind.load())) {
+    case Kind::allreduce:
+      return "all-reduces " + elements;
+    case Kind::reduce_scatter:
+      return "reduce-scatters " + elements;
+    case Kind::allgather:
+      return "all-gathers " + elements;
+    case Kind::broadcast:
+      return "broadcasts " + elements + " from rank " + std::to_string(r.root.load());
+    case Kind::barrier:
+      return "waits at a barrier";
+  }
+  return "calls collective " + std::to_string(r.kind.load());
+}
+
+bool same_call(const CallRecord& a, const CallRecord& b) {
+  return a.kind.load() == b.kind.load() && a.bytes.load() == b.bytes.load() &&
+         a.element_size.load() == b.element_size.load() && a.root.load() == b.root.load();
+}
+
+}  // namespace
+
+void ShmCollectives::check_call() const {
+  const CallRecord& mine = control(base_, rank_).calls[calls_ % 2];
+  for (int r = 0; r < size_; ++r) {
+    const CallRecord& theirs = control(base_, r).calls[calls_ % 2];
+    if (same_call(theirs, mine)) continue;
+    throw ShmFailure("rank " + std::to_string(r) + " " + describe(theirs) + ", rank " +
+                         std::to_string(rank_) + " " + describe(mine) +
+                         ": the ranks called different collectives",
+                     false);
+  }
+}
+
+void ShmCollectives::fold_pieces(const Fold& f, Millis timeout, const Cancelled& cancelled) {
+  const int n = size_;
+  const size_t es = f.element_size;
+  size_t longest = 0;
+  for (size_t b : f.chunk_bytes) longest = std::max(longest, b);
+  // Elements of each chunk per piece: n of them fill a slot, each starting on a cache line.
+  const size_t line_elements = std::max<size_t>(64 / es, 1);
+  const size_t piece =
+      std::max(slot_bytes_ / static_cast<size_t>(n) / es / line_elements, size_t{1}) *
+      line_elements;
+  const size_t piece_bytes = piece * es;
+  if (fold_.size() < piece_bytes) fold_.resize(piece_bytes);
+  auto count = [&](int c, size_t p) {  // elements of chunk c in piece p
+    const size_t elements = f.chunk_bytes[static_cast<size_t>(c)] / es;
+    return std::min(piece, elements - std::min(elements, p * piece));
+  };
+  // At least one piece: ranks that pass nothing still meet and check each other's call.
+  const size_t pieces = std::max<size_t>((longest + piece_bytes - 1) / piece_bytes, 1);
+  for (size_t p = 0; p < pieces; ++p) {
+    const int set = next_set();
+    auto at = [&](int r, int c) {
+      return slot(set, ((r % n) + n) % n) + static_cast<size_t>(c) * piece_bytes;
+    };
+    for (int c = 0; c < n; ++c) {
+      if (const size_t m = count(c, p))
+        std::memcpy(at(rank_, c), f.chunks[static_cast<size_t>(c)] + p * piece_bytes, m * es);
+    }
+    wait_for_all(timeout, cancelled);
+    if (p == 0) check_call();
+    // This rank's chunk, folded in the ring's order: rank c+1's bytes first, then each next
+    // rank's (own) (op) the partial, this rank's last.
+    const int c = rank_;
+    uint8_t* result = f.out_own ? f.out_own + p * piece_bytes : at(c, c);
+    if (const size_t m = count(c, p); m > 0) {
+      if (n == 2) {
+        f.reduce(result, at(c, c), at(c + 1, c), m);
+      } else {
+        // The partial may build up in the output, unless that is this rank's own operand.
+        uint8_t* partial = f.out_own ? result : fold_.data();
+        f.reduce(partial, at(c + 2, c), at(c + 1, c), m);
+        for (int k = 3; k < n; ++k) f.reduce(partial, at(c + k, c), partial, m);
+        f.reduce(result, at(c, c), partial, m);
+      }
+      if (f.finish) f.finish(result, m);
+    }
+    if (!f.copy_out) continue;
+    wait_for_all(timeout, cancelled);
+    for (int o = 0; o < n; ++o) {
+      if (const size_t m = count(o, p))
+        std::memcpy((*f.copy_out)[static_cast<size_t>(o)] + p * piece_bytes, at(o, o), m * es);
+    }
+  }
+}
+
+void ShmCollectives::allreduce(uint8_t* data, const std::vector<int64_t>& bounds,
+                               size_t element_size, ReduceFn reduce, const ChunkFn& finish,
+                               Millis timeout, const Cancelled& cancelled) {
+  const int n = size_;
+  DPAR_CHECK(static_cast<int>(bounds.size()) == n + 1, "shm allreduce: ", bounds.size(),
+             " chunk bounds for ", n, " ranks");
+  std::vector<const uint8_t*> chunks(static_cast<size_t>(n));
+  std::vector<uint8_t*> outputs(static_cast<size_t>(n));
+  std::vector<size_t> chunk_bytes(static_cast<size_t>(n));
+  for (int c = 0; c < n; ++c) {
+    outputs[c] = data + static_cast<size_t>(bounds[c]) * element_size;
+    chunks[c] = outputs[c];
+    chunk_bytes[c] = static_cast<size_t>(bounds[c + 1] - bounds[c]) * element_size;
+  }
+  begin_call({Kind::allreduce, static_cast<uint64_t>(bounds[n]) * element_size,
+              static_cast<uint32_t>(element_size), 0});
+  fold_pieces({chunks, chunk_bytes, element_size, reduce, finish, nullptr, &outputs}, timeout,
+              cancelled);
+  ++calls_;
+}
+
+void ShmCollectives::reduce_scatter(const std::vector<const uint8_t*>& chunks,
+                                    const std::vector<size_t>& chunk_bytes, uint8_t* out,
+                                    size_t element_size, ReduceFn reduce, const ChunkFn& finish,
+                                    Millis timeout, const Cancelled& cancelled) {
+  DPAR_CHECK(chunks.size() == static_cast<size_t>(size_) && chunk_bytes.size() == chunks.size(),
+             "shm reduce_scatter: ", chunks.size(), " chunks for ", size_, " ranks");
+  uint64_t total = 0;
+  for (size_t b : chunk_bytes) total += b;
+  begin_call({Kind::reduce_scatter, total, static_cast<uint32_t>(element_size), 0});
+  fold_pieces({chunks, chunk_bytes, element_size, reduce, finish, out, nullptr}, timeout,
+              cancelled);
+  ++calls_;
+}
+
+void ShmCollectives::allgather(const uint8_t* mine, const std::vector<uint8_t*>& outputs,
+                               const std::vector<size_t>& chunk_bytes, Millis timeout,
+                               const Cancelled& cancelled) {
+  DPAR_CHECK(outputs.size() == static_cast<size_t>(size_) && chunk_bytes.size() == outputs.size(),
+             "shm allgather: ", outputs.size(), " outputs for ", size_, " ranks");
+  uint64_t total = 0;
+  size_t longest = 0;
+  for (size_t b : chunk_bytes) {
+    total += b;
+    longest = std::max(longest, b);
+  }
+  begin_call({Kind::allgather, total, 1, 0});
+  // Each rank has a whole slot for its piece.
+  const size_t piece = slot_bytes_;
+  auto count = [&](int r, size_t p) {
+    const size_t bytes = chunk_bytes[static_cast<size_t>(r)];
+    return std::min(piece, bytes - std::min(bytes, p * piece));
+  };
+  const size_t pieces = std::max<size_t>((longest + piece - 1) / piece, 1);
+  for (size_t p = 0; p < pieces; ++p) {
+    const int set = next_set();
+    if (const size_t m = count(rank_, p)) std::memcpy(slot(set, rank_), mine + p * piece, m);
+    wait_for_all(timeout, cancelled);
+    if (p == 0) check_call();
+    for (int r = 0; r < size_; ++r) {
+      const size_t m = count(r, p);
+      if (m == 0 || (r == rank_ && outputs[static_cast<size_t>(r)] == mine)) continue;
+      std::memcpy(outputs[static_cast<size_t>(r)] + p * piece, slot(set, r), m);
+    }
+  }
+  ++calls_;
+}
+
+void ShmCollectives::broadcast(uint8_t* data, size_t bytes, int root, Millis timeout,
+                               const Cancelled& cancelled) {
+  begin_call({Kind::broadcast, bytes, 1, root});
+  // The root fills the whole slot set: the slots of a set are consecutive.
+  const size_t piece = slot_bytes_ * static_cast<size_t>(size_);
+  const size_t pieces = std::max<size_t>((bytes + piece - 1) / piece, 1);
+  for (size_t p = 0; p < pieces; ++p) {
+    const int set = next_set();
+    const size_t length = std::min(piece, bytes - std::min(bytes, p * piece));
+    if (rank_ == root && length > 0) std::memcpy(slot(set, 0), data + p * piece, length);
+    wait_for_all(timeout, cancelled);
+    if (p == 0) check_call();
+    if (rank_ != root && length > 0) std::memcpy(data + p * piece, slot(set, 0), length);
+  }
+  ++calls_;
+}
+
+void ShmCollectives::barrier(Millis timeout, const Cancelled& cancelled) {
+  begin_call({Kind::barrier, 0, 1, 0});
+  wait_for_all(timeout, cancelled);
+  check_call();
+  ++calls_;
+}
+
+}  // namespace dpar::dist::detail
