@@ -1,12 +1,15 @@
-// All-reduce throughput of dpar's Gloo process group beside raw Gloo and Open MPI, 2 ranks, in
-// the same invocation. The default group reduces through shared memory when every rank is on
-// this host (shm_collectives.h); a second group with shared memory off times dpar's TCP ring
-// beside it; after the table rank 0 runs Open MPI's MPI_Allreduce on its shared-memory transport
-// (bench/peers/mpi_allreduce.cpp under mpirun) at the sizes from 1 MB, the other ranks idle.
+// Collective throughput of dpar's Gloo process group beside raw Gloo and Open MPI, 2 ranks, in
+// the same invocation: allreduce, or with --op reduce_scatter, allgather or broadcast
+// (bench_allreduce_peers.h says what each peer calls). The default group runs them through
+// shared memory when every rank is on this host (shm_collectives.h); a second group with shared
+// memory off times dpar's TCP ring beside it; after the table rank 0 runs Open MPI's collective
+// on its shared-memory transport (bench/peers/mpi_allreduce.cpp under mpirun) at the sizes from
+// 1 MB, the other ranks idle.
 // Started on its own it re-launches itself through dpar-launch (2 processes on loopback); under a
 // launcher (DPAR_RANK set, or --worker) it is one of the ranks. For every size both ranks time
 // dpar's synchronous `default_group().allreduce({t}, Sum, false)` (what raw Gloo's call is:
-// blocking) and a plain gloo::allreduce on a second Gloo context rendezvoused through the same
+// blocking; the other collectives likewise) and a plain gloo::allreduce on a second Gloo context
+// rendezvoused through the same
 // store and bound to the same address, alternating the two so they share the machine's noise. Rank
 // 0 prints ours, the peer (raw Gloo) and the ratio per size. dpar's group runs its own rings with a
 // CRC-32C on every hop (checked_ring.h), so the ratio includes what the checks cost; raw Gloo
@@ -19,11 +22,6 @@
 // `chrt -f 10 bench_allreduce` (as root; the ranks inherit it) keeps other work from delaying
 // both sides. --recorder only measures the flight recorder (one process).
 #include <arpa/inet.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
-#include <gloo/math.h>
-#include <gloo/transport/tcp/device.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -41,6 +39,7 @@
 #include <vector>
 
 #include "bench_allreduce_gpu.h"
+#include "bench_allreduce_peers.h"
 #include "bench_util.h"
 #include "distributed/flight_recorder.h"
 #include "distributed/gloo/bind_address.h"
@@ -61,6 +60,7 @@ struct Options {
   bool diag = false;
   bool async = false;
   bool mpi = true;
+  bench::Collective op = bench::Collective::allreduce;
 };
 
 // ---- driver: re-launch through dpar-launch -------------------------------------------------
@@ -93,52 +93,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-// Raw Gloo: its own context over the job's store, bound to the dpar group's address.
-class RawGloo {
- public:
-  RawGloo(const std::shared_ptr<dist::Store>& store, int rank, int size,
-          const std::string& address) {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = address;
-    device_ = gloo::transport::tcp::CreateDevice(attr);
-    // The connections as dpar's group makes them; what is measured is Gloo's allreduce on them.
-    auto prefixed = std::make_shared<dist::PrefixStore>("bench_allreduce/raw", store);
-    dist::detail::MeshOptions mesh;
-    mesh.rank = rank;
-    mesh.size = size;
-    mesh.timeout = std::chrono::minutes(2);
-    context_ = dist::detail::connect_gloo_mesh(prefixed, device_, mesh);
-  }
-
-  void allreduce(float* data, size_t n) {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, n);
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts.setTag(next_tag());
-    gloo::allreduce(opts);
-  }
-  void barrier() {
-    gloo::BarrierOptions opts(context_);
-    opts.setTag(next_tag());
-    gloo::barrier(opts);
-  }
-  int64_t broadcast_from_0(int64_t value) {
-    gloo::BroadcastOptions opts(context_);
-    opts.setOutput(&value, 1);
-    opts.setRoot(0);
-    opts.setTag(next_tag());
-    gloo::broadcast(opts);
-    return value;
-  }
-
- private:
-  uint32_t next_tag() { return tag_++ % 0x7fffffffu; }
-  std::shared_ptr<gloo::transport::Device> device_;
-  std::shared_ptr<gloo::Context> context_;
-  uint32_t tag_ = 1;
-};
-
 struct Row {
   size_t bytes;
   int64_t iters;
@@ -155,62 +109,6 @@ struct Row {
   double ours_cpu_s, raw_cpu_s;
 };
 
-// Runs bench/peers/mpi_allreduce (built where Open MPI is found) under mpirun on Open MPI's
-// shared-memory transport and prints its bandwidth beside dpar's for the rows >= 1 MB.
-void run_open_mpi(const std::vector<Row>& rows, int world, const Options& opt) {
-  const std::string peer = DPAR_MPI_PEER;
-  if (peer.empty() || access(peer.c_str(), X_OK) != 0) {
-    std::printf("\n  Open MPI peer skipped: %s%s\n",
-                peer.empty() ? "this build found no MPI (scripts/bootstrap.sh installs Open MPI)"
-                             : "no executable ",
-                peer.c_str());
-    return;
-  }
-  std::string sizes;
-  for (const Row& r : rows) {
-    if (r.bytes < (1u << 20)) continue;
-    if (!sizes.empty()) sizes += ',';
-    sizes += std::to_string(r.bytes);
-  }
-  if (sizes.empty()) return;
-  // Open MPI's defaults: for ranks of one host it picks its shared-memory transport (vader,
-  // with single-copy CMA where the kernel allows it) and binds each rank to a core. Where CMA is
-  // refused (some containers), the same without the single-copy mechanism.
-  const std::string mpirun =
-      "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(world);
-  const std::string args = " " + peer + " --sizes " + sizes + " --min-seconds " +
-                           std::to_string(opt.min_seconds) + " --reps " + std::to_string(opt.reps);
-  nlohmann::json result;
-  std::string how = "its defaults";
-  try {
-    result = bench::run_command_json(mpirun + args + " 2>/dev/null");
-  } catch (const std::exception&) {
-    how = "btl_vader_single_copy_mechanism none";
-    try {
-      result =
-          bench::run_command_json(mpirun + " --mca btl_vader_single_copy_mechanism none" + args);
-    } catch (const std::exception& e) {
-      std::printf("\n  Open MPI peer failed: %s\n", e.what());
-      return;
-    }
-  }
-  std::printf("\n  %s, %d ranks on this host (%s), MPI_Allreduce f32 sum in place:\n",
-              result.at("library").get<std::string>().c_str(), world, how.c_str());
-  const auto& mpi_sizes = result.at("sizes");
-  const auto& mpi_seconds = result.at("seconds");
-  for (size_t i = 0; i < mpi_sizes.size(); ++i) {
-    const size_t bytes = mpi_sizes[i].get<size_t>();
-    const double mpi_bw = static_cast<double>(bytes) / mpi_seconds[i].get<double>() / 1e9;
-    for (const Row& r : rows) {
-      if (r.bytes != bytes) continue;
-      const double ours = static_cast<double>(bytes) / r.ours_s / 1e9;
-      std::printf("  %8s: open mpi %7.3f GB/s, dpar %7.3f GB/s: dpar/open mpi %.2fx%s\n",
-                  bench::size_text(bytes).c_str(), mpi_bw, ours, ours / mpi_bw,
-                  bytes == (10u << 20) ? " (target >= 1 at 10 MB)" : "");
-    }
-  }
-}
-
 struct Usage {
   int64_t csw = 0;
   double cpu_s = 0;
@@ -223,6 +121,7 @@ struct Usage {
 };
 
 int run_worker(const Options& opt) {
+  const bench::Collective op = opt.op;
   dist::init_parallel_env();
   const int rank = dist::get_rank(), world = dist::get_world_size();
   DPAR_CHECK(world >= 2, "bench_allreduce --worker: needs a launcher with at least 2 ranks, got ",
@@ -234,7 +133,7 @@ int run_worker(const Options& opt) {
   // The address dpar's group listens on (it was created with the default options).
   const std::string address = dist::detail::default_bind_address(group.store().get());
   const bool detail = dist::ProcessGroupOptions::from_env().debug_detail;
-  RawGloo raw(group.store(), rank, world, address);
+  bench::RawGloo raw(group.store(), rank, world, address);
   // dpar's own TCP ring beside the default group (which uses shared memory when every rank is
   // on this host): the same group with shared memory off.
   dist::ProcessGroupOptions ring_options = dist::ProcessGroupOptions::from_env();
@@ -255,23 +154,28 @@ int run_worker(const Options& opt) {
 
   const std::string load_before = bench::load_average();
   if (rank == 0) {
+    const char* name = bench::collective_name(op);
     std::printf(
-        "bench_allreduce: f32 sum all-reduce, %d ranks on %s, %ld CPU(s), DETAIL %s, dpar call: "
-        "%s\n",
+        "bench_allreduce: f32 %s%s, %d ranks on %s, %ld CPU(s), DETAIL %s, dpar call: %s (%s)\n",
+        name,
+        op == bench::Collective::broadcast   ? " from rank 0"
+        : op == bench::Collective::allgather ? " in place"
+                                             : " (sum)",
         world, address.c_str(), sysconf(_SC_NPROCESSORS_ONLN),
-        detail ? "ON (slows every call)" : "off",
-        opt.async ? "allreduce({t})->wait() (async)" : "allreduce({t}, Sum, false) (sync)");
+        detail ? "ON (slows every call)" : "off", name,
+        opt.async ? "async, then wait()" : "synchronous");
     std::printf(
-        "  dpar: the default group, allreduce over %s; dpar ring: the same group with shared "
-        "memory off (its CRC-32C-checked TCP ring); peer: raw gloo::allreduce (default "
-        "algorithm, gloo::sum<float>, no checksum) on a second context, same store and "
-        "address\n",
-        transport.c_str());
+        "  dpar: the default group, collectives over %s; dpar ring: the same group with shared "
+        "memory off (its CRC-32C-checked TCP ring; Gloo's broadcast tree); peer: raw Gloo's %s "
+        "(%s, no checksum) on a second context, same store and address\n",
+        transport.c_str(), name,
+        op == bench::Collective::reduce_scatter ? "ReduceScatterHalvingDoubling<float>"
+                                                : "default algorithm");
     std::printf(
-        "  median of %lld repetitions, >= %.2f s each; GB/s = 1e9 B/s; busbw = "
-        "2(n-1)/n x algbw\n  ratio and overhead %%: median over repetitions of the adjacent "
+        "  size: the whole buffer; median of %lld repetitions, >= %.2f s each; GB/s = 1e9 B/s; "
+        "busbw = %.2f x algbw\n  ratio and overhead %%: median over repetitions of the adjacent "
         "dpar/gloo pair\n\n",
-        static_cast<long long>(opt.reps), opt.min_seconds);
+        static_cast<long long>(opt.reps), opt.min_seconds, bench::bus_factor(op, world));
     std::printf("%8s %7s | %11s %8s %8s | %11s %8s | %11s %8s | %6s %9s %8s\n", "size", "iters",
                 "dpar/call", "algbw", "busbw", "ring/call", "algbw", "gloo/call", "algbw", "ratio",
                 "overhead", "");
@@ -281,38 +185,94 @@ int run_worker(const Options& opt) {
   }
 
   std::vector<Row> rows;
-  const double expect = world * (world + 1) / 2.0;
-  for (const size_t bytes : sizes) {
-    const size_t n = bytes / sizeof(float);
+  for (const size_t whole : sizes) {
+    // Equal chunks for reduce_scatter and allgather (the peers take no others).
+    const size_t chunk = whole / sizeof(float) / static_cast<size_t>(world);
+    const size_t n = chunk * static_cast<size_t>(world), bytes = n * sizeof(float);
     Tensor t = Tensor::empty({static_cast<int64_t>(n)});
+    Tensor mine = Tensor::empty({static_cast<int64_t>(chunk)});  // reduce_scatter's output
     std::vector<float> buf(n);
-    auto ours = [&] {
-      if (opt.async) {
-        group.allreduce({t})->wait();
-      } else {
-        group.allreduce({t}, dist::ReduceOp::Sum, /*async_op=*/false);
+    auto chunks = [&](const Tensor& flat) {
+      std::vector<Tensor> pieces;
+      for (int r = 0; r < world; ++r) {
+        const auto lo = static_cast<int64_t>(chunk) * r;
+        pieces.push_back(flat.slice(0, lo, lo + static_cast<int64_t>(chunk)));
       }
+      return pieces;
     };
-    auto theirs = [&] { raw.allreduce(buf.data(), n); };
-    auto ring = [&] { ring_group->allreduce({t}, dist::ReduceOp::Sum, /*async_op=*/false); };
+    // dpar's call on a group, synchronous or (--async) handed to its thread and waited for.
+    auto call = [&](auto& pg, const Tensor& flat, const Tensor& part) {
+      std::shared_ptr<dist::Work> work;
+      switch (op) {
+        case bench::Collective::allreduce:
+          work = pg.allreduce({flat}, dist::ReduceOp::Sum, opt.async);
+          break;
+        case bench::Collective::reduce_scatter:
+          work = pg.reduce_scatter(part, chunks(flat), dist::ReduceOp::Sum, opt.async);
+          break;
+        case bench::Collective::allgather: {  // in place, as the peers (and sharded training)
+          std::vector<Tensor> outputs = chunks(flat);
+          work = pg.allgather(outputs, outputs[static_cast<size_t>(rank)], opt.async);
+          break;
+        }
+        case bench::Collective::broadcast:
+          work = pg.broadcast({flat}, 0, opt.async);
+          break;
+      }
+      if (opt.async) work->wait();
+    };
+    auto ours = [&] { call(group, t, mine); };
+    auto theirs = [&] { raw.run(op, buf.data(), n); };
+    auto ring = [&] { call(*ring_group, t, mine); };
 
     if (opt.check) {
-      t.fill_(rank + 1);
-      std::fill(buf.begin(), buf.end(), static_cast<float>(rank + 1));
-      ours();
+      // Rank r contributes r + 1 everywhere; what each rank must hold afterwards, where.
+      const float value = static_cast<float>(rank + 1);
+      const float sum = static_cast<float>(world * (world + 1) / 2);
+      auto expected = [&](size_t i) {  // element i of the whole buffer
+        switch (op) {
+          case bench::Collective::allreduce:
+            return sum;
+          case bench::Collective::reduce_scatter:
+            return i / chunk == static_cast<size_t>(rank) ? sum : value;
+          case bench::Collective::allgather:
+            return static_cast<float>(i / chunk + 1);
+          case bench::Collective::broadcast:
+            return 1.0f;
+        }
+        return 0.0f;
+      };
+      const size_t own = static_cast<size_t>(rank) * chunk;
+      std::vector<std::pair<std::string, std::vector<float>>> results;
+      for (int which = 0; which < 2; ++which) {  // the default group, then the TCP ring
+        t.fill_(value);
+        mine.fill_(value);
+        which == 0 ? ours() : ring();
+        std::vector<float> got = t.to_float_vector();
+        // reduce_scatter's result is its output, allgather's the whole buffer.
+        if (op == bench::Collective::reduce_scatter) {
+          const std::vector<float> part = mine.to_float_vector();
+          std::copy(part.begin(), part.end(), got.begin() + static_cast<int64_t>(own));
+        }
+        results.emplace_back(which == 0 ? "dpar" : "dpar ring", std::move(got));
+      }
+      std::fill(buf.begin(), buf.end(), value);
       theirs();
-      Tensor u = Tensor::full({static_cast<int64_t>(n)}, rank + 1);
-      ring_group->allreduce({u}, dist::ReduceOp::Sum, /*async_op=*/false);
-      const float* p = t.data<float>();
-      const float* q = u.data<float>();
-      for (size_t i = 0; i < n; ++i) {
-        DPAR_CHECK(p[i] == expect && buf[i] == expect && q[i] == expect,
-                   "bench_allreduce: wrong sum at element ", i, " of ", bench::size_text(bytes),
-                   ": dpar ", p[i], ", dpar ring ", q[i], ", gloo ", buf[i], ", expected ", expect);
+      results.emplace_back("gloo", buf);
+      for (const auto& [who, got] : results) {
+        for (size_t i = 0; i < n; ++i) {
+          // Raw Gloo's halving-doubling reduce-scatter leaves the other chunks as partial sums.
+          if (who == "gloo" && op == bench::Collective::reduce_scatter && i / chunk != own / chunk)
+            continue;
+          DPAR_CHECK(got[i] == expected(i), "bench_allreduce: ", who, "'s ",
+                     bench::collective_name(op), " is wrong at element ", i, " of ",
+                     bench::size_text(bytes), ": ", got[i], ", expected ", expected(i));
+        }
       }
     }
     // Zeros stay zeros under repeated sums: no overflow or denormals skew the timing.
     t.zero_();
+    mine.zero_();
     std::fill(buf.begin(), buf.end(), 0.0f);
 
     // Calibration (also the warm-up): batches of doubling length until one takes 50 ms on
@@ -381,7 +341,7 @@ int run_worker(const Options& opt) {
     if (rank == 0) {
       const double algbw = static_cast<double>(bytes) / row.ours_s / 1e9;
       const double raw_bw = static_cast<double>(bytes) / row.raw_s / 1e9;
-      const double bus = 2.0 * (world - 1) / world;
+      const double bus = bench::bus_factor(op, world);
       const double ring_bw = static_cast<double>(bytes) / row.ring_s / 1e9;
       std::printf(
           "%8s %7lld | %9.1fus %8.3f %8.3f | %9.1fus %8.3f | %9.1fus %8.3f | %6.3f %8.1f%% %8.1f",
@@ -426,16 +386,22 @@ int run_worker(const Options& opt) {
                   median(small_us), median(small_pct));
     }
     std::printf("  sizes >= 64 KB with overhead > 5%%: %s\n", over.empty() ? "none" : over.c_str());
-    std::printf(
-        "  reference (PyTorch's gloo here, reference-facts.md): 0.67 / 0.73 / 0.70 GB/s "
-        "at 10 / 16 / 64 MB\n");
+    if (op == bench::Collective::allreduce) {
+      std::printf(
+          "  reference (PyTorch's gloo here, reference-facts.md): 0.67 / 0.73 / 0.70 GB/s "
+          "at 10 / 16 / 64 MB\n");
+    }
     std::printf("  load average before / after: %s / %s (2 ranks on %ld CPU(s))\n",
                 load_before.c_str(), bench::load_average().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
   }
   // Open MPI's shared-memory allreduce at the same sizes (>= 1 MB), run by rank 0 while the
   // other ranks wait, so the two never share the cores.
   if (opt.mpi) {
-    if (rank == 0) run_open_mpi(rows, world, opt);
+    if (rank == 0) {
+      std::vector<std::pair<size_t, double>> ours;
+      for (const Row& r : rows) ours.emplace_back(r.bytes, r.ours_s);
+      bench::run_open_mpi(op, ours, world, opt.min_seconds, opt.reps);
+    }
     if (rank == 0) group.store()->set("bench_allreduce/mpi_done", {1});
     group.store()->wait({"bench_allreduce/mpi_done"}, std::chrono::minutes(30));
   }
@@ -492,7 +458,7 @@ int run_recorder_bench() {
 int main(int argc, char** argv) {
   return run_main("bench_allreduce", [&] {
     Flags flags("bench_allreduce",
-                "All-reduce throughput, 2 ranks: dpar's gloo group vs raw Gloo in the same run");
+                "Collective throughput, 2 ranks: dpar's gloo group vs raw Gloo and Open MPI");
     auto& max_mb =
         flags.add_double("max-mb", 0, "largest message in MB (0: 64 on cpu, 256 on gpu)");
     auto& device = flags.add_string("device", "cpu",
@@ -513,7 +479,9 @@ int main(int argc, char** argv) {
     auto& async = flags.add_bool(
         "async", false, "time the asynchronous call and wait() instead of the synchronous call");
     auto& mpi = flags.add_bool("mpi", true,
-                               "also run Open MPI's shared-memory allreduce (mpirun) at >= 1 MB");
+                               "also run Open MPI's shared-memory collective (mpirun) at >= 1 MB");
+    auto& op_name = flags.add_string(
+        "op", "allreduce", "--device cpu: allreduce, reduce_scatter, allgather or broadcast");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCH_PATH, "dpar-launch to start ranks");
     auto& start_port = flags.add_int("start-port", 0, "dpar-launch --start_port (0: a free one)");
     auto& worker = flags.add_bool("worker", false, "run as a rank (set by the driver)");
@@ -524,6 +492,12 @@ int main(int argc, char** argv) {
     DPAR_CHECK(max_mb >= 0 && min_seconds > 0 && reps >= 1 && nproc >= 2,
                "bench_allreduce: --max-mb, --min-seconds, --reps must be positive, --nproc >= 2");
     const bool gpu = device == "gpu";
+    DPAR_CHECK(op_name == "allreduce" || op_name == "reduce_scatter" || op_name == "allgather" ||
+                   op_name == "broadcast",
+               "bench_allreduce: --op=", op_name,
+               ": expected allreduce, reduce_scatter, allgather or broadcast");
+    DPAR_CHECK(!gpu || op_name == "allreduce", "bench_allreduce: --op ", op_name,
+               " is measured on --device cpu only");
     DPAR_CHECK(gpu || device == "cpu", "bench_allreduce: --device=", device,
                ": expected cpu or gpu");
     DPAR_CHECK(!gpu || built_with_cuda(),
@@ -549,6 +523,11 @@ int main(int argc, char** argv) {
           {largest, reps, static_cast<int>(gpu_index), static_cast<bool>(peer), max_iters});
 #endif
     }
-    return run_worker({largest, min_seconds, reps, check, diag, async, mpi});
+    bench::Collective op = bench::Collective::allreduce;
+    for (auto c : {bench::Collective::allreduce, bench::Collective::reduce_scatter,
+                   bench::Collective::allgather, bench::Collective::broadcast}) {
+      if (op_name == bench::collective_name(c)) op = c;
+    }
+    return run_worker({largest, min_seconds, reps, check, diag, async, mpi, op});
   });
 }

@@ -1,8 +1,10 @@
-// Open MPI peer for bench_allreduce: MPI_Allreduce (f32 sum, in place) between the ranks of
-// one mpirun, on Open MPI's shared-memory transport when bench_allreduce starts it
-// (`mpirun --mca btl self,vader`). For each size: a warm-up call, then batches of calls until
-// --min-seconds has passed, --reps times; rank 0 prints one JSON line
-// {"sizes": [bytes...], "seconds": [median seconds per call...], "library": "..."}.
+// Open MPI peer for bench_allreduce: one collective between the ranks of one mpirun, on Open
+// MPI's shared-memory transport when bench_allreduce starts it (`--op`: allreduce, f32 sum in
+// place; reduce_scatter, MPI_Reduce_scatter_block of the whole buffer into a chunk of its own;
+// allgather, in place; broadcast from rank 0). For each size (the whole buffer, in bytes): a
+// warm-up call, then batches of calls until --min-seconds has passed, --reps times; rank 0
+// prints one JSON line
+// {"sizes": [bytes...], "seconds": [median seconds per call...], "library": "...", "call": "..."}.
 // Built by bench/CMakeLists.txt where MPI is found (scripts/bootstrap.sh installs Open MPI).
 #include <mpi.h>
 
@@ -30,9 +32,12 @@ int main(int argc, char** argv) {
   std::vector<size_t> sizes;
   double min_seconds = 0.3;
   int reps = 5;
+  std::string op = "allreduce";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--sizes") {
+    if (flag == "--op") {
+      op = argv[i + 1];
+    } else if (flag == "--sizes") {
       for (char* p = std::strtok(argv[i + 1], ","); p; p = std::strtok(nullptr, ",")) {
         sizes.push_back(std::strtoull(p, nullptr, 10));
       }
@@ -42,12 +47,28 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[i + 1]);
     }
   }
+  if (op != "allreduce" && op != "reduce_scatter" && op != "allgather" && op != "broadcast") {
+    if (rank == 0) std::fprintf(stderr, "mpi_allreduce_peer: --op %s: unknown\n", op.c_str());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
   std::vector<double> seconds;
   for (const size_t bytes : sizes) {
     std::vector<float> buf(bytes / sizeof(float), static_cast<float>(rank + 1));
     const int n = static_cast<int>(buf.size());
+    const int chunk = n / size;
+    std::vector<float> mine(static_cast<size_t>(chunk));
     auto call = [&] {
-      MPI_Allreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      if (op == "reduce_scatter") {
+        MPI_Reduce_scatter_block(buf.data(), mine.data(), chunk, MPI_FLOAT, MPI_SUM,
+                                 MPI_COMM_WORLD);
+      } else if (op == "allgather") {
+        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), chunk, MPI_FLOAT,
+                      MPI_COMM_WORLD);
+      } else if (op == "broadcast") {
+        MPI_Bcast(buf.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      } else {
+        MPI_Allreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      }
     };
     call();
     // Calls per batch, agreed by every rank (rank 0's estimate).
@@ -75,7 +96,12 @@ int main(int argc, char** argv) {
     int length = 0;
     MPI_Get_library_version(library, &length);
     std::string first_line(library, strcspn(library, ",\n"));
-    std::printf("{\"library\": \"%s\", \"ranks\": %d, \"sizes\": [", first_line.c_str(), size);
+    const char* call = op == "reduce_scatter" ? "MPI_Reduce_scatter_block f32 sum"
+                       : op == "allgather"    ? "MPI_Allgather f32 in place"
+                       : op == "broadcast"    ? "MPI_Bcast f32 from rank 0"
+                                              : "MPI_Allreduce f32 sum in place";
+    std::printf("{\"library\": \"%s\", \"call\": \"%s\", \"ranks\": %d, \"sizes\": [",
+                first_line.c_str(), call, size);
     for (size_t i = 0; i < sizes.size(); ++i) std::printf("%s%zu", i ? ", " : "", sizes[i]);
     std::printf("], \"seconds\": [");
     for (size_t i = 0; i < seconds.size(); ++i) std::printf("%s%.9g", i ? ", " : "", seconds[i]);
