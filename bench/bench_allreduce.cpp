@@ -1,21 +1,20 @@
-// Collective throughput of dpar's Gloo process group beside raw Gloo and Open MPI, 2 ranks, in
-// the same invocation: allreduce, or with --op reduce_scatter, allgather or broadcast
-// (bench_allreduce_peers.h says what each peer calls). The default group runs them through
-// shared memory when every rank is on this host (shm_collectives.h); a second group with shared
-// memory off times dpar's TCP ring beside it; after the table rank 0 runs Open MPI's collective
-// on its shared-memory transport (bench/peers/mpi_allreduce.cpp under mpirun) at the sizes from
-// 1 MB, the other ranks idle.
-// Started on its own it re-launches itself through dpar-launch (2 processes on loopback); under a
-// launcher (DPAR_RANK set, or --worker) it is one of the ranks. For every size both ranks time
-// dpar's synchronous `default_group().allreduce({t}, Sum, false)` (what raw Gloo's call is:
-// blocking; the other collectives likewise) and a plain gloo::allreduce on a second Gloo context
-// rendezvoused through the same
-// store and bound to the same address, alternating the two so they share the machine's noise. Rank
-// 0 prints ours, the peer (raw Gloo) and the ratio per size. dpar's group runs its own rings with a
-// CRC-32C on every hop (checked_ring.h), so the ratio includes what the checks cost; raw Gloo
-// checks nothing. --async times `allreduce({t})->wait()` instead, which hands the call to the
-// group's communication thread and back. --diag adds voluntary context switches and CPU time per
-// call: each thread hand-off is a context switch.
+// Collective throughput of dpar's Gloo process group beside raw Gloo and Open MPI, 2 ranks
+// (--nproc), in the same invocation: allreduce, or with --op reduce_scatter, allgather or
+// broadcast (bench_allreduce_peers.h says what each peer calls). The default group runs them
+// through shared memory when every rank is on this host (shm_collectives.h); a second group with
+// shared memory off times dpar's TCP ring beside it; after the table rank 0 runs Open MPI's
+// collective on its shared-memory transport (bench/peers/mpi_allreduce.cpp under mpirun) at the
+// sizes from 1 MB, the other ranks idle.
+// Started on its own it re-launches itself through dpar-launch (processes on loopback); under a
+// launcher (DPAR_RANK set, or --worker) it is one of the ranks. For every size every rank times
+// dpar's synchronous call (e.g. `default_group().allreduce({t}, Sum, false)`: raw Gloo's call is
+// blocking too) and raw Gloo's on a second Gloo context rendezvoused through the same store and
+// bound to the same address, alternating them so they share the machine's noise. Rank 0 prints
+// ours, the peer (raw Gloo) and the ratio per size. dpar's TCP ring checks a CRC-32C on every hop
+// (checked_ring.h), so its ratio includes what the checks cost; raw Gloo checks nothing. --async
+// times the asynchronous call and wait() instead, which hands the call to the group's
+// communication thread and back. --diag adds voluntary context switches and CPU time per call:
+// each thread hand-off is a context switch.
 // --device gpu measures dpar's NCCL group instead, beside raw NCCL and torch.distributed
 // (bench_allreduce_nccl.cpp; CUDA builds).
 // On a busy machine every wake-up may wait for a time slice, which swamps the comparison;
@@ -261,9 +260,15 @@ int run_worker(const Options& opt) {
       results.emplace_back("gloo", buf);
       for (const auto& [who, got] : results) {
         for (size_t i = 0; i < n; ++i) {
-          // Raw Gloo's halving-doubling reduce-scatter leaves the other chunks as partial sums.
-          if (who == "gloo" && op == bench::Collective::reduce_scatter && i / chunk != own / chunk)
+          // Raw Gloo's halving-doubling reduce-scatter leaves this rank's result at the start of
+          // the buffer and partial sums elsewhere.
+          const bool raw_scatter = who == "gloo" && op == bench::Collective::reduce_scatter;
+          if (raw_scatter) {
+            if (i >= chunk) break;
+            DPAR_CHECK(got[i] == sum, "bench_allreduce: gloo's reduce_scatter is wrong at element ",
+                       i, " of ", bench::size_text(bytes), ": ", got[i], ", expected ", sum);
             continue;
+          }
           DPAR_CHECK(got[i] == expected(i), "bench_allreduce: ", who, "'s ",
                      bench::collective_name(op), " is wrong at element ", i, " of ",
                      bench::size_text(bytes), ": ", got[i], ", expected ", expected(i));
@@ -391,10 +396,11 @@ int run_worker(const Options& opt) {
           "  reference (PyTorch's gloo here, reference-facts.md): 0.67 / 0.73 / 0.70 GB/s "
           "at 10 / 16 / 64 MB\n");
     }
-    std::printf("  load average before / after: %s / %s (2 ranks on %ld CPU(s))\n",
-                load_before.c_str(), bench::load_average().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+    std::printf("  load average before / after: %s / %s (%d ranks on %ld CPU(s))\n",
+                load_before.c_str(), bench::load_average().c_str(), world,
+                sysconf(_SC_NPROCESSORS_ONLN));
   }
-  // Open MPI's shared-memory allreduce at the same sizes (>= 1 MB), run by rank 0 while the
+  // Open MPI's shared-memory collective at the same sizes (>= 1 MB), run by rank 0 while the
   // other ranks wait, so the two never share the cores.
   if (opt.mpi) {
     if (rank == 0) {
@@ -473,7 +479,7 @@ int main(int argc, char** argv) {
     auto& reps = flags.add_int("reps", 5, "repetitions per size (the median is reported)");
     auto& max_iters = flags.add_int("max-iters", 2000,
                                     "--device gpu: calls per timed loop at most (64 MB / size)");
-    auto& check = flags.add_bool("check", true, "verify each size's sums before timing");
+    auto& check = flags.add_bool("check", true, "verify each size's results before timing");
     auto& diag = flags.add_bool("diag", false,
                                 "also print context switches and CPU time per call (this process)");
     auto& async = flags.add_bool(

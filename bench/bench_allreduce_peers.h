@@ -75,8 +75,9 @@ class RawGloo {
     context_ = dpar::dist::detail::connect_gloo_mesh(prefixed, device_, mesh);
   }
 
-  // `data`: n floats; reduce_scatter leaves this rank's n / size in its own chunk (in place),
-  // allgather reads this rank's chunk and fills the others, broadcast sends rank 0's.
+  // `data`: n floats; reduce_scatter leaves this rank's n / size at the start (partial sums
+  // after it), allgather reads this rank's chunk and fills the others (in place), broadcast
+  // sends rank 0's.
   void run(Collective c, float* data, size_t n) {
     switch (c) {
       case Collective::allreduce: {
@@ -101,8 +102,7 @@ class RawGloo {
       }
       case Collective::allgather: {
         gloo::AllgatherOptions opts(context_);
-        const size_t chunk = n / static_cast<size_t>(size_);
-        opts.setInput(data + static_cast<size_t>(rank_) * chunk, chunk);
+        // No input: Gloo's in-place form, this rank's chunk of the output is its contribution.
         opts.setOutput(data, n);
         opts.setTag(next_tag());
         gloo::allgather(opts);

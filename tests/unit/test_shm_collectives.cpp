@@ -295,7 +295,7 @@ TEST_CASE("ranks that all-reduce different sizes through shared memory all fail,
   for (const std::string& e : errors) {
     INFO(e);
     CHECK_THAT(e, Catch::Contains("failed on rank") &&
-                      Catch::Contains(" elements of 4 bytes, rank ") && Catch::Contains("1000") &&
+                      Catch::Contains(" elements of f32 (sum), rank ") && Catch::Contains("1000") &&
                       Catch::Contains("999") &&
                       Catch::Contains("the ranks called different collectives"));
   }
@@ -303,14 +303,19 @@ TEST_CASE("ranks that all-reduce different sizes through shared memory all fail,
 
 TEST_CASE("ranks that call different collectives through shared memory all fail, naming both",
           "[shm]") {
-  // One rank all-gathers where the other reduce-scatters the same bytes, or the ranks name
-  // different roots: the segment would mix them silently, so every rank fails naming both calls.
+  // One rank all-gathers where the other reduce-scatters the same bytes, the ranks name
+  // different roots, split the same bytes differently, or reduce with different ops: the segment
+  // would mix them silently, so every rank fails naming both calls.
   struct Case {
     std::string rank0, rank1;
   };
   const std::vector<Case> cases = {
-      {"all-gathers 400 bytes", "reduce-scatters 100 elements of 4 bytes"},
+      {"all-gathers 100 elements of f32 in chunks of [50, 50]",
+       "reduce-scatters 100 elements of f32 (sum) in chunks of [50, 50]"},
       {"broadcasts 400 bytes from rank 0", "broadcasts 400 bytes from rank 1"},
+      {"reduce-scatters 100 elements of f32 (sum) in chunks of [50, 50]",
+       "reduce-scatters 100 elements of f32 (sum) in chunks of [60, 40]"},
+      {"all-reduces 100 elements of f32 (sum)", "all-reduces 100 elements of f32 (avg)"},
   };
   for (size_t k = 0; k < cases.size(); ++k) {
     std::vector<std::string> errors(2);
@@ -323,6 +328,13 @@ TEST_CASE("ranks that call different collectives through shared memory all fail,
         if (k == 0 && rank == 1)
           pg->reduce_scatter(t.slice(0, 50, 100), {t.slice(0, 0, 50), t.slice(0, 50, 100)})->wait();
         if (k == 1) pg->broadcast({t}, rank)->wait();
+        if (k == 2) {
+          const int64_t cut = rank == 0 ? 50 : 60;
+          pg->reduce_scatter(Tensor::zeros({rank == 0 ? cut : 100 - cut}),
+                             {t.slice(0, 0, cut), t.slice(0, cut, 100)})
+              ->wait();
+        }
+        if (k == 3) pg->allreduce({t}, rank == 0 ? ReduceOp::Sum : ReduceOp::Avg)->wait();
       } catch (const Error& e) {
         errors[static_cast<size_t>(rank)] = e.what();
       }
@@ -364,5 +376,36 @@ TEST_CASE("an abort ends a wait in a shared-memory allgather at once", "[shm]") 
   INFO(error);
   CHECK_THAT(error,
              Catch::Contains("allgather") && Catch::Contains("aborted: stopped by the test"));
+  CHECK(seconds < 10);
+}
+
+TEST_CASE("a rank that gives up fails the ranks waiting for it in shared memory at once", "[shm]") {
+  // Rank 1 is aborted (as an elastic job aborts the group of a stopped member) while rank 0
+  // waits for it in a barrier: over TCP the closed sockets would tell rank 0; here the segment
+  // does, long before the 60 s timeout.
+  std::string error;
+  double seconds = 0;
+  run_ranks(2, [&](int rank, std::shared_ptr<Store> store) {
+    auto pg = make_gloo_group(store, rank, 2, test_options(std::chrono::seconds(60)));
+    pg->barrier()->wait();  // both connected
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      pg->abort("stopped by the test");
+      store->wait({"give-up-test/done"}, std::chrono::seconds(60));
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg->barrier()->wait();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    store->set("give-up-test/done", {1});
+  });
+  INFO(error);
+  CHECK_THAT(error, Catch::Contains("barrier() #2 failed on rank 0") &&
+                        Catch::Contains("rank 1 gave up on the collective: aborted: stopped by "
+                                        "the test"));
   CHECK(seconds < 10);
 }

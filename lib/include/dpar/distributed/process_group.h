@@ -42,8 +42,8 @@ class Work {
 struct ProcessGroupOptions {
   Millis timeout{std::chrono::minutes(30)};
   bool debug_detail = false;  // DPAR_DEBUG=DETAIL: cross-rank op/shape check before each op
-  // DPAR_DEBUG=INFO (or DETAIL): each rank logs how its group's collectives travel (e.g. the
-  // allreduce transport: shared memory, tcp, or both) once the group is connected.
+  // DPAR_DEBUG=INFO (or DETAIL): each rank logs how its group's collectives travel (shared
+  // memory, tcp, or both) once the group is connected.
   bool debug_info = false;
   // A collective still running this long after it started gets one warning line naming the
   // ranks that have not arrived (DPAR_STALL_WARNING=<seconds>; 0 turns it off). It goes on

@@ -90,8 +90,9 @@ void ProcessGroupGloo::run_allreduce(PendingOp& op) {
   const ReduceFn reduce = reduce_function(info.dtype, info.reduce_op, "allreduce");
   if (shm_) {
     // Every rank on this host: through the shared segment, in the ring's order (same bits).
-    shm_->allreduce(data, allreduce_chunk_bounds(info.numel, size_, element_size), element_size,
-                    reduce, finish, options_.timeout, [this] { return abort_reason(); });
+    shm_->allreduce(data, allreduce_chunk_bounds(info.numel, size_, element_size), info.dtype,
+                    info.reduce_op, reduce, finish, options_.timeout,
+                    [this] { return abort_reason(); });
   } else {
     // Reduce-scatter, then allgather, both checked hop by hop; the hops inside a host through
     // shared memory where there are such hops (same order, same bits).
@@ -307,7 +308,7 @@ void ProcessGroupGloo::shm_reduce_scatter(const CollectiveInfo& info,
       divide_in_place(chunk, count, info.dtype, size_);
     };
   }
-  shm_->reduce_scatter(chunks, chunk_bytes, result, dtype_size(info.dtype),
+  shm_->reduce_scatter(chunks, chunk_bytes, result, info.dtype, info.reduce_op,
                        reduce_function(info.dtype, info.reduce_op, "reduce_scatter"), finish,
                        options_.timeout, [this] { return abort_reason(); });
   if (!out_direct) unpack(result, output);
@@ -346,7 +347,8 @@ void ProcessGroupGloo::shm_allgather(const Tensor& input, std::vector<Tensor>& o
     pack(input, stage + offset);
     in = stage + offset;
   }
-  shm_->allgather(in, to, chunk_bytes, options_.timeout, [this] { return abort_reason(); });
+  shm_->allgather(in, to, chunk_bytes, input.dtype(), options_.timeout,
+                  [this] { return abort_reason(); });
   for (size_t r = 0; r < n; ++r) {
     if (!outputs[r].is_contiguous()) unpack(to[r], outputs[r]);
   }

@@ -159,7 +159,10 @@ void ProcessGroupGloo::connect_shared_memory() {
   }
 }
 
-void ProcessGroupGloo::give_up_links(const std::string& why) { links_.mark_broken(why); }
+void ProcessGroupGloo::give_up_shared_memory(const std::string& why) {
+  links_.mark_broken(why);
+  if (shm_) shm_->give_up(why);
+}
 
 void ProcessGroupGloo::close_connections() {
   std::lock_guard<std::mutex> lock(sockets_mutex_);
@@ -171,6 +174,8 @@ void ProcessGroupGloo::abort(const std::string& why) {
   std::lock_guard<std::mutex> lock(sockets_mutex_);
   if (aborted_.empty()) aborted_ = why.empty() ? "aborted" : why;
   for (int fd : pair_sockets_) ::shutdown(fd, SHUT_RDWR);
+  // Peers waiting in the shared segment learn it at once too, as closed sockets tell TCP peers.
+  if (shm_) shm_->give_up("aborted: " + aborted_);
 }
 
 std::string ProcessGroupGloo::abort_reason() {
@@ -326,7 +331,7 @@ void ProcessGroupGloo::execute(PendingOp& op) {
   if (failed_.empty()) {
     if (std::string aborted = abort_reason(); !aborted.empty()) {
       failed_ = "the group was aborted: " + aborted;
-      give_up_links(failed_);
+      give_up_shared_memory(failed_);
     }
   }
   if (!failed_.empty()) {
@@ -380,14 +385,14 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     failed_ = aborted.empty()
                   ? failure_message(info, clean_gloo_message(what), timed_out, in_check)
                   : failure_message(info, "aborted: " + aborted, false, in_check, false);
-    give_up_links(failed_);
+    give_up_shared_memory(failed_);
     finish(failed_);
   } catch (const ShmFailure& e) {
     // A peer that stalled (timed out), exited or was aborted mid-collective: the ranks are out
     // of step over the segment, so the group cannot go on.
     failed_ = failure_message(info, e.what(), e.timed_out, in_check, e.timed_out);
     close_connections();
-    give_up_links(failed_);
+    give_up_shared_memory(failed_);
     finish(failed_);
   } catch (const CorruptedTransfer& e) {
     // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
@@ -396,7 +401,7 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     // Closing the connections now makes the peers' pending transfers fail at once, instead of
     // at the timeout, even while this process lives on.
     close_connections();
-    give_up_links(failed_);
+    give_up_shared_memory(failed_);
     finish(failed_);
   } catch (const std::exception& e) {
     // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.

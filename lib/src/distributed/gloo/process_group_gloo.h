@@ -91,8 +91,9 @@ class ProcessGroupGloo final : public ProcessGroup,
   void comm_loop();
   // Picks the shared-memory transport from every rank's host (a collective over the store).
   void connect_shared_memory();
-  // The collective failed here: the ranks across this rank's shared-memory hops fail too, now.
-  void give_up_links(const std::string& why);
+  // The collective failed here: the ranks waiting for this one in shared memory (across its ring
+  // hops, or in the one-host segment) fail too, now.
+  void give_up_shared_memory(const std::string& why);
   void close_connections();  // drops the context (closing its sockets) and forgets the sockets
   std::string abort_reason();
   void execute(PendingOp& op);

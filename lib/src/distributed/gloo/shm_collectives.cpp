@@ -12,16 +12,35 @@
 namespace dpar::dist::detail {
 namespace {
 
+constexpr size_t kPage = 4096;
+constexpr size_t kMaxSegmentBytes = 64 << 20;
+constexpr size_t kHeaderBytes = 512;
+constexpr int kListedChunks = 8;
+
+// The segment's first block: the rank that gave up on the group first, and why. The others'
+// waits read it, so they fail at once with that reason instead of waiting out the timeout for a
+// rank that will not come (over TCP its closed sockets tell them).
+struct FailureBlock {
+  std::atomic<uint32_t> rank_plus_one;  // 0: no rank gave up
+  std::atomic<uint32_t> written;        // the reason is complete
+  char reason[kHeaderBytes - 2 * sizeof(uint32_t)];
+};
+static_assert(sizeof(FailureBlock) == kHeaderBytes);
+
 // What a rank is calling, checked by every rank after the call's first barrier: over TCP a
-// mismatch fails in the transport, here it would pass silently.
+// mismatch fails in the transport (or the DETAIL check), here it would pass silently.
 struct CallRecord {
   std::atomic<uint32_t> kind;
-  std::atomic<uint32_t> element_size;
-  std::atomic<uint64_t> bytes;
+  std::atomic<int32_t> dtype;  // -1: bytes (broadcast, barrier)
+  std::atomic<int32_t> op;     // -1: no reduction
   std::atomic<int32_t> root;
+  std::atomic<uint64_t> bytes;
+  std::atomic<uint64_t> split_hash;             // of every chunk's size (uneven chunks)
+  std::atomic<uint32_t> chunks;                 // 0: not given in chunks
+  std::atomic<uint64_t> listed[kListedChunks];  // the first chunks' elements, for the message
 };
 
-// Two cache lines per rank, so a rank's arrivals never share a line with another's.
+// Two cache lines and more per rank, so a rank's arrivals never share a line with another's.
 struct RankControl {
   ShmCounter arrived;  // barriers this rank has reached; its pid
   // By the parity of the call: a rank that finished a call (one barrier per piece) may already
@@ -29,14 +48,16 @@ struct RankControl {
   alignas(64) CallRecord calls[2];
 };
 
-constexpr size_t kPage = 4096;
-constexpr size_t kMaxSegmentBytes = 64 << 20;
-
 size_t control_bytes(int size) {
-  return (static_cast<size_t>(size) * sizeof(RankControl) + kPage - 1) / kPage * kPage;
+  return (kHeaderBytes + static_cast<size_t>(size) * sizeof(RankControl) + kPage - 1) / kPage *
+         kPage;
 }
 
-RankControl& control(uint8_t* base, int rank) { return reinterpret_cast<RankControl*>(base)[rank]; }
+FailureBlock& failure(uint8_t* base) { return *reinterpret_cast<FailureBlock*>(base); }
+
+RankControl& control(uint8_t* base, int rank) {
+  return reinterpret_cast<RankControl*>(base + kHeaderBytes)[rank];
+}
 
 }  // namespace
 
@@ -52,6 +73,9 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(Store& store, int rank, 
     return std::unique_ptr<ShmCollectives>();
   };
   if (size < 2) return refuse("a world of one");
+  // A piece of each chunk starts on a cache line, so n ranks' pieces need n lines of a slot.
+  if (static_cast<size_t>(size) * 64 > slot_bytes(size))
+    return refuse(std::to_string(size) + " ranks on one host (at most 1024)");
   auto key = [](const std::string& what, int r) { return "shm/" + what + "/" + std::to_string(r); };
   auto all_keys = [&](const std::string& what) {
     std::vector<std::string> keys;
@@ -116,38 +140,57 @@ void ShmCollectives::wait_for_all(Millis timeout, const Cancelled& cancelled) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int r = 1; r < size_; ++r) {
     const int peer = (rank_ + r) % size_;
-    shm_wait(control(base_, peer).arrived, target, peers_[static_cast<size_t>(peer)], nullptr,
-             deadline, timeout, cancelled);
+    shm_wait(
+        control(base_, peer).arrived, target, peers_[static_cast<size_t>(peer)],
+        [this] { return peer_gave_up(); }, deadline, timeout, cancelled);
   }
 }
 
 void ShmCollectives::begin_call(const Call& call) {
   CallRecord& r = control(base_, rank_).calls[calls_ % 2];
   r.kind.store(static_cast<uint32_t>(call.kind));
-  r.element_size.store(call.element_size);
-  r.bytes.store(call.bytes);
+  r.dtype.store(call.dtype ? static_cast<int32_t>(*call.dtype) : -1);
+  r.op.store(call.op ? static_cast<int32_t>(*call.op) : -1);
   r.root.store(call.root);
+  r.bytes.store(call.bytes);
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a over the chunk sizes
+  const size_t chunks = call.chunk_bytes ? call.chunk_bytes->size() : 0;
+  const size_t element_size = call.dtype ? dtype_size(*call.dtype) : 1;
+  for (size_t c = 0; c < chunks; ++c) {
+    const uint64_t b = (*call.chunk_bytes)[c];
+    hash = (hash ^ b) * 1099511628211ull;
+    if (c < kListedChunks) r.listed[c].store(b / element_size);
+  }
+  r.split_hash.store(hash);
+  r.chunks.store(static_cast<uint32_t>(chunks));
 }
 
 namespace {
 
 std::string describe(const CallRecord& r) {
   const uint64_t bytes = r.bytes.load();
-  const uint32_t element_size = std::max<uint32_t>(r.element_size.load(), 1);
-  const std::string elements = element_size == 1
-                                   ? std::to_string(bytes) + " bytes"
-                                   : std::to_string(bytes / element_size) + " elements of " +
-                                         std::to_string(element_size) + " bytes";
+  const int32_t dtype = r.dtype.load(), op = r.op.load();
+  std::string what = dtype < 0
+                         ? std::to_string(bytes) + " bytes"
+                         : std::to_string(bytes / dtype_size(static_cast<DType>(dtype))) +
+                               " elements of " + std::string(dtype_name(static_cast<DType>(dtype)));
+  if (op >= 0) what += std::string(" (") + reduce_op_name(static_cast<ReduceOp>(op)) + ")";
+  if (const uint32_t chunks = r.chunks.load(); chunks > 0) {
+    what += " in chunks of [";
+    for (uint32_t c = 0; c < chunks && c < kListedChunks; ++c)
+      what += (c ? ", " : "") + std::to_string(r.listed[c].load());
+    what += chunks > kListedChunks ? ", ... (" + std::to_string(chunks) + " chunks)]" : "]";
+  }
   using Kind = ShmCollectives::Kind;
   switch (static_cast<Kind>(r.kind.load())) {
     case Kind::allreduce:
-      return "all-reduces " + elements;
+      return "all-reduces " + what;
     case Kind::reduce_scatter:
-      return "reduce-scatters " + elements;
+      return "reduce-scatters " + what;
     case Kind::allgather:
-      return "all-gathers " + elements;
+      return "all-gathers " + what;
     case Kind::broadcast:
-      return "broadcasts " + elements + " from rank " + std::to_string(r.root.load());
+      return "broadcasts " + what + " from rank " + std::to_string(r.root.load());
     case Kind::barrier:
       return "waits at a barrier";
   }
@@ -155,8 +198,10 @@ std::string describe(const CallRecord& r) {
 }
 
 bool same_call(const CallRecord& a, const CallRecord& b) {
-  return a.kind.load() == b.kind.load() && a.bytes.load() == b.bytes.load() &&
-         a.element_size.load() == b.element_size.load() && a.root.load() == b.root.load();
+  return a.kind.load() == b.kind.load() && a.dtype.load() == b.dtype.load() &&
+         a.op.load() == b.op.load() && a.root.load() == b.root.load() &&
+         a.bytes.load() == b.bytes.load() && a.chunks.load() == b.chunks.load() &&
+         a.split_hash.load() == b.split_hash.load();
 }
 
 }  // namespace
@@ -171,6 +216,28 @@ void ShmCollectives::check_call() const {
                          ": the ranks called different collectives",
                      false);
   }
+}
+
+void ShmCollectives::give_up(const std::string& why) {
+  FailureBlock& f = failure(base_);
+  uint32_t none = 0;
+  if (f.rank_plus_one.compare_exchange_strong(none, static_cast<uint32_t>(rank_ + 1))) {
+    const size_t n = std::min(why.size(), sizeof f.reason - 1);
+    std::memcpy(f.reason, why.data(), n);
+    f.reason[n] = '\0';
+    f.written.store(1);
+  }
+  // Waiters asleep on any rank's counter look again.
+  for (int r = 0; r < size_; ++r) shm_wake(control(base_, r).arrived);
+}
+
+std::string ShmCollectives::peer_gave_up() const {
+  const FailureBlock& f = failure(base_);
+  const uint32_t who = f.rank_plus_one.load();
+  if (who == 0 || who == static_cast<uint32_t>(rank_ + 1)) return {};
+  std::string line = "rank " + std::to_string(who - 1) + " gave up on the collective";
+  if (f.written.load()) line += std::string(": ") + f.reason;
+  return line;
 }
 
 void ShmCollectives::fold_pieces(const Fold& f, Millis timeout, const Cancelled& cancelled) {
@@ -205,8 +272,8 @@ void ShmCollectives::fold_pieces(const Fold& f, Millis timeout, const Cancelled&
     // This rank's chunk, folded in the ring's order: rank c+1's bytes first, then each next
     // rank's (own) (op) the partial, this rank's last.
     const int c = rank_;
-    uint8_t* result = f.out_own ? f.out_own + p * piece_bytes : at(c, c);
     if (const size_t m = count(c, p); m > 0) {
+      uint8_t* result = f.out_own ? f.out_own + p * piece_bytes : at(c, c);
       if (n == 2) {
         f.reduce(result, at(c, c), at(c + 1, c), m);
       } else {
@@ -227,10 +294,11 @@ void ShmCollectives::fold_pieces(const Fold& f, Millis timeout, const Cancelled&
   }
 }
 
-void ShmCollectives::allreduce(uint8_t* data, const std::vector<int64_t>& bounds,
-                               size_t element_size, ReduceFn reduce, const ChunkFn& finish,
-                               Millis timeout, const Cancelled& cancelled) {
+void ShmCollectives::allreduce(uint8_t* data, const std::vector<int64_t>& bounds, DType dtype,
+                               ReduceOp op, ReduceFn reduce, const ChunkFn& finish, Millis timeout,
+                               const Cancelled& cancelled) {
   const int n = size_;
+  const size_t element_size = dtype_size(dtype);
   DPAR_CHECK(static_cast<int>(bounds.size()) == n + 1, "shm allreduce: ", bounds.size(),
              " chunk bounds for ", n, " ranks");
   std::vector<const uint8_t*> chunks(static_cast<size_t>(n));
@@ -241,8 +309,8 @@ void ShmCollectives::allreduce(uint8_t* data, const std::vector<int64_t>& bounds
     chunks[c] = outputs[c];
     chunk_bytes[c] = static_cast<size_t>(bounds[c + 1] - bounds[c]) * element_size;
   }
-  begin_call({Kind::allreduce, static_cast<uint64_t>(bounds[n]) * element_size,
-              static_cast<uint32_t>(element_size), 0});
+  begin_call(
+      {Kind::allreduce, dtype, op, 0, static_cast<uint64_t>(bounds[n]) * element_size, nullptr});
   fold_pieces({chunks, chunk_bytes, element_size, reduce, finish, nullptr, &outputs}, timeout,
               cancelled);
   ++calls_;
@@ -250,20 +318,21 @@ void ShmCollectives::allreduce(uint8_t* data, const std::vector<int64_t>& bounds
 
 void ShmCollectives::reduce_scatter(const std::vector<const uint8_t*>& chunks,
                                     const std::vector<size_t>& chunk_bytes, uint8_t* out,
-                                    size_t element_size, ReduceFn reduce, const ChunkFn& finish,
-                                    Millis timeout, const Cancelled& cancelled) {
+                                    DType dtype, ReduceOp op, ReduceFn reduce,
+                                    const ChunkFn& finish, Millis timeout,
+                                    const Cancelled& cancelled) {
   DPAR_CHECK(chunks.size() == static_cast<size_t>(size_) && chunk_bytes.size() == chunks.size(),
              "shm reduce_scatter: ", chunks.size(), " chunks for ", size_, " ranks");
   uint64_t total = 0;
   for (size_t b : chunk_bytes) total += b;
-  begin_call({Kind::reduce_scatter, total, static_cast<uint32_t>(element_size), 0});
-  fold_pieces({chunks, chunk_bytes, element_size, reduce, finish, out, nullptr}, timeout,
+  begin_call({Kind::reduce_scatter, dtype, op, 0, total, &chunk_bytes});
+  fold_pieces({chunks, chunk_bytes, dtype_size(dtype), reduce, finish, out, nullptr}, timeout,
               cancelled);
   ++calls_;
 }
 
 void ShmCollectives::allgather(const uint8_t* mine, const std::vector<uint8_t*>& outputs,
-                               const std::vector<size_t>& chunk_bytes, Millis timeout,
+                               const std::vector<size_t>& chunk_bytes, DType dtype, Millis timeout,
                                const Cancelled& cancelled) {
   DPAR_CHECK(outputs.size() == static_cast<size_t>(size_) && chunk_bytes.size() == outputs.size(),
              "shm allgather: ", outputs.size(), " outputs for ", size_, " ranks");
@@ -273,7 +342,7 @@ void ShmCollectives::allgather(const uint8_t* mine, const std::vector<uint8_t*>&
     total += b;
     longest = std::max(longest, b);
   }
-  begin_call({Kind::allgather, total, 1, 0});
+  begin_call({Kind::allgather, dtype, std::nullopt, 0, total, &chunk_bytes});
   // Each rank has a whole slot for its piece.
   const size_t piece = slot_bytes_;
   auto count = [&](int r, size_t p) {
@@ -297,7 +366,7 @@ void ShmCollectives::allgather(const uint8_t* mine, const std::vector<uint8_t*>&
 
 void ShmCollectives::broadcast(uint8_t* data, size_t bytes, int root, Millis timeout,
                                const Cancelled& cancelled) {
-  begin_call({Kind::broadcast, bytes, 1, root});
+  begin_call({Kind::broadcast, std::nullopt, std::nullopt, root, bytes, nullptr});
   // The root fills the whole slot set: the slots of a set are consecutive.
   const size_t piece = slot_bytes_ * static_cast<size_t>(size_);
   const size_t pieces = std::max<size_t>((bytes + piece - 1) / piece, 1);
@@ -313,7 +382,7 @@ void ShmCollectives::broadcast(uint8_t* data, size_t bytes, int root, Millis tim
 }
 
 void ShmCollectives::barrier(Millis timeout, const Cancelled& cancelled) {
-  begin_call({Kind::barrier, 0, 1, 0});
+  begin_call({Kind::barrier, std::nullopt, std::nullopt, 0, 0, nullptr});
   wait_for_all(timeout, cancelled);
   check_call();
   ++calls_;

@@ -4,7 +4,8 @@
 // Ranks on one host otherwise exchange through TCP loopback (0.7 GB/s here, where Open MPI's
 // shared-memory allreduce reaches 3 GB/s). Here every rank maps one segment: a control block
 // (per rank: its barrier counter and pid, and what it is calling) and two sets of per-rank slots,
-// used in turn. Every collective goes piece by piece, a barrier after each piece is copied in:
+// used in turn. Every collective but barrier goes piece by piece, a barrier after each piece is
+// copied in:
 //
 // - allreduce and reduce_scatter: the buffer is split into chunks exactly as the ring splits it
 //   (allreduce_chunk_bounds, or the caller's uneven chunks), each chunk into pieces that fit a
@@ -26,13 +27,17 @@
 // peer's pid is checked for life while waiting. Waits spin briefly, then sleep on a futex, so a
 // rank waiting for a slower peer does not take the core from the training threads. A peer that
 // dies is named at once; one that stalls past the timeout is named by the group's timeout path.
-// Ranks that call different collectives (or sizes, or roots) all fail naming both calls, where
-// over TCP the transport would fail them and here the segment would hand back a silent mix.
+// Ranks that call different collectives (or sizes, chunk splits, dtypes, reduce ops or roots) all
+// fail naming both calls, where over TCP the transport would fail them (or pass a different dtype
+// or op silently) and here the segment would hand back a silent mix. A rank whose collective
+// fails, or whose group is aborted, says so in the segment (give_up), and the ranks waiting for
+// it fail at once naming it, as closed sockets tell TCP peers.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -64,7 +69,7 @@ class ShmCollectives {
   // In place on `data`: `bounds` are allreduce_chunk_bounds(numel, size, element_size); on
   // return every element holds the reduction over the ranks, in the ring's order, `finish` (may
   // be empty) applied by each chunk's owner.
-  void allreduce(uint8_t* data, const std::vector<int64_t>& bounds, size_t element_size,
+  void allreduce(uint8_t* data, const std::vector<int64_t>& bounds, DType dtype, ReduceOp op,
                  ReduceFn reduce, const ChunkFn& finish, Millis timeout,
                  const Cancelled& cancelled);
 
@@ -72,14 +77,14 @@ class ShmCollectives {
   // rank r's result. On return `out` (chunk_bytes[rank] bytes, not overlapping the chunks) holds
   // the reduction of chunk `rank` over the ranks in the ring's order, `finish` applied.
   void reduce_scatter(const std::vector<const uint8_t*>& chunks,
-                      const std::vector<size_t>& chunk_bytes, uint8_t* out, size_t element_size,
-                      ReduceFn reduce, const ChunkFn& finish, Millis timeout,
+                      const std::vector<size_t>& chunk_bytes, uint8_t* out, DType dtype,
+                      ReduceOp op, ReduceFn reduce, const ChunkFn& finish, Millis timeout,
                       const Cancelled& cancelled);
 
   // On return outputs[r] holds rank r's `mine` (chunk_bytes[r] bytes). `mine` may be
   // outputs[rank] itself.
   void allgather(const uint8_t* mine, const std::vector<uint8_t*>& outputs,
-                 const std::vector<size_t>& chunk_bytes, Millis timeout,
+                 const std::vector<size_t>& chunk_bytes, DType dtype, Millis timeout,
                  const Cancelled& cancelled);
 
   // On return every rank's `data` holds the root's `bytes` bytes.
@@ -87,6 +92,11 @@ class ShmCollectives {
 
   // Returns once every rank has called it.
   void barrier(Millis timeout, const Cancelled& cancelled);
+
+  // This rank gives up on the group (its collective failed, or it was aborted): the waits of the
+  // other ranks fail at once with "rank <r> gave up on the collective: <why>". Safe from any
+  // thread; the first rank to give up is the one named.
+  void give_up(const std::string& why);
 
   // Bytes of one slot (what each rank copies in per piece): 1 MiB, less for many ranks so the
   // segment stays within 64 MiB.
@@ -98,9 +108,11 @@ class ShmCollectives {
  private:
   struct Call {
     Kind kind;
+    std::optional<DType> dtype;  // none: bytes
+    std::optional<ReduceOp> op;
+    int root;
     uint64_t bytes;
-    uint32_t element_size;
-    int32_t root;
+    const std::vector<size_t>* chunk_bytes;  // uneven chunks, compared; null: none
   };
 
   ShmCollectives(int rank, int size, uint8_t* base, size_t bytes);
@@ -113,6 +125,8 @@ class ShmCollectives {
   void begin_call(const Call& call);
   // Throws ShmFailure when another rank's call differs (read after the call's first barrier).
   void check_call() const;
+  // Another rank's give_up line, or empty (asked by every wait).
+  std::string peer_gave_up() const;
   // The ring's reduction of chunk `rank` over the ranks, piece by piece (allreduce and
   // reduce_scatter): `out_own` null leaves each piece's result in this rank's slot for `copy_out`.
   struct Fold {

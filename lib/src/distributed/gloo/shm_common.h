@@ -1,5 +1,5 @@
 #pragma once
-// What the shared-memory transports have in common (shm_allreduce.h: every rank of a group on
+// What the shared-memory transports have in common (shm_collectives.h: every rank of a group on
 // one host; shm_link.h: one ring hop between two ranks of a host): host identity, segments,
 // counters another process advances, and waiting on them without hanging on a dead or failed
 // peer.
