@@ -147,6 +147,15 @@ void expect_same_bits_scatter_gather(ProcessGroup& shm, ProcessGroup& tcp, int r
   }
 }
 
+// This rank's group through shared memory (the default) and one with it off (the TCP ring).
+std::pair<std::shared_ptr<ProcessGroup>, std::shared_ptr<ProcessGroup>> shm_and_tcp(
+    const std::shared_ptr<Store>& store, int rank, int size) {
+  ProcessGroupOptions tcp_options = test_options();
+  tcp_options.shared_memory = false;
+  auto shm = make_gloo_group(store, rank, size, test_options());
+  return {shm, make_gloo_group(store, rank, size, tcp_options)};
+}
+
 }  // namespace
 
 TEST_CASE("allreduce through shared memory is bitwise the TCP ring's", "[shm]") {
@@ -154,10 +163,7 @@ TEST_CASE("allreduce through shared memory is bitwise the TCP ring's", "[shm]") 
   // TCP ring.
   for (int size : {2, 3, 4}) {
     run_ranks(size, [&](int rank, std::shared_ptr<Store> store) {
-      ProcessGroupOptions tcp_options = test_options();
-      tcp_options.shared_memory = false;
-      auto shm = make_gloo_group(store, rank, size, test_options());
-      auto tcp = make_gloo_group(store, rank, size, tcp_options);
+      auto [shm, tcp] = shm_and_tcp(store, rank, size);
       expect(gloo_of(*shm).transport() == "shared memory",
              "same-host ranks use " + gloo_of(*shm).transport());
       expect(gloo_of(*tcp).transport() == "tcp (turned off (DPAR_SHM=0))",
@@ -171,10 +177,7 @@ TEST_CASE("reduce_scatter and allgather through shared memory are bitwise the TC
           "[shm]") {
   for (int size : {2, 3, 4}) {
     run_ranks(size, [&](int rank, std::shared_ptr<Store> store) {
-      ProcessGroupOptions tcp_options = test_options();
-      tcp_options.shared_memory = false;
-      auto shm = make_gloo_group(store, rank, size, test_options());
-      auto tcp = make_gloo_group(store, rank, size, tcp_options);
+      auto [shm, tcp] = shm_and_tcp(store, rank, size);
       expect_same_bits_scatter_gather(*shm, *tcp, rank, size);
     });
   }

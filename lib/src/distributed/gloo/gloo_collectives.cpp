@@ -37,6 +37,21 @@ void unpack(const uint8_t* src, Tensor& t) {
   }
 }
 
+// Several tensors one after another in `dst`, and back.
+void pack_all(const std::vector<Tensor>& tensors, uint8_t* dst) {
+  for (const Tensor& t : tensors) {
+    pack(t, dst);
+    dst += t.nbytes();
+  }
+}
+
+void unpack_all(const uint8_t* src, std::vector<Tensor>& tensors) {
+  for (Tensor& t : tensors) {
+    unpack(src, t);
+    src += t.nbytes();
+  }
+}
+
 size_t total_bytes(const std::vector<Tensor>& tensors) {
   size_t bytes = 0;
   for (const Tensor& t : tensors) bytes += t.nbytes();
@@ -74,11 +89,7 @@ void ProcessGroupGloo::run_allreduce(PendingOp& op) {
   const bool direct = single_contiguous(tensors);
   uint8_t* data = direct ? static_cast<uint8_t*>(tensors[0].raw_data()) : staging(bytes);
   if (!direct) {
-    size_t offset = 0;
-    for (const Tensor& t : tensors) {
-      pack(t, data + offset);
-      offset += t.nbytes();
-    }
+    pack_all(tensors, data);
   }
   // An average is divided on each chunk by its owner, before the others copy it.
   ChunkFn finish;
@@ -107,11 +118,7 @@ void ProcessGroupGloo::run_allreduce(PendingOp& op) {
     }
   }
   if (!direct) {
-    size_t offset = 0;
-    for (Tensor& t : tensors) {
-      unpack(data + offset, t);
-      offset += t.nbytes();
-    }
+    unpack_all(data, tensors);
   }
 }
 
@@ -126,19 +133,11 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
     const bool direct = single_contiguous(tensors);
     uint8_t* data = direct ? static_cast<uint8_t*>(tensors[0].raw_data()) : staging(bytes);
     if (!direct && rank_ == info.root) {
-      size_t offset = 0;
-      for (const Tensor& t : tensors) {
-        pack(t, data + offset);
-        offset += t.nbytes();
-      }
+      pack_all(tensors, data);
     }
     shm_->broadcast(data, bytes, info.root, options_.timeout, [this] { return abort_reason(); });
     if (!direct && rank_ != info.root) {
-      size_t offset = 0;
-      for (Tensor& t : tensors) {
-        unpack(data + offset, t);
-        offset += t.nbytes();
-      }
+      unpack_all(data, tensors);
     }
     return;
   }
@@ -149,11 +148,7 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
   const size_t bytes = total_bytes(tensors);
   uint8_t* data = staging(bytes + sizeof(uint32_t));
   if (rank_ == info.root) {
-    size_t offset = 0;
-    for (const Tensor& t : tensors) {
-      pack(t, data + offset);
-      offset += t.nbytes();
-    }
+    pack_all(tensors, data);
     const uint32_t crc = dpar::detail::crc32c(data, bytes);
     std::memcpy(data + bytes, &crc, sizeof crc);
   }
@@ -173,11 +168,7 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
         " failed their CRC-32C check (", dpar::detail::crc_pair(got, sent),
         "): they were corrupted in transit; the tensors were left unchanged"));
   }
-  size_t offset = 0;
-  for (Tensor& t : tensors) {
-    unpack(data + offset, t);
-    offset += t.nbytes();
-  }
+  unpack_all(data, tensors);
 }
 
 void ProcessGroupGloo::run_allgather(PendingOp& op) {
