@@ -48,6 +48,11 @@ struct RankControl {
   alignas(64) CallRecord calls[2];
 };
 
+// Of `total` units cut into pieces of `piece`, how many piece p holds (0 past the end).
+size_t piece_length(size_t total, size_t piece, size_t p) {
+  return std::min(piece, total - std::min(total, p * piece));
+}
+
 size_t control_bytes(int size) {
   return (kHeaderBytes + static_cast<size_t>(size) * sizeof(RankControl) + kPage - 1) / kPage *
          kPage;
@@ -253,8 +258,7 @@ void ShmCollectives::fold_pieces(const Fold& f, Millis timeout, const Cancelled&
   const size_t piece_bytes = piece * es;
   if (fold_.size() < piece_bytes) fold_.resize(piece_bytes);
   auto count = [&](int c, size_t p) {  // elements of chunk c in piece p
-    const size_t elements = f.chunk_bytes[static_cast<size_t>(c)] / es;
-    return std::min(piece, elements - std::min(elements, p * piece));
+    return piece_length(f.chunk_bytes[static_cast<size_t>(c)] / es, piece, p);
   };
   // At least one piece: ranks that pass nothing still meet and check each other's call.
   const size_t pieces = std::max<size_t>((longest + piece_bytes - 1) / piece_bytes, 1);
@@ -346,8 +350,7 @@ void ShmCollectives::allgather(const uint8_t* mine, const std::vector<uint8_t*>&
   // Each rank has a whole slot for its piece.
   const size_t piece = slot_bytes_;
   auto count = [&](int r, size_t p) {
-    const size_t bytes = chunk_bytes[static_cast<size_t>(r)];
-    return std::min(piece, bytes - std::min(bytes, p * piece));
+    return piece_length(chunk_bytes[static_cast<size_t>(r)], piece, p);
   };
   const size_t pieces = std::max<size_t>((longest + piece - 1) / piece, 1);
   for (size_t p = 0; p < pieces; ++p) {
@@ -372,7 +375,7 @@ void ShmCollectives::broadcast(uint8_t* data, size_t bytes, int root, Millis tim
   const size_t pieces = std::max<size_t>((bytes + piece - 1) / piece, 1);
   for (size_t p = 0; p < pieces; ++p) {
     const int set = next_set();
-    const size_t length = std::min(piece, bytes - std::min(bytes, p * piece));
+    const size_t length = piece_length(bytes, piece, p);
     if (rank_ == root && length > 0) std::memcpy(slot(set, 0), data + p * piece, length);
     wait_for_all(timeout, cancelled);
     if (p == 0) check_call();
