@@ -60,6 +60,7 @@ struct Options {
   bool async = false;
   bool mpi = true;
   bench::Collective op = bench::Collective::allreduce;
+  int hosts = 1;
 };
 
 // ---- driver: re-launch through dpar-launch -------------------------------------------------
@@ -140,7 +141,18 @@ int run_worker(const Options& opt) {
   const auto ring_group = dist::make_gloo_group(
       std::make_shared<dist::PrefixStore>("bench_allreduce/ring", group.store()), rank, world,
       ring_options);
-  const auto* gloo_backend = dynamic_cast<const dist::detail::ProcessGroupGloo*>(backend.get());
+  // --hosts: "dpar" is a group whose ranks take consecutive blocks as host identities, so it
+  // runs the hierarchical (mixed) ring: shared memory within a block, TCP between blocks.
+  std::shared_ptr<dist::ProcessGroup> hosts_group;
+  if (opt.hosts > 1) {
+    dist::ProcessGroupOptions hosts_options = dist::ProcessGroupOptions::from_env();
+    hosts_options.host_identity = "bench host " + std::to_string(rank * opt.hosts / world);
+    hosts_group = dist::make_gloo_group(
+        std::make_shared<dist::PrefixStore>("bench_allreduce/hosts", group.store()), rank, world,
+        hosts_options);
+  }
+  const auto* gloo_backend = dynamic_cast<const dist::detail::ProcessGroupGloo*>(
+      hosts_group ? hosts_group.get() : backend.get());
   const std::string transport = gloo_backend ? gloo_backend->transport() : "?";
 
   std::vector<size_t> sizes;
@@ -164,9 +176,12 @@ int run_worker(const Options& opt) {
         detail ? "ON (slows every call)" : "off", name,
         opt.async ? "async, then wait()" : "synchronous");
     std::printf(
-        "  dpar: the default group, collectives over %s; dpar ring: the same group with shared "
+        "  dpar: %s, collectives over %s; dpar ring: the same group with shared "
         "memory off (its CRC-32C-checked TCP ring; Gloo's broadcast tree); peer: raw Gloo's %s "
         "(%s, no checksum) on a second context, same store and address\n",
+        (hosts_group ? "a group of " + std::to_string(opt.hosts) + " pretend hosts (--hosts)"
+                     : std::string("the default group"))
+            .c_str(),
         transport.c_str(), name,
         op == bench::Collective::reduce_scatter ? "ReduceScatterHalvingDoubling<float>"
                                                 : "default algorithm");
@@ -216,7 +231,7 @@ int run_worker(const Options& opt) {
       }
       if (opt.async) work->wait();
     };
-    auto ours = [&] { call(group); };
+    auto ours = [&] { hosts_group ? call(*hosts_group) : call(group); };
     auto theirs = [&] { raw.run(op, buf.data(), n); };
     auto ring = [&] { call(*ring_group); };
 
@@ -482,6 +497,10 @@ int main(int argc, char** argv) {
         "async", false, "time the asynchronous call and wait() instead of the synchronous call");
     auto& mpi = flags.add_bool("mpi", true,
                                "also run Open MPI's shared-memory collective (mpirun) at >= 1 MB");
+    auto& hosts = flags.add_int(
+        "hosts", 1,
+        "split the ranks into this many pretend hosts (consecutive blocks) for dpar's group: its "
+        "hierarchical ring, shared memory within blocks and TCP between them, on this machine");
     auto& op_name = flags.add_string(
         "op", "allreduce", "--device cpu: allreduce, reduce_scatter, allgather or broadcast");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCH_PATH, "dpar-launch to start ranks");
@@ -493,6 +512,8 @@ int main(int argc, char** argv) {
     if (recorder) return run_recorder_bench();
     DPAR_CHECK(max_mb >= 0 && min_seconds > 0 && reps >= 1 && nproc >= 2,
                "bench_allreduce: --max-mb, --min-seconds, --reps must be positive, --nproc >= 2");
+    DPAR_CHECK(hosts >= 1 && hosts <= nproc, "bench_allreduce: --hosts=", hosts,
+               ": expected 1 to --nproc (", nproc, ")");
     const bool gpu = device == "gpu";
     DPAR_CHECK(op_name == "allreduce" || op_name == "reduce_scatter" || op_name == "allgather" ||
                    op_name == "broadcast",
@@ -530,6 +551,7 @@ int main(int argc, char** argv) {
                    bench::Collective::allgather, bench::Collective::broadcast}) {
       if (op_name == bench::collective_name(c)) op = c;
     }
-    return run_worker({largest, min_seconds, reps, check, diag, async, mpi, op});
+    return run_worker(
+        {largest, min_seconds, reps, check, diag, async, mpi, op, static_cast<int>(hosts)});
   });
 }

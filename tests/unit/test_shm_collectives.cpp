@@ -183,36 +183,66 @@ TEST_CASE("reduce_scatter and allgather through shared memory are bitwise the TC
   }
 }
 
+namespace {
+
+// Broadcasts from every root: one element, sizes on either side of 64 KB (where a group over
+// several hosts may switch from Gloo's tree to the mixed ring's chain), several pieces or
+// segments with an odd tail, and a fused pair of dtypes through the staging buffer. Then a
+// barrier that every rank has reached.
+void expect_broadcasts_and_barrier(ProcessGroup& pg, Store& store, int rank, int size) {
+  for (int root = 0; root < size; ++root) {
+    for (int64_t n : {int64_t{1}, int64_t{16383}, int64_t{16384}, int64_t{3 * 1024 * 1024 + 7}}) {
+      Generator gen(77 + static_cast<uint64_t>(n));  // the same values on every rank
+      const Tensor expected = wide_range(gen, n, DType::f32);
+      Tensor t = rank == root ? expected.clone() : Tensor::zeros({n});
+      pg.broadcast({t}, root)->wait();
+      expect(same_bytes(t, expected), "broadcast of " + std::to_string(n) + " from rank " +
+                                          std::to_string(root) + " differs on rank " +
+                                          std::to_string(rank));
+    }
+    Tensor f = Tensor::full({3, 5}, rank == root ? 2.5f : 0.0f).transpose(0, 1);
+    Tensor i = Tensor::full({4}, rank == root ? 7.0f : 0.0f).to(DType::i64);
+    pg.broadcast({f, i}, root)->wait();
+    expect(f.to_float_vector() == std::vector<float>(15, 2.5f) &&
+               i.to_float_vector() == std::vector<float>(4, 7.0f),
+           "fused broadcast from rank " + std::to_string(root) + " differs on rank " +
+               std::to_string(rank));
+  }
+  // Every rank's key is set before it reaches the barrier, so after it all are there.
+  const std::string key = "before-barrier/" + std::to_string(size) + "/";
+  store.set(key + std::to_string(rank), {1});
+  pg.barrier()->wait();
+  for (int r = 0; r < size; ++r)
+    expect(store.check({key + std::to_string(r)}),
+           "rank " + std::to_string(r) + " had not reached the barrier");
+}
+
+}  // namespace
+
 TEST_CASE("broadcast and barrier through shared memory", "[shm]") {
   for (int size : {2, 3}) {
     run_ranks(size, [&](int rank, std::shared_ptr<Store> store) {
       auto pg = make_gloo_group(store, rank, size, test_options());
-      for (int root = 0; root < size; ++root) {
-        // Several pieces (the slot set holds size MiB), an odd tail, and a fused pair of dtypes
-        // through the staging buffer.
-        for (int64_t n : {int64_t{1}, int64_t{3 * 1024 * 1024 + 7}}) {
-          Generator gen(77 + static_cast<uint64_t>(n));  // the same values on every rank
-          const Tensor expected = wide_range(gen, n, DType::f32);
-          Tensor t = rank == root ? expected.clone() : Tensor::zeros({n});
-          pg->broadcast({t}, root)->wait();
-          expect(same_bytes(t, expected), "broadcast of " + std::to_string(n) + " from rank " +
-                                              std::to_string(root) + " differs on rank " +
-                                              std::to_string(rank));
-        }
-        Tensor f = Tensor::full({3, 5}, rank == root ? 2.5f : 0.0f).transpose(0, 1);
-        Tensor i = Tensor::full({4}, rank == root ? 7.0f : 0.0f).to(DType::i64);
-        pg->broadcast({f, i}, root)->wait();
-        expect(f.to_float_vector() == std::vector<float>(15, 2.5f) &&
-                   i.to_float_vector() == std::vector<float>(4, 7.0f),
-               "fused broadcast from rank " + std::to_string(root) + " differs on rank " +
-                   std::to_string(rank));
-      }
-      // Every rank's key is set before it reaches the barrier, so after it all are there.
-      store->set("before-barrier/" + std::to_string(rank), {1});
-      pg->barrier()->wait();
-      for (int r = 0; r < size; ++r)
-        expect(store->check({"before-barrier/" + std::to_string(r)}),
-               "rank " + std::to_string(r) + " had not reached the barrier");
+      expect_broadcasts_and_barrier(*pg, *store, rank, size);
+    });
+  }
+}
+
+TEST_CASE("broadcast and barrier over several hosts", "[shm]") {
+  // The mixed ring's chain (two hosts; a host across the ring's wrap), Gloo's tree below 64 KB
+  // where the chain would cross more TCP hops than the tree has rounds (four hosts of five
+  // ranks: 4 TCP hops against 3 rounds), and the tree alone where no hop is shared memory.
+  for (const std::vector<std::string>& hosts :
+       std::vector<std::vector<std::string>>{{"a", "a", "b", "b"},
+                                             {"a", "b", "b", "a"},
+                                             {"a", "a", "b", "c", "d"},
+                                             {"a", "b", "a", "b"}}) {
+    const int size = static_cast<int>(hosts.size());
+    run_ranks(size, [&](int rank, std::shared_ptr<Store> store) {
+      ProcessGroupOptions options = test_options();
+      options.host_identity = "host " + hosts[static_cast<size_t>(rank)];
+      auto pg = make_gloo_group(store, rank, size, options);
+      expect_broadcasts_and_barrier(*pg, *store, rank, size);
     });
   }
 }
@@ -250,36 +280,43 @@ TEST_CASE("the hierarchical allreduce over several hosts is bitwise the TCP ring
   }
 }
 
-TEST_CASE("a rank that gives up on a hierarchical allreduce fails the ranks across its hops",
+TEST_CASE("a rank that gives up on a hierarchical collective fails the ranks across its hops",
           "[shm]") {
-  // Two hosts of two: rank 2 is aborted before the collective. Rank 3 waits on rank 2's
+  // Two hosts of two: rank 2 is aborted before an allreduce (the ring) or a broadcast from rank
+  // 1 (the chain 1 -> 2 -> 3 -> 0; rank 1's TCP send to rank 2 fails). Rank 3 waits on rank 2's
   // shared-memory hop and must fail at once with rank 2's reason, not at the timeout; the
   // failure goes on around the ring (TCP hops close), so every rank fails well within it.
-  std::vector<std::string> errors(4);
-  std::vector<double> seconds(4);
-  run_ranks(4, [&](int rank, std::shared_ptr<Store> store) {
-    ProcessGroupOptions options = test_options(std::chrono::seconds(60));
-    options.host_identity = rank < 2 ? "host a" : "host b";
-    auto pg = make_gloo_group(store, rank, 4, options);
-    Tensor t = Tensor::ones({300000});
-    pg->allreduce({t})->wait();  // connected and working
-    if (rank == 2) pg->abort("stopped by the test");
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      pg->allreduce({t})->wait();
-    } catch (const Error& e) {
-      errors[static_cast<size_t>(rank)] = e.what();
+  for (const bool broadcast : {false, true}) {
+    std::vector<std::string> errors(4);
+    std::vector<double> seconds(4);
+    run_ranks(4, [&](int rank, std::shared_ptr<Store> store) {
+      ProcessGroupOptions options = test_options(std::chrono::seconds(60));
+      options.host_identity = rank < 2 ? "host a" : "host b";
+      auto pg = make_gloo_group(store, rank, 4, options);
+      Tensor t = Tensor::ones({300000});
+      auto collective = [&] {
+        broadcast ? pg->broadcast({t}, 1)->wait() : pg->allreduce({t})->wait();
+      };
+      collective();  // connected and working
+      if (rank == 2) pg->abort("stopped by the test");
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        collective();
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+      seconds[static_cast<size_t>(rank)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+    for (int r = 0; r < 4; ++r) {
+      INFO((broadcast ? "broadcast" : "allreduce")
+           << ", rank " << r << ": " << errors[static_cast<size_t>(r)]);
+      CHECK_FALSE(errors[static_cast<size_t>(r)].empty());
+      CHECK(seconds[static_cast<size_t>(r)] < 30);
     }
-    seconds[static_cast<size_t>(rank)] =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  });
-  for (int r = 0; r < 4; ++r) {
-    INFO("rank " << r << ": " << errors[static_cast<size_t>(r)]);
-    CHECK_FALSE(errors[static_cast<size_t>(r)].empty());
-    CHECK(seconds[static_cast<size_t>(r)] < 30);
+    CHECK_THAT(errors[3], Catch::Contains("rank 2 gave up on the collective") &&
+                              Catch::Contains("stopped by the test"));
   }
-  CHECK_THAT(errors[3], Catch::Contains("rank 2 gave up on the collective") &&
-                            Catch::Contains("stopped by the test"));
 }
 
 TEST_CASE("ranks that all-reduce different sizes through shared memory all fail, naming both",

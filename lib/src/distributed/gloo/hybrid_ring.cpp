@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/crc32c.h"
 #include "dpar/core/error.h"
@@ -270,6 +271,40 @@ void hybrid_ring(const std::shared_ptr<gloo::Context>& context, RingLinks& links
 }
 
 }  // namespace
+
+void hybrid_chain_broadcast(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                            uint8_t* data, size_t bytes, int root, uint32_t tag, Millis timeout,
+                            const std::function<std::string()>& cancelled, HybridScratch& scratch) {
+  const int n = context->size;
+  const RingBuffer buffer{data, {bytes}, 1};
+  const Geometry g(buffer, timeout);
+  if (n == 1 || bytes == 0) return;
+  // The chain root, root+1, ..., root-1 along the ring: every rank but the root takes each
+  // segment from the rank before it, every rank but the last passes it on.
+  const int position = wrap(context->rank - root, n);
+  const bool receives = position > 0, sends = position + 1 < n;
+  const size_t segments = g.segments(0);
+  std::vector<Incoming::Arrival> arrivals;
+  if (receives && !links.from_prev) {
+    for (size_t i = 0; i < segments; ++i) arrivals.emplace_back(0, i);
+  }
+  std::optional<Outgoing> out;
+  std::optional<Incoming> in;
+  if (sends) out.emplace(context, links.to_next.get(), g, tag, cancelled, scratch);
+  if (receives) {
+    in.emplace(context, links.from_prev.get(), g, std::move(arrivals), tag, cancelled, scratch);
+  }
+  // Segment by segment, so the chain's ranks work as a pipeline: a segment goes on as soon as
+  // it is here, while the next ones are still on their way.
+  for (size_t i = 0; i < segments; ++i) {
+    if (receives) {
+      std::memcpy(data + g.at(0, i), in->receive(0, i), g.length(0, i));
+      in->release();
+    }
+    if (sends) out->send(0, i);
+  }
+  if (sends) out->end_step();
+}
 
 void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
                            const RingBuffer& buffer, ReduceFn reduce, const ChunkFn& finish,

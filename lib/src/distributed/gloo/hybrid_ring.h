@@ -1,8 +1,8 @@
 #pragma once
-// The hierarchical allreduce (and reduce-scatter and allgather) of a group spread over several
-// hosts with several ranks on some: the ring collectives of checked_ring.h, whose hops between
-// two ranks of one host go through shared memory (shm_link.h) and whose hops between hosts go
-// through Gloo's TCP pairs, every TCP segment checked by CRC-32C.
+// The hierarchical allreduce (and reduce-scatter, allgather and broadcast) of a group spread over
+// several hosts with several ranks on some: the ring collectives of checked_ring.h, whose hops
+// between two ranks of one host go through shared memory (shm_link.h) and whose hops between hosts
+// go through Gloo's TCP pairs, every TCP segment checked by CRC-32C.
 //
 // Why a ring with mixed hops rather than "reduce within each host, allreduce between hosts,
 // broadcast within each host": dpar promises that switching transport never changes a bit, and
@@ -50,5 +50,15 @@ void hybrid_ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, R
 void hybrid_ring_allgather(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
                            const RingBuffer& buffer, uint32_t tag, Millis timeout,
                            const std::function<std::string()>& cancelled, HybridScratch& scratch);
+
+// Broadcast of `bytes` at `data` from `root` along the same ring: a chain root, root+1, ...,
+// root-1, cut into segments that each rank passes on as they arrive (a pipeline), every hop
+// inside a host through shared memory, every TCP hop checked by CRC-32C. The bytes cross each
+// boundary between hosts on the ring once, and the hops inside a host cost a copy instead of
+// loopback TCP. The chain takes n-1 hops where Gloo's tree takes log2(n) rounds, so a small
+// message over many hosts keeps the tree (chain_broadcast in gloo_collectives.cpp decides).
+void hybrid_chain_broadcast(const std::shared_ptr<gloo::Context>& context, RingLinks& links,
+                            uint8_t* data, size_t bytes, int root, uint32_t tag, Millis timeout,
+                            const std::function<std::string()>& cancelled, HybridScratch& scratch);
 
 }  // namespace dpar::dist::detail
