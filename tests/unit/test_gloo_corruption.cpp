@@ -212,40 +212,45 @@ TEST_CASE("gloo: a byte flipped in an allreduce's payload fails it, naming the r
   }
 }
 
-TEST_CASE("gloo: a byte flipped on a TCP hop of the hierarchical allreduce fails it",
+TEST_CASE("gloo: a byte flipped on a TCP hop of the hierarchical allreduce or broadcast fails it",
           "[gloo][hostile]") {
   // Ranks 0 and 1 stand for one host, rank 2 for another: the hops 1 -> 2 and 2 -> 0 cross the
-  // proxies, 0 -> 1 goes through shared memory. Segments with their CRCs apart (256 KiB) and
-  // small chunks with the CRC behind them (16 KiB) are both checked.
-  for (int64_t numel : {kNumel, int64_t{4096}}) {
-    Proxies proxies;
-    proxies.plan = payload_plan();
-    const auto out = run_corrupted(proxies,
-                                   [numel](ProcessGroup& pg, int rank) {
-                                     Tensor t = Tensor::from_vector(ramp(rank, numel), {numel});
-                                     pg.allreduce({t})->wait();
-                                     return t.to_float_vector();
-                                   },
-                                   {"host a", "host a", "host b"});
-    REQUIRE(proxies.flipped());
-    std::vector<float> sum = ramp(0, numel);
-    for (int r = 1; r < 3; ++r) {
-      const std::vector<float> v = ramp(r, numel);
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
-    }
-    int detected = 0;
-    for (size_t r = 0; r < out.size(); ++r) {
-      INFO("rank " << r << ": " << out[r].error);
-      CHECK(out[r].seconds < 15);
-      if (out[r].error.empty()) {
-        CHECK(out[r].result == sum);  // finished: then with the right numbers
-      } else if (out[r].error.find("CRC-32C") != std::string::npos) {
-        ++detected;
-        CHECK_THAT(out[r].error, Contains("allreduce(f32[" + std::to_string(numel) + "])") &&
-                                     Contains("corrupted in transit"));
+  // proxies, 0 -> 1 goes through shared memory (the broadcast from rank 0 is the chain
+  // 0 -> 1 -> 2). Segments with their CRCs apart (256 KiB) and small chunks with the CRC behind
+  // them (16 KiB) are both checked.
+  for (const bool broadcast : {false, true}) {
+    for (int64_t numel : {kNumel, int64_t{4096}}) {
+      Proxies proxies;
+      proxies.plan = payload_plan();
+      const auto out =
+          run_corrupted(proxies,
+                        [numel, broadcast](ProcessGroup& pg, int rank) {
+                          Tensor t = Tensor::from_vector(ramp(rank, numel), {numel});
+                          broadcast ? pg.broadcast({t}, 0)->wait() : pg.allreduce({t})->wait();
+                          return t.to_float_vector();
+                        },
+                        {"host a", "host a", "host b"});
+      REQUIRE(proxies.flipped());
+      std::vector<float> want = ramp(0, numel);
+      for (int r = 1; r < 3 && !broadcast; ++r) {
+        const std::vector<float> v = ramp(r, numel);
+        for (size_t i = 0; i < want.size(); ++i) want[i] += v[i];
       }
+      const std::string call = std::string(broadcast ? "broadcast" : "allreduce") + "(f32[" +
+                               std::to_string(numel) + (broadcast ? "], root 0)" : "])");
+      int detected = 0;
+      for (size_t r = 0; r < out.size(); ++r) {
+        INFO(call << ", rank " << r << ": " << out[r].error);
+        CHECK(out[r].seconds < 15);
+        if (out[r].error.empty()) {
+          CHECK(out[r].result == want);  // finished: then with the right numbers
+        } else if (out[r].error.find("CRC-32C") != std::string::npos) {
+          ++detected;
+          CHECK_THAT(out[r].error, Contains(call) && Contains("corrupted in transit"));
+        }
+      }
+      CHECK(detected >= 1);
     }
-    CHECK(detected >= 1);
   }
 }
 
