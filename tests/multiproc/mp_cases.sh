@@ -77,16 +77,20 @@ case $case_name in
     # rank 1 skips an all-reduce (and goes on to a barrier): rank 0 must fail naming the op, not
     # hang. Over TCP (DPAR_SHM=0) that is the collective timeout; through shared memory the
     # ranks see at once that they called different collectives, and both say so.
-    # DPAR_DRILL_TIMEOUT (default 3 s) is the collective timeout of this drill: ranks sharing
-    # one GPU need longer to set up before the skipped all-reduce.
+    # DPAR_DRILL_TIMEOUT (default 3 s) is the collective timeout of the TCP drill: ranks sharing
+    # one GPU need longer to set up before the skipped all-reduce. The shared-memory drill gets
+    # 60 s, well past its limit: it must not wait for any timeout, and a short one could fire
+    # first on a loaded machine, where one rank may reach the segment seconds after the other.
     drill_timeout=${DPAR_DRILL_TIMEOUT:-3}
     limit_ms=$(( (drill_timeout + 27) * 1000 ))
     shm_runs="0 1"
     [ "${DPAR_DIST_BACKEND:-}" = nccl ] && shm_runs=0  # the NCCL group (gpu_mp.sh): its timeout
     for shm in $shm_runs; do
       start=$(now_ms)
-      DPAR_SHM=$shm DPAR_TIMEOUT=$drill_timeout launch logs$shm 2 "$ddp" --skip-rank 1 "$marker" \
-        >"$work/out.txt" 2>&1
+      collective_timeout=$drill_timeout
+      [ $shm = 1 ] && collective_timeout=60
+      DPAR_SHM=$shm DPAR_TIMEOUT=$collective_timeout launch logs$shm 2 "$ddp" --skip-rank 1 \
+        "$marker" >"$work/out.txt" 2>&1
       code=$?
       elapsed=$(( $(now_ms) - start ))
       [ $code -ne 0 ] && ok "DPAR_SHM=$shm: launcher exited $code" ||

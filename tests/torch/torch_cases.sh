@@ -80,11 +80,15 @@ case $case_name in
     expect_text "$work/all.txt" "[999]"
     expect_no_job_processes ;;
   timeout)
-    # Over TCP (DPAR_SHM=0) the skipped all-reduce times out; through shared memory the ranks
-    # see at once that one all-reduces while the other waits at the barrier after it.
+    # Over TCP (DPAR_SHM=0) the skipped all-reduce times out (3 s); through shared memory the
+    # ranks see at once that one all-reduces while the other waits at the barrier after it, so
+    # that drill gets 60 s, past the 30 s limit: a short timeout could fire first on a loaded
+    # machine, where one rank may reach the segment seconds after the other.
     for shm in 0 1; do
       start=$(now_ms)
-      DPAR_SHM=$shm DPAR_TIMEOUT=3 run_fails 2 --mode timeout
+      collective_timeout=3
+      [ $shm = 1 ] && collective_timeout=60
+      DPAR_SHM=$shm DPAR_TIMEOUT=$collective_timeout run_fails 2 --mode timeout
       elapsed=$(($(now_ms) - start))
       [ $elapsed -lt 30000 ] && ok "DPAR_SHM=$shm: failed after $elapsed ms" ||
         fail "DPAR_SHM=$shm: took $elapsed ms (limit 30 s)"
