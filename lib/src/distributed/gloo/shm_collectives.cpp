@@ -267,7 +267,10 @@ void ShmCollectives::fold_pieces(const Fold& f, Millis timeout, const Cancelled&
     auto at = [&](int r, int c) {
       return slot(set, ((r % n) + n) % n) + static_cast<size_t>(c) * piece_bytes;
     };
+    // The chunks the other ranks fold; this rank's own is read where it is (no other rank reads
+    // it), which saves a copy in and out of the segment.
     for (int c = 0; c < n; ++c) {
+      if (c == rank_) continue;
       if (const size_t m = count(c, p))
         std::memcpy(at(rank_, c), f.chunks[static_cast<size_t>(c)] + p * piece_bytes, m * es);
     }
@@ -277,15 +280,17 @@ void ShmCollectives::fold_pieces(const Fold& f, Millis timeout, const Cancelled&
     // rank's (own) (op) the partial, this rank's last.
     const int c = rank_;
     if (const size_t m = count(c, p); m > 0) {
+      const uint8_t* own = f.chunks[static_cast<size_t>(c)] + p * piece_bytes;
       uint8_t* result = f.out_own ? f.out_own + p * piece_bytes : at(c, c);
       if (n == 2) {
-        f.reduce(result, at(c, c), at(c + 1, c), m);
+        f.reduce(result, own, at(c + 1, c), m);
       } else {
-        // The partial may build up in the output, unless that is this rank's own operand.
-        uint8_t* partial = f.out_own ? result : fold_.data();
+        // The partial may build up in the output, unless that is this rank's own input (a
+        // reduce_scatter into its own chunk), read last.
+        uint8_t* partial = result == own ? fold_.data() : result;
         f.reduce(partial, at(c + 2, c), at(c + 1, c), m);
         for (int k = 3; k < n; ++k) f.reduce(partial, at(c + k, c), partial, m);
-        f.reduce(result, at(c, c), partial, m);
+        f.reduce(result, own, partial, m);
       }
       if (f.finish) f.finish(result, m);
     }
