@@ -5,7 +5,9 @@
 // groups.
 #include <cstring>
 #include <future>
+#include <latch>
 
+#include "distributed/gloo/hybrid_ring.h"
 #include "distributed/gloo/process_group_gloo.h"
 #include "dpar/core/random.h"
 #include "unit/thread_ranks.h"
@@ -185,9 +187,8 @@ TEST_CASE("reduce_scatter and allgather through shared memory are bitwise the TC
 
 namespace {
 
-// Broadcasts from every root: one element, sizes on either side of 64 KB (where a group over
-// several hosts may switch from Gloo's tree to the mixed ring's chain), several pieces or
-// segments with an odd tail, and a fused pair of dtypes through the staging buffer. Then a
+// Broadcasts from every root: one element, 64 KB and about, 12 MiB (several pieces or segments,
+// an odd tail), and a fused pair of dtypes through the staging buffer. Then a
 // barrier that every rank has reached.
 void expect_broadcasts_and_barrier(ProcessGroup& pg, Store& store, int rank, int size) {
   for (int root = 0; root < size; ++root) {
@@ -209,11 +210,10 @@ void expect_broadcasts_and_barrier(ProcessGroup& pg, Store& store, int rank, int
                std::to_string(rank));
   }
   // Every rank's key is set before it reaches the barrier, so after it all are there.
-  const std::string key = "before-barrier/" + std::to_string(size) + "/";
-  store.set(key + std::to_string(rank), {1});
+  store.set("before-barrier/" + std::to_string(rank), {1});
   pg.barrier()->wait();
   for (int r = 0; r < size; ++r)
-    expect(store.check({key + std::to_string(r)}),
+    expect(store.check({"before-barrier/" + std::to_string(r)}),
            "rank " + std::to_string(r) + " had not reached the barrier");
 }
 
@@ -229,22 +229,54 @@ TEST_CASE("broadcast and barrier through shared memory", "[shm]") {
 }
 
 TEST_CASE("broadcast and barrier over several hosts", "[shm]") {
-  // The mixed ring's chain (two hosts; a host across the ring's wrap), Gloo's tree below 64 KB
-  // where the chain would cross more TCP hops than the tree has rounds (four hosts of five
-  // ranks: 4 TCP hops against 3 rounds), and the tree alone where no hop is shared memory.
-  for (const std::vector<std::string>& hosts :
-       std::vector<std::vector<std::string>>{{"a", "a", "b", "b"},
-                                             {"a", "b", "b", "a"},
-                                             {"a", "a", "b", "c", "d"},
-                                             {"a", "b", "a", "b"}}) {
-    const int size = static_cast<int>(hosts.size());
+  // The mixed ring's chain at every size (two hosts; a host across the ring's wrap); Gloo's tree
+  // for one segment and the chain for 12 MiB where the chain's 4 TCP hops outnumber the tree's 3
+  // rounds (hosts of 2+1+1+1); the tree alone where no hop is shared memory.
+  struct Layout {
+    std::vector<std::string> hosts;
+    std::string transport;
+  };
+  for (
+      const Layout& layout : std::vector<Layout>{
+          {{"a", "a", "b", "b"}, "shared memory within hosts (2 of 4 ring hops), tcp between them"},
+          {{"a", "b", "b", "a"}, "shared memory within hosts (2 of 4 ring hops), tcp between them"},
+          {{"a", "a", "b", "c", "d"},
+           "shared memory within hosts (1 of 5 ring hops), tcp between them"},
+          {{"a", "b", "a", "b"},
+           "tcp (the ranks run on 2 hosts; no two neighbouring ranks of the ring share a host)"}}) {
+    const int size = static_cast<int>(layout.hosts.size());
     run_ranks(size, [&](int rank, std::shared_ptr<Store> store) {
       ProcessGroupOptions options = test_options();
-      options.host_identity = "host " + hosts[static_cast<size_t>(rank)];
+      options.host_identity = "host " + layout.hosts[static_cast<size_t>(rank)];
       auto pg = make_gloo_group(store, rank, size, options);
+      expect(gloo_of(*pg).transport() == layout.transport,
+             "the group's transport is " + gloo_of(*pg).transport());
       expect_broadcasts_and_barrier(*pg, *store, rank, size);
     });
   }
+}
+
+TEST_CASE("a broadcast over several hosts takes the chain where it is the shorter way", "[shm]") {
+  using dist::detail::chain_broadcast_pays;
+  constexpr size_t kSegment = dist::detail::ShmLink::kSlotBytes;  // the chain's segment
+  // No hop through shared memory: the tree.
+  CHECK_FALSE(chain_broadcast_pays(4, 0, 100 << 20));
+  // Two hosts of two: 2 TCP hops, 2 rounds: the chain at every size.
+  CHECK(chain_broadcast_pays(4, 2, 4));
+  CHECK(chain_broadcast_pays(4, 2, kSegment));
+  CHECK(chain_broadcast_pays(4, 2, kSegment + 1));
+  CHECK(chain_broadcast_pays(4, 2, 64 * kSegment));
+  // Two hosts of eight: 2 TCP hops against 4 rounds, but 15 hops in all: the tree while latency
+  // counts, the chain once the message is cut into segments.
+  CHECK_FALSE(chain_broadcast_pays(16, 14, 64 << 10));
+  CHECK(chain_broadcast_pays(16, 14, 2 * kSegment));
+  // Hosts of 2+1+1+1: 4 TCP hops against 3 rounds: the tree up to 1.625 segments.
+  CHECK_FALSE(chain_broadcast_pays(5, 1, kSegment));
+  CHECK_FALSE(chain_broadcast_pays(5, 1, kSegment + kSegment / 2));
+  CHECK(chain_broadcast_pays(5, 1, 2 * kSegment));
+  // Eight hosts, one of two ranks: 8 TCP hops against 4 rounds: the tree up to ~2.4 segments.
+  CHECK_FALSE(chain_broadcast_pays(9, 1, 2 * kSegment));
+  CHECK(chain_broadcast_pays(9, 1, 3 * kSegment));
 }
 
 TEST_CASE("the hierarchical allreduce over several hosts is bitwise the TCP ring's", "[shm]") {
@@ -316,6 +348,40 @@ TEST_CASE("a rank that gives up on a hierarchical collective fails the ranks acr
     }
     CHECK_THAT(errors[3], Catch::Contains("rank 2 gave up on the collective") &&
                               Catch::Contains("stopped by the test"));
+  }
+}
+
+TEST_CASE("a rank that gives up mid-chain fails the ranks behind it over TCP too", "[shm]") {
+  // Hosts of 2+1+1+1: a 12 MiB broadcast from rank 0 is the chain 0 -> 1 (shared memory) -> 2
+  // -> 3 -> 4 (TCP). Rank 2 is aborted: rank 1's send and rank 3's receive fail, and rank 3,
+  // whose hops are both TCP, must close its connections so that rank 4 fails too, instead of
+  // waiting out the 60 s timeout for a segment rank 3 will never send. Every rank keeps its group
+  // until all are done, as a process that handles the error would: no socket closes by exiting.
+  const std::vector<std::string> hosts = {"a", "a", "b", "c", "d"};
+  std::vector<std::string> errors(5);
+  std::vector<double> seconds(5);
+  std::latch all_done(5);
+  run_ranks(5, [&](int rank, std::shared_ptr<Store> store) {
+    ProcessGroupOptions options = test_options(std::chrono::seconds(60));
+    options.host_identity = "host " + hosts[static_cast<size_t>(rank)];
+    auto pg = make_gloo_group(store, rank, 5, options);
+    Tensor t = Tensor::ones({3 << 20});
+    pg->broadcast({t}, 0)->wait();  // connected and working
+    if (rank == 2) pg->abort("stopped by the test");
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg->broadcast({t}, 0)->wait();
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+    seconds[static_cast<size_t>(rank)] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    all_done.arrive_and_wait();
+  });
+  for (int r = 1; r < 5; ++r) {  // rank 0's part (its hop to rank 1) may well have finished
+    INFO("rank " << r << ": " << errors[static_cast<size_t>(r)]);
+    CHECK_FALSE(errors[static_cast<size_t>(r)].empty());
+    CHECK(seconds[static_cast<size_t>(r)] < 30);
   }
 }
 

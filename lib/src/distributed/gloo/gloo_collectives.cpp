@@ -22,24 +22,6 @@
 namespace dpar::dist::detail {
 namespace {
 
-// Whether a broadcast over several hosts takes the mixed ring's chain rather than Gloo's tree.
-// The chain passes the bytes on segment by segment (a pipeline), crossing each boundary between
-// hosts on the ring once, so from 64 KB it is taken whatever the layout. Below, latency counts:
-// the chain takes n-1 hops, the tree log2(n) rounds over TCP, and a hop through shared memory
-// costs a copy and a wake-up where one over TCP costs system calls on both sides, so the chain
-// is taken while its TCP hops are no more than the tree's rounds (two hosts of any size; many
-// small hosts keep the tree). With 2 pretend hosts x 2 ranks on one 2-core machine
-// (bench_allreduce --op broadcast --nproc 4 --hosts 2) the chain took 0.18-0.27 ms per call
-// from 1 KB to 64 KB, dpar's checked tree 0.43-0.83 ms.
-bool chain_broadcast(const RingLinks& links, int size, size_t bytes) {
-  if (!links.in_use()) return false;
-  if (bytes >= (64u << 10)) return true;
-  const int tcp_hops = size - links.shm_hops;
-  int tree_rounds = 0;
-  while ((1 << tree_rounds) < size) ++tree_rounds;
-  return tcp_hops <= tree_rounds;
-}
-
 void pack(const Tensor& t, uint8_t* dst) {
   if (t.is_contiguous()) {
     std::memcpy(dst, t.raw_data(), t.nbytes());
@@ -146,7 +128,7 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
   std::vector<Tensor>& tensors = op.tensors;
   if (info.numel == 0 || size_ == 1) return;
   const size_t bytes = total_bytes(tensors);
-  const bool chain = chain_broadcast(links_, size_, bytes);
+  const bool chain = links_.in_use() && chain_broadcast_pays(size_, links_.shm_hops, bytes);
   if (shm_ || chain) {
     // Every rank on this host: the root's bytes through the shared segment. Several hosts: along
     // the mixed ring's chain, each TCP hop checked. Straight from and into a single contiguous
@@ -171,7 +153,8 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
   // Bytes, not elements: tensors of different dtypes may travel together (e.g. parameters and
   // integer buffers). The root's CRC-32C travels behind the payload in the same message, so
   // even a single tensor goes through the staging buffer: Gloo's broadcast tree is kept (log2 n
-  // hops, where a checked chain would need n-1) and the check is end to end.
+  // rounds, where a chain of TCP hops would take n-1; a mixed ring's chain is taken above where
+  // chain_broadcast_pays says it is shorter) and the check is end to end.
   uint8_t* data = staging(bytes + sizeof(uint32_t));
   if (rank_ == info.root) {
     pack_all(tensors, data);

@@ -4,6 +4,7 @@
 #include <gloo/types.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <optional>
 
@@ -276,9 +277,9 @@ void hybrid_chain_broadcast(const std::shared_ptr<gloo::Context>& context, RingL
                             uint8_t* data, size_t bytes, int root, uint32_t tag, Millis timeout,
                             const std::function<std::string()>& cancelled, HybridScratch& scratch) {
   const int n = context->size;
+  if (n == 1 || bytes == 0) return;
   const RingBuffer buffer{data, {bytes}, 1};
   const Geometry g(buffer, timeout);
-  if (n == 1 || bytes == 0) return;
   // The chain root, root+1, ..., root-1 along the ring: every rank but the root takes each
   // segment from the rank before it, every rank but the last passes it on.
   const int position = wrap(context->rank - root, n);
@@ -304,6 +305,17 @@ void hybrid_chain_broadcast(const std::shared_ptr<gloo::Context>& context, RingL
     if (sends) out->send(0, i);
   }
   if (sends) out->end_step();
+}
+
+bool chain_broadcast_pays(int size, int shm_hops, size_t bytes) {
+  if (shm_hops == 0) return false;
+  const int tcp_hops = size - shm_hops;
+  const int rounds = std::bit_width(static_cast<unsigned>(size - 1));
+  if (bytes <= ShmLink::kSlotBytes) return tcp_hops <= rounds && size - 1 <= 2 * rounds;
+  if (tcp_hops <= rounds) return true;
+  // bytes + segment * (tcp_hops - 1 + shm_hops / 4) <= rounds * bytes, in whole numbers.
+  return 4 * static_cast<double>(bytes) * (rounds - 1) >=
+         static_cast<double>(ShmLink::kSlotBytes) * (4 * (tcp_hops - 1) + shm_hops);
 }
 
 void hybrid_ring_allreduce(const std::shared_ptr<gloo::Context>& context, RingLinks& links,

@@ -385,6 +385,10 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     failed_ = aborted.empty()
                   ? failure_message(info, clean_gloo_message(what), timed_out, in_check)
                   : failure_message(info, "aborted: " + aborted, false, in_check, false);
+    // Closed sockets tell the ranks waiting on this one over TCP at once, as the marks tell
+    // those across its shared-memory hops: a failure must travel on past a rank whose hops are
+    // both TCP (a chain or ring over several small hosts), not stop there until the timeout.
+    close_connections();
     give_up_shared_memory(failed_);
     finish(failed_);
   } catch (const ShmFailure& e) {
