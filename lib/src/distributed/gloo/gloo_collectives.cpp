@@ -128,7 +128,7 @@ void ProcessGroupGloo::run_broadcast(PendingOp& op) {
   std::vector<Tensor>& tensors = op.tensors;
   if (info.numel == 0 || size_ == 1) return;
   const size_t bytes = total_bytes(tensors);
-  const bool chain = links_.in_use() && chain_broadcast_pays(size_, links_.shm_hops, bytes);
+  const bool chain = chain_broadcast_pays(size_, links_.shm_hops, bytes);
   if (shm_ || chain) {
     // Every rank on this host: the root's bytes through the shared segment. Several hosts: along
     // the mixed ring's chain, each TCP hop checked. Straight from and into a single contiguous

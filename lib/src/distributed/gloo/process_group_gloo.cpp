@@ -348,6 +348,16 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     heartbeat_->completed(info.seq);
     op.work->finish(std::move(error));
   };
+  // The group cannot go on. Closed sockets tell the ranks waiting on this one over TCP at once,
+  // even while this process lives on, as the marks tell those across its shared-memory hops: a
+  // failure travels on past a rank whose hops are both TCP (a chain or ring over several small
+  // hosts) instead of stopping there until the timeout.
+  auto fail_group = [&](std::string message) {
+    failed_ = std::move(message);
+    close_connections();
+    give_up_shared_memory(failed_);
+    finish(failed_);
+  };
   bool in_check = false;
   running_info_.store(&info);
   struct Clear {
@@ -382,31 +392,17 @@ void ProcessGroupGloo::execute(PendingOp& op) {
     const std::string what = e.what();
     const bool timed_out = what.find("Timed out") != std::string::npos;
     const std::string aborted = abort_reason();
-    failed_ = aborted.empty()
-                  ? failure_message(info, clean_gloo_message(what), timed_out, in_check)
-                  : failure_message(info, "aborted: " + aborted, false, in_check, false);
-    // Closed sockets tell the ranks waiting on this one over TCP at once, as the marks tell
-    // those across its shared-memory hops: a failure must travel on past a rank whose hops are
-    // both TCP (a chain or ring over several small hosts), not stop there until the timeout.
-    close_connections();
-    give_up_shared_memory(failed_);
-    finish(failed_);
+    fail_group(aborted.empty()
+                   ? failure_message(info, clean_gloo_message(what), timed_out, in_check)
+                   : failure_message(info, "aborted: " + aborted, false, in_check, false));
   } catch (const ShmFailure& e) {
     // A peer that stalled (timed out), exited or was aborted mid-collective: the ranks are out
     // of step over the segment, so the group cannot go on.
-    failed_ = failure_message(info, e.what(), e.timed_out, in_check, e.timed_out);
-    close_connections();
-    give_up_shared_memory(failed_);
-    finish(failed_);
+    fail_group(failure_message(info, e.what(), e.timed_out, in_check, e.timed_out));
   } catch (const CorruptedTransfer& e) {
     // The ring stopped mid-way, so the ranks are out of step: the group cannot go on. Where
     // the other ranks are says nothing about bytes that changed on the wire, so it is left out.
-    failed_ = failure_message(info, e.what(), false, in_check, false);
-    // Closing the connections now makes the peers' pending transfers fail at once, instead of
-    // at the timeout, even while this process lives on.
-    close_connections();
-    give_up_shared_memory(failed_);
-    finish(failed_);
+    fail_group(failure_message(info, e.what(), false, in_check, false));
   } catch (const std::exception& e) {
     // dpar errors (e.g. a DETAIL mismatch) leave the connections intact: the group stays usable.
     finish(e.what());

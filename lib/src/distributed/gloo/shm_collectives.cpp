@@ -268,7 +268,7 @@ void ShmCollectives::fold_pieces(const Fold& f, Millis timeout, const Cancelled&
       return slot(set, ((r % n) + n) % n) + static_cast<size_t>(c) * piece_bytes;
     };
     // The chunks the other ranks fold; this rank's own is read where it is (no other rank reads
-    // it), which saves a copy in and out of the segment.
+    // it), which saves copying it in.
     for (int c = 0; c < n; ++c) {
       if (c == rank_) continue;
       if (const size_t m = count(c, p))
