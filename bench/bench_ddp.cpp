@@ -191,6 +191,10 @@ int main(int argc, char** argv) {
                                    "machine allows for scaling without any communication");
     auto& result = flags.add_string("result", "", "internal: where rank 0 writes its figures");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCHER, "dpar-launch binary");
+    auto& cpu_bind_flag = flags.add_string(
+        "cpu-bind", "cores",
+        "none, or cores: each rank of the collective jobs, the independent processes and the "
+        "PyTorch DDP peer on its own share of the CPUs (dpar-launch --cpu_bind)");
     auto& port = flags.add_int("start-port", 29300, "dpar-launch --start_port");
     auto& bucket_mb = flags.add_double(
         "bucket-mb", 0, "DataParallel comm_buffer_size in MB (0: the default, 25 MB after 1 MB)");
@@ -252,6 +256,20 @@ int main(int argc, char** argv) {
       comm_dtype = DType::f16;
     } else if (comm_dtype_name != "f32") {
       throw FlagError("bench_ddp: --comm-dtype=" + comm_dtype_name + ": expected f32, bf16 or f16");
+    }
+    std::string cpu_bind = cpu_bind_flag;
+    if (cpu_bind != "none" && cpu_bind != "cores") {
+      throw FlagError("bench_ddp: --cpu-bind=" + cpu_bind + ": expected none or cores");
+    }
+    if (cpu_bind == "cores" && !worker && !solo && world > bench::usable_cpus()) {
+      std::printf("  --cpu-bind cores: %lld ranks on %d CPUs, so every process runs unbound\n",
+                  static_cast<long long>(world), bench::usable_cpus());
+      cpu_bind = "none";
+    }
+    if (cpu_bind == "cores" && !worker && !solo && with_ps) {
+      // dpar-launch places ps jobs unbound; the collective job it is compared with runs alike.
+      std::printf("  --cpu-bind cores: not with --ps (ps jobs run unbound), so no job is bound\n");
+      cpu_bind = "none";
     }
 
     if (worker && ps::is_server()) {
@@ -318,7 +336,7 @@ int main(int argc, char** argv) {
     auto run_job_with = [&](int64_t ranks, dist::ShardMode shard, bool overlap, int64_t job_warmup,
                             int64_t job_steps) {
       const std::string cmd =
-          launcher + " --nproc_per_node=" + std::to_string(ranks) +
+          launcher + " --nproc_per_node=" + std::to_string(ranks) + " --cpu_bind=" + cpu_bind +
           " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_log_" +
           std::to_string(getpid()) + " " + std::string(argv[0]) + worker_args + " --shard " +
           dist::shard_mode_name(shard) + " --overlap-gather=" + (overlap ? "true" : "false") +
@@ -355,7 +373,7 @@ int main(int argc, char** argv) {
     };
     auto run_independent = [&] {
       const std::string cmd =
-          launcher + " --nproc_per_node=" + std::to_string(world) +
+          launcher + " --nproc_per_node=" + std::to_string(world) + " --cpu_bind=" + cpu_bind +
           " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_solo_log_" +
           std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
           " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
@@ -546,7 +564,7 @@ int main(int argc, char** argv) {
                 std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
                 std::to_string(steps) + " --threads " + std::to_string(threads) +
                 (gpu ? " --device cuda --gpu-index " + std::to_string(gpu_index) : std::string()) +
-                (channels_last ? " --channels-last" : ""),
+                (channels_last ? " --channels-last" : "") + " --cpu-bind " + cpu_bind,
             static_cast<int>(threads));
       };
       const auto p = run_torch(/*channels_last=*/true);

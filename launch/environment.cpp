@@ -262,6 +262,7 @@ std::vector<std::pair<std::string, std::string>> launcher_variables(const Env& e
                                        "MASTER_ADDR",
                                        "MASTER_PORT",
                                        "CUDA_VISIBLE_DEVICES",
+                                       "DPAR_CPUS",
                                        "OMP_NUM_THREADS"};
   std::vector<std::pair<std::string, std::string>> out;
   for (const char* name : kNames) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "address.h"
+#include "cpu_binding.h"
 #include "dpar/core/flags.h"
 #include "elastic_host.h"
 #include "environment.h"
@@ -141,6 +142,18 @@ int launch(int argc, char** argv) {
   for (const Process& p : plan.node().procs) {
     envs.push_back(worker_environment(plan, p, base, /*restart_count=*/0, cpus));
   }
+  std::vector<std::vector<int>> cpu_shares_by_process;
+  if (plan.bind_cpus) {
+    const std::vector<int> allowed = allowed_cpus();
+    cpu_shares_by_process =
+        cpu_shares(allowed, core_ids(allowed), static_cast<int>(plan.node().procs.size()));
+    for (size_t i = 0; i < envs.size(); ++i) {
+      const std::vector<int>& share = cpu_shares_by_process[i];
+      envs[i]["DPAR_CPUS"] = cpu_list_text(share);
+      // One OpenMP thread per CPU of the share, unless the caller chose.
+      if (!base.count("OMP_NUM_THREADS")) envs[i]["OMP_NUM_THREADS"] = std::to_string(share.size());
+    }
+  }
   check_ports_free(plan);
   make_log_dir(plan.log_dir);
   if (!plan.log_dir.empty()) {
@@ -172,7 +185,7 @@ int launch(int argc, char** argv) {
                                 : plan.elastic ? elastic_summary(plan, store_host != nullptr)
                                                : collective_summary(plan)));
 
-  Supervisor supervisor(plan, std::move(envs));
+  Supervisor supervisor(plan, std::move(envs), std::move(cpu_shares_by_process));
   const int status = supervisor.run();
   if (store_host) {
     const auto idle =

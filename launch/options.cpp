@@ -28,6 +28,10 @@ void check_mode_flags(const Options& o) {
     }
     return;
   }
+  if (o.cpu_bind == "cores") {
+    bad("--cpu_bind=cores applies to collective jobs; --run_mode=ps leaves the placement of "
+        "servers and trainers to the system");
+  }
   const std::pair<bool, const char*> collective_flags[] = {{o.gpus_given, "--gpus"},
                                                            {!o.hostfile.empty(), "--hostfile"},
                                                            {!o.rank_table.empty(), "--rank_table"},
@@ -300,6 +304,10 @@ Options parse_options(const std::vector<std::string>& args) {
   flags.add_alias("max_restart", "max_restarts");  // paddle.distributed.launch's spelling
   auto& grace = flags.add_double("grace_period", o.grace_period,
                                  "seconds between SIGTERM and SIGKILL when stopping workers");
+  auto& cpu_bind = flags.add_string(
+      "cpu_bind", o.cpu_bind,
+      "none, or cores: each local process on its own share of the CPUs the launcher may use "
+      "(whole cores, in local-rank order; collective jobs)");
 
   o.command = flags.parse(args, /*allow_positional=*/true);
   o.ips = ips;
@@ -333,6 +341,10 @@ Options parse_options(const std::vector<std::string>& args) {
   o.run_mode = run_mode;
   o.max_restarts = max_restarts;
   o.grace_period = grace;
+  o.cpu_bind = cpu_bind;
+  if (o.cpu_bind != "none" && o.cpu_bind != "cores") {
+    bad("--cpu_bind=" + o.cpu_bind + ": expected none or cores");
+  }
   o.servers = servers;
   o.trainers = trainers;
   o.server_num = server_num;

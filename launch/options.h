@@ -39,7 +39,8 @@ struct Options {
   std::string job_id;  // default derived from the master endpoint
   std::string run_mode = "collective";
   int64_t max_restarts = 0;
-  double grace_period = 3.0;  // seconds between SIGTERM and SIGKILL when stopping workers
+  double grace_period = 3.0;      // seconds between SIGTERM and SIGKILL when stopping workers
+  std::string cpu_bind = "none";  // or "cores" (cpu_binding.h)
 
   // --run_mode=ps (parameter-server mode); see plan.h for how they combine.
   std::string servers;   // "ip:port,ip:port": the servers, server id = position

@@ -240,6 +240,7 @@ LaunchPlan make_plan(const Options& o, const std::vector<std::string>& local_add
   plan.log_dir = o.log_dir;
   plan.max_restarts = static_cast<int>(o.max_restarts);
   plan.grace_period = o.grace_period;
+  plan.bind_cpus = o.cpu_bind == "cores";
   return plan;
 }
 

@@ -37,6 +37,7 @@ struct LaunchPlan {
   std::string log_dir;
   int max_restarts = 0;
   double grace_period = 3.0;
+  bool bind_cpus = false;  // --cpu_bind=cores: each local process on its own CPUs
 
   // Elastic jobs (--nnodes=MIN:MAX): this node's processes only; the members meet at
   // rdzv_endpoint (job_id is --rdzv_id) and count min_members..max_members processes.

@@ -1,6 +1,7 @@
 #include "spawner.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cpu_binding.h"
 #include "dpar/core/flags.h"
 #include "text.h"
 
@@ -43,7 +45,7 @@ std::string resolve_program(const std::string& name, const std::string& path_env
 }
 
 Child spawn_worker(const std::string& path, const std::vector<std::string>& argv, const Env& env,
-                   const sigset_t& child_mask) {
+                   const sigset_t& child_mask, const std::vector<int>& cpus) {
   // Everything the child needs is built before fork: after fork only async-signal-safe calls.
   std::vector<char*> c_argv;
   for (const std::string& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
@@ -55,6 +57,13 @@ Child spawn_worker(const std::string& path, const std::vector<std::string>& argv
   c_env.push_back(nullptr);
   char exec_failed[512];
   std::snprintf(exec_failed, sizeof exec_failed, "dpar-launch: cannot execute %s: ", path.c_str());
+  cpu_set_t cpu_set;
+  CPU_ZERO(&cpu_set);
+  for (int cpu : cpus) CPU_SET(cpu, &cpu_set);
+  char bind_failed[512];
+  std::snprintf(bind_failed, sizeof bind_failed,
+                "dpar-launch: cannot bind %s to CPUs %s: ", path.c_str(),
+                cpu_list_text(cpus).c_str());
 
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
@@ -82,10 +91,14 @@ Child spawn_worker(const std::string& path, const std::vector<std::string>& argv
     ::signal(SIGPIPE, SIG_DFL);
     ::signal(SIGCHLD, SIG_DFL);
     ::sigprocmask(SIG_SETMASK, &child_mask, nullptr);
-    ::execve(path.c_str(), c_argv.data(), c_env.data());
+    const char* failed = bind_failed;
+    if (cpus.empty() || ::sched_setaffinity(0, sizeof cpu_set, &cpu_set) == 0) {
+      ::execve(path.c_str(), c_argv.data(), c_env.data());
+      failed = exec_failed;
+    }
     const int err = errno;
     const char* why = std::strerror(err);
-    (void)!::write(STDERR_FILENO, exec_failed, std::strlen(exec_failed));
+    (void)!::write(STDERR_FILENO, failed, std::strlen(failed));
     (void)!::write(STDERR_FILENO, why, std::strlen(why));
     (void)!::write(STDERR_FILENO, "\n", 1);
     ::_exit(127);

@@ -24,9 +24,11 @@ struct Child {
 //  - leads its own process group, so signals reach the worker and anything it starts, and a
 //    Ctrl-C at the terminal reaches the launcher, which decides what the workers get;
 //  - gets SIGKILL if the launcher dies (PR_SET_PDEATHSIG), so no worker outlives it;
-//  - has `child_mask` as its signal mask and default signal handlers, stdin from /dev/null.
-// If exec fails the child prints why on its output and exits with status 127.
+//  - has `child_mask` as its signal mask and default signal handlers, stdin from /dev/null;
+//  - runs on `cpus` only (sched_setaffinity, inherited by its threads and children), unless
+//    that is empty.
+// If binding or exec fails the child prints why on its output and exits with status 127.
 Child spawn_worker(const std::string& path, const std::vector<std::string>& argv, const Env& env,
-                   const sigset_t& child_mask);
+                   const sigset_t& child_mask, const std::vector<int>& cpus = {});
 
 }  // namespace dpar::launch

@@ -70,7 +70,9 @@ std::string describe_wait_status(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
-Supervisor::Supervisor(const LaunchPlan& plan, std::vector<Env> envs) : plan_(plan) {
+Supervisor::Supervisor(const LaunchPlan& plan, std::vector<Env> envs,
+                       std::vector<std::vector<int>> cpus)
+    : plan_(plan) {
   const auto& procs = plan.node().procs;
   DPAR_CHECK(envs.size() == procs.size(), "dpar-launch: ", envs.size(), " environments for ",
              procs.size(), " processes");
@@ -78,6 +80,7 @@ Supervisor::Supervisor(const LaunchPlan& plan, std::vector<Env> envs) : plan_(pl
     Worker w;
     w.proc = &procs[i];
     w.env = std::move(envs[i]);
+    if (i < cpus.size()) w.cpus = std::move(cpus[i]);
     workers_.push_back(std::move(w));
   }
   if (!plan.ps_mode && !workers_.empty()) {
@@ -156,7 +159,7 @@ void Supervisor::start_all(int restart) {
                              std::to_string(plan_.max_restarts) + " -----\n");
     }
     w.env["DPAR_RESTART_COUNT"] = std::to_string(restart);
-    const Child child = spawn_worker(plan_.program_path, plan_.command, w.env, child_mask_);
+    const Child child = spawn_worker(plan_.program_path, plan_.command, w.env, child_mask_, w.cpus);
     w.pid = child.pid;
     w.out = child.output;
     w.running = true;

@@ -33,8 +33,10 @@ namespace dpar::launch {
 class Supervisor {
  public:
   // `envs[i]` is the environment of the node's local rank i (DPAR_RESTART_COUNT is set per
-  // start). Blocks the signals it handles from here on; throws dpar::Error on system failures.
-  Supervisor(const LaunchPlan& plan, std::vector<Env> envs);
+  // start) and `cpus[i]` the CPUs it runs on (none given or empty: unbound). Blocks the signals
+  // it handles from here on; throws dpar::Error on system failures.
+  Supervisor(const LaunchPlan& plan, std::vector<Env> envs,
+             std::vector<std::vector<int>> cpus = {});
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -45,6 +47,7 @@ class Supervisor {
   struct Worker {
     const Process* proc = nullptr;
     Env env;
+    std::vector<int> cpus;  // empty: unbound
     pid_t pid = -1;
     int out = -1;
     bool running = false;

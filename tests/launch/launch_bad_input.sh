@@ -38,6 +38,17 @@ expect_bad "--master=127.0.0.1:$port is also the endpoint of rank 0 (duplicate e
   --master=127.0.0.1:$port "${W[@]}"
 expect_bad "--master=localhost: expected ip:port" --master=localhost "${W[@]}"
 expect_bad "--nproc_per_node=0: expected at least 1 process per node" --nproc_per_node=0 "${W[@]}"
+expect_bad "--cpu_bind=numa: expected none or cores" --cpu_bind=numa "${W[@]}"
+expect_bad "--cpu_bind=cores applies to collective jobs" --run_mode=ps --server_num=1 \
+  --trainer_num=1 --cpu_bind=cores "${W[@]}"
+# More processes than CPUs to bind them to (the launcher may use CPU 0 only).
+launcher_unbound=$launcher
+launcher=$work/taskset_launcher.sh
+printf '#!/bin/sh\nexec taskset -c 0 "%s" "$@"\n' "$launcher_unbound" >"$launcher"
+chmod +x "$launcher"
+expect_bad "--cpu_bind=cores needs a CPU for each of this node's 2 processes, but the launcher may use 1 (CPUs 0)" \
+  --nproc_per_node=2 --cpu_bind=cores "${W[@]}"
+launcher=$launcher_unbound
 expect_bad "--nproc_per_node=-2: expected at least 1" --nproc_per_node -2 "${W[@]}"
 expect_bad "--nproc_per_node=3 does not match --gpus=0,1" --nproc_per_node=3 --gpus=0,1 "${W[@]}"
 expect_bad "--node_rank=2: --ips=127.0.0.1,127.0.0.2 has 2 node(s), so expected 0..1" \

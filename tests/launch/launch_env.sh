@@ -90,6 +90,28 @@ expect_text "$work/sa/workerlog.0" "MASTER_PORT="
   >"$work/out" 2>"$work/err" || { fail "torchrun-style run failed"; cat "$work/err"; }
 expect_line "$work/tr/workerlog.1" "MASTER_PORT=$((port + 9))"
 
+echo "== --cpu_bind=cores: each process on its own CPUs, one OpenMP thread per CPU"
+if [ "$(nproc)" -ge 2 ]; then
+  # What each process may run on, as the kernel says, and what the launcher told it.
+  show='grep Cpus_allowed_list /proc/self/status; echo "OMP_NUM_THREADS=$OMP_NUM_THREADS DPAR_CPUS=$DPAR_CPUS"'
+  unset OMP_NUM_THREADS
+  taskset -c 0,1 "$launcher" --nproc_per_node=2 --cpu_bind=cores --log_dir="$work/bind" \
+    --start_port=$port bash -c "$show" "$marker" >"$work/out" 2>"$work/err" ||
+    { fail "bound run failed"; cat "$work/err"; }
+  for i in 0 1; do
+    expect_line "$work/bind/workerlog.$i" "$(printf 'Cpus_allowed_list:\t%s' $i)"
+    expect_line "$work/bind/workerlog.$i" "OMP_NUM_THREADS=1 DPAR_CPUS=$i"
+  done
+  expect_text "$work/out" "| DPAR_CPUS"
+  # Unbound (the default), every process may run wherever the launcher may.
+  taskset -c 0,1 "$launcher" --nproc_per_node=2 --log_dir="$work/free" --start_port=$port \
+    bash -c "$show" "$marker" >"$work/out" 2>"$work/err" || { fail "unbound run failed"; cat "$work/err"; }
+  expect_line "$work/free/workerlog.1" "$(printf 'Cpus_allowed_list:\t0-1')"
+  expect_line "$work/free/workerlog.1" "OMP_NUM_THREADS=1 DPAR_CPUS="
+else
+  echo "skip: --cpu_bind needs two CPUs"
+fi
+
 echo "== processes a worker leaves behind end with the job"
 "$launcher" --nproc_per_node=2 --log_dir="$work/gc" --start_port=$port \
   "$worker" grandchild=1 sleep=0.2 "$marker" >"$work/out" 2>"$work/err"

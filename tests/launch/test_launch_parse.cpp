@@ -11,6 +11,7 @@
 
 #include "address.h"
 #include "cluster.h"
+#include "cpu_binding.h"
 #include "environment.h"
 #include "launch_test_util.h"
 #include "log_sink.h"
@@ -375,6 +376,39 @@ TEST_CASE("launch: option checks", "[launch]") {
              Contains("--nproc_per_node cannot be combined with --rank_table"));
   CHECK_THAT(error_of([] { options({"--grace_period=-1"}); }), Contains("expected 0..3600"));
   CHECK_THAT(error_of([] { options({"--job_id=a b"}); }), Contains("expected no spaces"));
+}
+
+TEST_CASE("launch: --cpu_bind=cores shares out whole cores in local-rank order", "[launch]") {
+  using Shares = std::vector<std::vector<int>>;
+  CHECK(options({"--cpu_bind=cores"}).cpu_bind == "cores");
+  CHECK(options({}).cpu_bind == "none");
+  CHECK_THAT(error_of([] { options({"--cpu_bind=numa"}); }),
+             Contains("--cpu_bind=numa: expected none or cores"));
+  // One hardware thread per core: the CPUs in order, the remainder unused.
+  const std::vector<int> four{0, 1, 2, 3};
+  CHECK(cpu_shares(four, four, 2) == Shares{{0, 1}, {2, 3}});
+  CHECK(cpu_shares(four, four, 3) == Shares{{0}, {1}, {2}});
+  CHECK(cpu_shares({2, 5, 6}, {2, 5, 6}, 1) == Shares{{2, 5, 6}});
+  // Two threads per core, siblings numbered i and i + 4 (as Linux numbers them on x86): each
+  // rank gets whole cores, never one thread of another rank's core.
+  const std::vector<int> eight{0, 1, 2, 3, 4, 5, 6, 7};
+  const std::vector<int> core{0, 1, 2, 3, 0, 1, 2, 3};
+  CHECK(cpu_shares(eight, core, 2) == Shares{{0, 1, 4, 5}, {2, 3, 6, 7}});
+  CHECK(cpu_shares(eight, core, 4) == Shares{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  // More processes than cores: single hardware threads.
+  CHECK(cpu_shares(eight, core, 8).size() == 8);
+  CHECK(cpu_shares(eight, core, 6)[5] == std::vector<int>{5});
+  CHECK_THAT(error_of([&] { cpu_shares(four, four, 5); }),
+             Contains("--cpu_bind=cores needs a CPU for each of this node's 5 processes, but the "
+                      "launcher may use 4 (CPUs 0-3)"));
+  CHECK(cpu_list_text({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8");
+  CHECK(cpu_list_text({3}) == "3");
+  CHECK(cpu_list_text({}).empty());
+  // This machine: the launcher's CPUs, each with a core id among them.
+  const std::vector<int> mine = allowed_cpus();
+  REQUIRE(!mine.empty());
+  CHECK(core_ids(mine).size() == mine.size());
+  CHECK(cpu_shares(mine, core_ids(mine), 1).front().size() >= 1);
 }
 
 TEST_CASE("launch: torchrun's spellings", "[launch]") {
