@@ -29,6 +29,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <memory>
 
 #include "bench_ddp_shard.h"
 #include "bench_util.h"
@@ -39,6 +41,7 @@
 #include "dpar/ps/ps.h"
 #include "dpar/tensor/allocator.h"
 #include "model/mobilenet_v3.h"
+#include "step_barrier.h"
 
 using namespace dpar;
 using bench::read_step_result;
@@ -63,6 +66,9 @@ struct TrainSetup {
   std::string opt = "sgd";
   dist::ShardMode shard = dist::ShardMode::none;
   bool overlap_gather = true;
+  // Called after every step, warm-up included, with the step's index (the lockstep ceiling's
+  // barrier).
+  std::function<void(int64_t)> after_step;
 };
 
 StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t steps, int seed,
@@ -95,7 +101,13 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
     cross_entropy(dp.forward(x), y).backward();
     opt->step();
   };
-  for (int64_t i = 0; i < warmup; ++i) step();
+  auto finished = [&](int64_t i) {
+    if (setup.after_step) setup.after_step(i);
+  };
+  for (int64_t i = 0; i < warmup; ++i) {
+    step();
+    finished(i);
+  }
   if (device.is_cuda()) synchronize(device);
   dist::barrier();
   // The steady state's peak: the first iteration reduces whole buckets (it learns their order).
@@ -105,6 +117,7 @@ StepResult run_training(int64_t batch, int64_t img, int64_t warmup, int64_t step
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
     step();
+    finished(warmup + i);
     const auto stats = dp.last_comm_stats();
     r.comm_seconds += stats.comm_seconds;
     r.exposed_seconds += stats.exposed_seconds;
@@ -189,6 +202,12 @@ int main(int argc, char** argv) {
     auto& ceiling = flags.add_bool("ceiling", true,
                                    "also time <world> independent processes at once: what this "
                                    "machine allows for scaling without any communication");
+    auto& lockstep = flags.add_bool(
+        "lockstep", true,
+        "with --ceiling: also time them waiting for each other after every step (no data), as "
+        "a synchronous job's ranks do: the cost of stepping together on this machine");
+    auto& lockstep_file =
+        flags.add_string("lockstep-file", "", "internal (--solo): the lockstep barrier's file");
     auto& result = flags.add_string("result", "", "internal: where rank 0 writes its figures");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCHER, "dpar-launch binary");
     auto& cpu_bind_flag = flags.add_string(
@@ -287,6 +306,14 @@ int main(int argc, char** argv) {
     if (solo) {  // one of <world> independent processes: no init_parallel_env, no collectives
       const char* rank_variable = std::getenv("DPAR_RANK");
       const std::string rank = rank_variable ? rank_variable : "0";
+      const char* world_variable = std::getenv("DPAR_WORLD_SIZE");
+      TrainSetup solo_setup = setup;
+      std::unique_ptr<bench::StepBarrier> barrier;
+      if (!lockstep_file.empty()) {
+        barrier = std::make_unique<bench::StepBarrier>(
+            lockstep_file, world_variable ? std::atoi(world_variable) : 1, std::stoi(rank));
+        solo_setup.after_step = [&](int64_t i) { barrier->arrive(i); };
+      }
       // dpar-launch started this process as a rank, but it trains alone (a world-of-one
       // DataParallel, so that its step costs what a rank's does less the communication):
       // forget the launcher's rank variables, or DataParallel takes it for a rank that forgot
@@ -295,8 +322,8 @@ int main(int argc, char** argv) {
                                "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM"}) {
         unsetenv(name);
       }
-      const StepResult r =
-          run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype, this_device(), setup);
+      const StepResult r = run_training(batch, img, warmup, steps, 1, bucket_mb, comm_dtype,
+                                        this_device(), solo_setup);
       std::ofstream(result + ".solo" + rank) << r.seconds_per_step << " " << r.cpu_seconds << "\n";
       return 0;
     }
@@ -371,15 +398,21 @@ int main(int argc, char** argv) {
       double images_per_s = 0;
       double cpu_seconds = 0;
     };
-    auto run_independent = [&] {
+    // lockstep: the processes wait for each other after every step (bench/step_barrier.h).
+    auto run_independent = [&](bool lockstep) {
+      const std::string barrier_file = "/dev/shm/dpar_bench_ddp_lockstep_" +
+                                       std::to_string(getpid()) + "_" + std::to_string(port);
+      std::remove(barrier_file.c_str());
       const std::string cmd =
           launcher + " --nproc_per_node=" + std::to_string(world) + " --cpu_bind=" + cpu_bind +
           " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_solo_log_" +
           std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
           " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
           std::to_string(warmup) + " --steps " + std::to_string(steps) + device_args + " --model " +
-          model_name + " --opt " + opt_name + " > /dev/null";
-      run_job(cmd, "independent-processes");
+          model_name + " --opt " + opt_name +
+          (lockstep ? " --lockstep-file " + barrier_file : std::string()) + " > /dev/null";
+      run_job(cmd, lockstep ? "lockstep-processes" : "independent-processes");
+      std::remove(barrier_file.c_str());
       Independent out;
       for (int64_t r = 0; r < world; ++r) {
         const std::string path = result_file + ".solo" + std::to_string(r);
@@ -424,15 +457,17 @@ int main(int argc, char** argv) {
     // Rounds in alternating order (single, independent, collective; then the reverse), so that
     // no run always comes first and drift lands on every kind of run.
     std::vector<double> single_ips, multi_ips, independent_ips, scaling, limit, reach;
+    std::vector<double> lockstep_ips, lockstep_limit, lockstep_reach;
     std::vector<double> comm_ms, exposed_ms, single_cpu_ms, multi_cpu_ms, independent_cpu_ms;
     StepResult last_multi;
     for (int64_t round = 0; round < rounds; ++round) {
       StepResult single, multi;
-      Independent independent;
+      Independent independent, together;
       auto run_multi = [&] { multi = run_collective(); };
       auto run_alone = [&] { single = run_single(); };
       auto run_ceiling = [&] {
-        if (ceiling) independent = run_independent();
+        if (ceiling) independent = run_independent(false);
+        if (ceiling && lockstep) together = run_independent(true);
       };
       if (round % 2 == 0) {
         run_alone();
@@ -457,6 +492,11 @@ int main(int argc, char** argv) {
         independent_cpu_ms.push_back(independent.cpu_seconds * 1e3);
         limit.push_back(independent.images_per_s / (static_cast<double>(world) * one));
         reach.push_back(multi_ips.back() / independent.images_per_s);
+      }
+      if (ceiling && lockstep) {
+        lockstep_ips.push_back(together.images_per_s);
+        lockstep_limit.push_back(together.images_per_s / independent.images_per_s);
+        lockstep_reach.push_back(multi_ips.back() / together.images_per_s);
       }
     }
     auto list = [](const std::vector<double>& v, const char* format) {
@@ -501,6 +541,14 @@ int main(int argc, char** argv) {
           bench::median(independent_ips), static_cast<long long>(world), bench::median(limit),
           list(limit, "%.3f").c_str(), 100.0 * bench::median(reach), list(reach, "%.2f").c_str());
     }
+    if (ceiling && lockstep) {
+      std::printf(
+          "  lockstep %8.2f img/s from them waiting for each other after every step (no data): "
+          "%.3f of the ceiling [%s]; dpar reaches %.0f%% of it [%s]\n",
+          bench::median(lockstep_ips), bench::median(lockstep_limit),
+          list(lockstep_limit, "%.3f").c_str(), 100.0 * bench::median(lockstep_reach),
+          list(lockstep_reach, "%.2f").c_str());
+    }
     std::fflush(stdout);
     nlohmann::json json = {{"bench", "bench_ddp"},
                            {"img", img},
@@ -514,6 +562,10 @@ int main(int argc, char** argv) {
     if (ceiling) {
       json["independent_img_per_s"] = bench::median(independent_ips);
       json["ceiling"] = bench::median(limit);
+    }
+    if (ceiling && lockstep) {
+      json["lockstep_img_per_s"] = bench::median(lockstep_ips);
+      json["dpar_of_lockstep"] = bench::median(lockstep_reach);
     }
     if (with_ps) {
       // Pairs of (collective, ps) jobs in ABBA order, so neither mode always runs first and a
