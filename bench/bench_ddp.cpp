@@ -9,6 +9,13 @@
 // shared machine the speed drifts by tens of percent within a minute, and a ratio of two runs
 // made far apart measures the drift. Each run also reports CPU time per step (every thread of
 // the process), so the CPU that communication costs on the shared cores is visible.
+// (--lockstep, on by default) The independent processes also run waiting for each other after
+// every step (bench/step_barrier.h), exchanging nothing: what stepping together costs on this
+// machine, told apart from what DataParallel adds.
+// (--cpu-bind cores, the default) Every rank of the collective jobs, every independent process
+// and every rank of the PyTorch peer runs on its own share of the CPUs (dpar-launch
+// --cpu_bind=cores; the peer binds its ranks to the same shares); jobs with more ranks x threads
+// than CPUs, and --ps runs, stay unbound.
 //
 // Run without arguments: the driver runs one process alone, then itself under dpar-launch
 // with --worker, then the PyTorch peer (bench/peers/torch_ddp.py).
@@ -31,9 +38,11 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "bench_ddp_shard.h"
 #include "bench_util.h"
+#include "cpu_binding.h"
 #include "dpar/distributed/data_parallel.h"
 #include "dpar/distributed/parallel_env.h"
 #include "dpar/dpar.h"
@@ -206,8 +215,8 @@ int main(int argc, char** argv) {
         "lockstep", true,
         "with --ceiling: also time them waiting for each other after every step (no data), as "
         "a synchronous job's ranks do: the cost of stepping together on this machine");
-    auto& lockstep_file =
-        flags.add_string("lockstep-file", "", "internal (--solo): the lockstep barrier's file");
+    auto& lockstep_segment = flags.add_string(
+        "lockstep-segment", "", "internal (--solo): the lockstep barrier's shared-memory segment");
     auto& result = flags.add_string("result", "", "internal: where rank 0 writes its figures");
     auto& launcher = flags.add_string("launcher", DPAR_LAUNCHER, "dpar-launch binary");
     auto& cpu_bind_flag = flags.add_string(
@@ -280,9 +289,13 @@ int main(int argc, char** argv) {
     if (cpu_bind != "none" && cpu_bind != "cores") {
       throw FlagError("bench_ddp: --cpu-bind=" + cpu_bind + ": expected none or cores");
     }
-    if (cpu_bind == "cores" && !worker && !solo && world > bench::usable_cpus()) {
-      std::printf("  --cpu-bind cores: %lld ranks on %d CPUs, so every process runs unbound\n",
-                  static_cast<long long>(world), bench::usable_cpus());
+    const auto allowed = static_cast<int64_t>(launch::allowed_cpus().size());
+    if (cpu_bind == "cores" && !worker && !solo && world * threads > allowed) {
+      std::printf(
+          "  --cpu-bind cores: %lld ranks x %lld threads on %lld CPUs, so every process runs "
+          "unbound\n",
+          static_cast<long long>(world), static_cast<long long>(threads),
+          static_cast<long long>(allowed));
       cpu_bind = "none";
     }
     if (cpu_bind == "cores" && !worker && !solo && with_ps) {
@@ -309,9 +322,9 @@ int main(int argc, char** argv) {
       const char* world_variable = std::getenv("DPAR_WORLD_SIZE");
       TrainSetup solo_setup = setup;
       std::unique_ptr<bench::StepBarrier> barrier;
-      if (!lockstep_file.empty()) {
+      if (!lockstep_segment.empty()) {
         barrier = std::make_unique<bench::StepBarrier>(
-            lockstep_file, world_variable ? std::atoi(world_variable) : 1, std::stoi(rank));
+            lockstep_segment, world_variable ? std::atoi(world_variable) : 1, std::stoi(rank));
         solo_setup.after_step = [&](int64_t i) { barrier->arrive(i); };
       }
       // dpar-launch started this process as a rank, but it trains alone (a world-of-one
@@ -359,16 +372,34 @@ int main(int argc, char** argv) {
         comm_dtype_name + device_args + " --model " + model_name + " --opt " + opt_name;
     const std::string timing_args =
         " --warmup " + std::to_string(warmup) + " --steps " + std::to_string(steps);
+    // How a job of `ranks` processes is placed: bound (--cpu-bind cores) where each has
+    // --threads CPUs of its own, else unbound (the shard bench's memory runs at 4 ranks on 2
+    // cores). Its PyTorch peer is bound alike: each rank to the share dpar-launch would give it.
+    auto bind_for = [&](int64_t ranks) {
+      return cpu_bind == "cores" && ranks * threads <= allowed ? cpu_bind : std::string("none");
+    };
+    auto peer_bind_args = [&](int64_t ranks) {
+      std::string args;
+      if (bind_for(ranks) == "none") return args;
+      const std::vector<int> cpus = launch::allowed_cpus();
+      // append(), not +: GCC 12 warns falsely (-Wrestrict) about operator+ on these strings.
+      args.append(" --cpu-shares ");
+      const auto shares = launch::cpu_shares(cpus, launch::core_ids(cpus), static_cast<int>(ranks));
+      for (size_t r = 0; r < shares.size(); ++r) {
+        args.append(r > 0 ? "/" : "").append(launch::cpu_list_text(shares[r]));
+      }
+      return args;
+    };
     // A collective job of `ranks` ranks; shard: DataParallel's sharding there.
     auto run_job_with = [&](int64_t ranks, dist::ShardMode shard, bool overlap, int64_t job_warmup,
                             int64_t job_steps) {
       const std::string cmd =
-          launcher + " --nproc_per_node=" + std::to_string(ranks) + " --cpu_bind=" + cpu_bind +
-          " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_log_" +
-          std::to_string(getpid()) + " " + std::string(argv[0]) + worker_args + " --shard " +
-          dist::shard_mode_name(shard) + " --overlap-gather=" + (overlap ? "true" : "false") +
-          " --warmup " + std::to_string(job_warmup) + " --steps " + std::to_string(job_steps) +
-          " > /dev/null";
+          launcher + " --nproc_per_node=" + std::to_string(ranks) +
+          " --cpu_bind=" + bind_for(ranks) + " --start_port=" + std::to_string(port) +
+          " --log_dir=/tmp/bench_ddp_log_" + std::to_string(getpid()) + " " + std::string(argv[0]) +
+          worker_args + " --shard " + dist::shard_mode_name(shard) +
+          " --overlap-gather=" + (overlap ? "true" : "false") + " --warmup " +
+          std::to_string(job_warmup) + " --steps " + std::to_string(job_steps) + " > /dev/null";
       run_job(cmd, std::to_string(ranks) + "-rank");
       const StepResult r = read_step_result(result_file);
       std::remove(result_file.c_str());
@@ -389,6 +420,7 @@ int main(int argc, char** argv) {
       bench.rounds = rounds;
       bench.memory_worlds = memory_worlds;
       bench.peer = peer;
+      bench.peer_bind_args = peer_bind_args(world);
       bench.run = run_job_with;
       return run_shard_bench(bench);
     }
@@ -400,19 +432,18 @@ int main(int argc, char** argv) {
     };
     // lockstep: the processes wait for each other after every step (bench/step_barrier.h).
     auto run_independent = [&](bool lockstep) {
-      const std::string barrier_file = "/dev/shm/dpar_bench_ddp_lockstep_" +
-                                       std::to_string(getpid()) + "_" + std::to_string(port);
-      std::remove(barrier_file.c_str());
+      std::optional<bench::StepBarrierSegment> segment;
+      if (lockstep) segment.emplace(static_cast<int>(world));
       const std::string cmd =
-          launcher + " --nproc_per_node=" + std::to_string(world) + " --cpu_bind=" + cpu_bind +
-          " --start_port=" + std::to_string(port) + " --log_dir=/tmp/bench_ddp_solo_log_" +
-          std::to_string(getpid()) + " " + bench::self_path() + " --solo --result " + result_file +
-          " --batch " + std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
+          launcher + " --nproc_per_node=" + std::to_string(world) +
+          " --cpu_bind=" + bind_for(world) + " --start_port=" + std::to_string(port) +
+          " --log_dir=/tmp/bench_ddp_solo_log_" + std::to_string(getpid()) + " " +
+          bench::self_path() + " --solo --result " + result_file + " --batch " +
+          std::to_string(batch) + " --img " + std::to_string(img) + " --warmup " +
           std::to_string(warmup) + " --steps " + std::to_string(steps) + device_args + " --model " +
           model_name + " --opt " + opt_name +
-          (lockstep ? " --lockstep-file " + barrier_file : std::string()) + " > /dev/null";
+          (segment ? " --lockstep-segment " + segment->name() : std::string()) + " > /dev/null";
       run_job(cmd, lockstep ? "lockstep-processes" : "independent-processes");
-      std::remove(barrier_file.c_str());
       Independent out;
       for (int64_t r = 0; r < world; ++r) {
         const std::string path = result_file + ".solo" + std::to_string(r);
@@ -454,8 +485,8 @@ int main(int argc, char** argv) {
       return static_cast<double>(world * batch) / r.seconds_per_step;
     };
 
-    // Rounds in alternating order (single, independent, collective; then the reverse), so that
-    // no run always comes first and drift lands on every kind of run.
+    // Rounds in alternating order (single, independent free and in lockstep, collective; then
+    // the reverse), so that no run always comes first and drift lands on every kind of run.
     std::vector<double> single_ips, multi_ips, independent_ips, scaling, limit, reach;
     std::vector<double> lockstep_ips, lockstep_limit, lockstep_reach;
     std::vector<double> comm_ms, exposed_ms, single_cpu_ms, multi_cpu_ms, independent_cpu_ms;
@@ -466,8 +497,10 @@ int main(int argc, char** argv) {
       auto run_multi = [&] { multi = run_collective(); };
       auto run_alone = [&] { single = run_single(); };
       auto run_ceiling = [&] {
+        const bool free_first = round % 2 == 0;
+        if (ceiling && lockstep && !free_first) together = run_independent(true);
         if (ceiling) independent = run_independent(false);
-        if (ceiling && lockstep) together = run_independent(true);
+        if (ceiling && lockstep && free_first) together = run_independent(true);
       };
       if (round % 2 == 0) {
         run_alone();
@@ -565,6 +598,7 @@ int main(int argc, char** argv) {
     }
     if (ceiling && lockstep) {
       json["lockstep_img_per_s"] = bench::median(lockstep_ips);
+      json["lockstep_ceiling"] = bench::median(lockstep_limit);
       json["dpar_of_lockstep"] = bench::median(lockstep_reach);
     }
     if (with_ps) {
@@ -616,7 +650,7 @@ int main(int argc, char** argv) {
                 std::to_string(img) + " --warmup " + std::to_string(warmup) + " --steps " +
                 std::to_string(steps) + " --threads " + std::to_string(threads) +
                 (gpu ? " --device cuda --gpu-index " + std::to_string(gpu_index) : std::string()) +
-                (channels_last ? " --channels-last" : "") + " --cpu-bind " + cpu_bind,
+                (channels_last ? " --channels-last" : "") + peer_bind_args(world),
             static_cast<int>(threads));
       };
       const auto p = run_torch(/*channels_last=*/true);

@@ -134,7 +134,7 @@ int run_shard_bench(const ShardBench& b) {
                           " --img " + std::to_string(b.img) + " --warmup " +
                           std::to_string(b.warmup) + " --steps " + std::to_string(b.steps) +
                           " --threads " + std::to_string(b.threads) + " --model " + b.model +
-                          " --opt " + b.opt + " --channels-last" + extra,
+                          " --opt " + b.opt + " --channels-last" + b.peer_bind_args + extra,
                       static_cast<int>(b.threads))
           .at("img_per_s")
           .get<double>();

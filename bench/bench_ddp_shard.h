@@ -36,6 +36,7 @@ struct ShardBench {
   int64_t world = 2, threads = 1, batch = 16, img = 224, warmup = 2, steps = 5, rounds = 3;
   std::string memory_worlds;  // "1,2,4"
   bool peer = true;
+  std::string peer_bind_args;  // " --cpu-shares ..." for torch_ddp.py, or empty (unbound)
   // Runs a collective job: (ranks, shard, overlap_gather, warmup, steps) -> rank 0's figures.
   std::function<StepResult(int64_t, dist::ShardMode, bool, int64_t, int64_t)> run;
 };

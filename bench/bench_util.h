@@ -4,7 +4,6 @@
 // benchmarks need (their own path, free loopback ports).
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -122,13 +121,6 @@ inline RandomBatch random_batch(int64_t batch, int64_t img, int64_t classes, uin
 }
 
 // This executable's absolute path (for re-running itself under dpar-launch).
-// CPUs this process may run on (its affinity mask), at least 1.
-inline int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
-}
-
 inline std::string self_path() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "cpu_binding.h"
 #include "dpar/core/device.h"
 #include "dpar/core/flags.h"
 #include "text.h"
@@ -25,9 +26,7 @@ Env current_environment() {
 }
 
 int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  if (const size_t allowed = allowed_cpus().size(); allowed > 0) return static_cast<int>(allowed);
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   return online > 0 ? static_cast<int>(online) : 1;
 }
@@ -141,8 +140,12 @@ Env ps_environment(const LaunchPlan& plan, const Process& proc, const Env& base,
 }  // namespace
 
 Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& base,
-                       int restart_count, int cpus) {
-  if (plan.ps_mode) return ps_environment(plan, proc, base, restart_count, cpus);
+                       int restart_count, int cpus, const std::vector<int>& cpu_share) {
+  if (plan.ps_mode) {
+    Env env = ps_environment(plan, proc, base, restart_count, cpus);
+    env.erase("DPAR_CPUS");  // ps jobs run unbound
+    return env;
+  }
   Env env = base;
   const Node& node = plan.node();
   const std::string rank = std::to_string(proc.rank);
@@ -210,11 +213,15 @@ Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& b
       }
     }
   }
+  // A bound process (--cpu_bind=cores) is told its CPUs; an inherited list is not this one's.
+  env.erase("DPAR_CPUS");
+  if (!cpu_share.empty()) env["DPAR_CPUS"] = cpu_list_text(cpu_share);
   // Without a limit every process would start one OpenMP thread per core and the node
-  // would run local_size times more threads than cores.
+  // would run local_size times more threads than cores; a bound one, one per CPU it has.
   if (!env.count("OMP_NUM_THREADS")) {
     env["OMP_NUM_THREADS"] =
-        std::to_string(std::max(1, cpus / static_cast<int>(node.procs.size())));
+        cpu_share.empty() ? std::to_string(std::max(1, cpus / static_cast<int>(node.procs.size())))
+                          : std::to_string(cpu_share.size());
   }
   return env;
 }

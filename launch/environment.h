@@ -45,6 +45,9 @@ void check_local_gpus(const LaunchPlan& plan, const Env& base,
 
 // `base` is the launcher's environment; the result is base plus the variables above,
 // DPAR_RESTART_COUNT, and OMP_NUM_THREADS = max(1, cpus / local processes) unless base sets it.
+// A process bound to `cpu_share` (--cpu_bind=cores, collective mode) gets DPAR_CPUS (its CPU
+// list) and OMP_NUM_THREADS = the share's size unless base sets it; otherwise DPAR_CPUS is
+// removed, so an inherited one does not describe it.
 // Throws FlagError when a GPU is outside an inherited CUDA_VISIBLE_DEVICES.
 //
 // ps mode (plan.ps_mode) sets instead, for every process: TRAINING_ROLE (PSERVER | TRAINER),
@@ -56,7 +59,7 @@ void check_local_gpus(const LaunchPlan& plan, const Env& base,
 // DPAR_TRAINER_ID = PADDLE_TRAINER_ID and OMP_NUM_THREADS = max(1, cpus / local trainers)
 // unless set. Inherited values of other variables are left as they are.
 Env worker_environment(const LaunchPlan& plan, const Process& proc, const Env& base,
-                       int restart_count, int cpus);
+                       int restart_count, int cpus, const std::vector<int>& cpu_share = {});
 
 // The variables the launcher sets, in a readable order, with their values in `env`;
 // DPAR_JOB_TOKEN's value is shown as "(set)".

@@ -138,21 +138,16 @@ int launch(int argc, char** argv) {
   }
 
   const int cpus = usable_cpus();
-  std::vector<Env> envs;
-  for (const Process& p : plan.node().procs) {
-    envs.push_back(worker_environment(plan, p, base, /*restart_count=*/0, cpus));
-  }
-  std::vector<std::vector<int>> cpu_shares_by_process;
+  const auto& procs = plan.node().procs;
+  std::vector<std::vector<int>> cpu_shares_by_process(procs.size());
   if (plan.bind_cpus) {
     const std::vector<int> allowed = allowed_cpus();
-    cpu_shares_by_process =
-        cpu_shares(allowed, core_ids(allowed), static_cast<int>(plan.node().procs.size()));
-    for (size_t i = 0; i < envs.size(); ++i) {
-      const std::vector<int>& share = cpu_shares_by_process[i];
-      envs[i]["DPAR_CPUS"] = cpu_list_text(share);
-      // One OpenMP thread per CPU of the share, unless the caller chose.
-      if (!base.count("OMP_NUM_THREADS")) envs[i]["OMP_NUM_THREADS"] = std::to_string(share.size());
-    }
+    cpu_shares_by_process = cpu_shares(allowed, core_ids(allowed), static_cast<int>(procs.size()));
+  }
+  std::vector<Env> envs;
+  for (size_t i = 0; i < procs.size(); ++i) {
+    envs.push_back(worker_environment(plan, procs[i], base, /*restart_count=*/0, cpus,
+                                      cpu_shares_by_process[i]));
   }
   check_ports_free(plan);
   make_log_dir(plan.log_dir);

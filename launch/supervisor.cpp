@@ -76,6 +76,8 @@ Supervisor::Supervisor(const LaunchPlan& plan, std::vector<Env> envs,
   const auto& procs = plan.node().procs;
   DPAR_CHECK(envs.size() == procs.size(), "dpar-launch: ", envs.size(), " environments for ",
              procs.size(), " processes");
+  DPAR_CHECK(cpus.empty() || cpus.size() == procs.size(), "dpar-launch: ", cpus.size(),
+             " CPU shares for ", procs.size(), " processes");
   for (size_t i = 0; i < procs.size(); ++i) {
     Worker w;
     w.proc = &procs[i];

@@ -105,27 +105,26 @@ def make_batch(a, generator=None):
     return x.contiguous(memory_format=memory_format(a)), y
 
 
-def bind_to_cores(rank, world):
-    """This rank's share of the CPUs, as dpar-launch --cpu_bind=cores gives it (whole cores in
-    order, the same number to each rank; single hardware threads when there are fewer cores
-    than ranks): Intel's guide for PyTorch on CPUs binds each instance to its own cores."""
-    cpus = sorted(os.sched_getaffinity(0))
-    cores = {}
-    for cpu in cpus:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-                first = int(f.read().replace("-", ",").split(",")[0])
-        except (OSError, ValueError):
-            first = cpu
-        cores.setdefault(first, []).append(cpu)
-    units = sorted(cores.values()) if len(cores) >= world else [[c] for c in cpus]
-    per = len(units) // world
-    os.sched_setaffinity(0, [c for u in units[rank * per:(rank + 1) * per] for c in u])
+def cpu_list(text):
+    """The kernel's CPU-list format ("0-3,8") as a list of CPU numbers."""
+    cpus = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def bind_to(cpus):
+    """Binds every thread of this process (those started at import too) to `cpus`: the share
+    dpar-launch --cpu_bind=cores gives the dpar rank of the same index (bench_ddp passes them),
+    as Intel's guide for PyTorch on CPUs binds each instance to its own cores."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cpus)
 
 
 def worker(rank, world, port, a, results):
-    if a.cpu_bind == "cores":
-        bind_to_cores(rank, world)
+    if a.cpu_shares:
+        bind_to(cpu_list(a.cpu_shares.split("/")[rank]))
     torch.set_num_threads(a.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -168,7 +167,8 @@ def main():
     p.add_argument("--zero", action="store_true")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--gpu-index", type=int, default=0)
-    p.add_argument("--cpu-bind", choices=["none", "cores"], default="none")
+    p.add_argument("--cpu-shares", default="",
+                   help="rank r's CPUs are the r-th of these '/'-separated CPU lists")
     a = p.parse_args()
     manager = mp.Manager()
     results = manager.dict()

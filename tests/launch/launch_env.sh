@@ -91,25 +91,37 @@ expect_text "$work/sa/workerlog.0" "MASTER_PORT="
 expect_line "$work/tr/workerlog.1" "MASTER_PORT=$((port + 9))"
 
 echo "== --cpu_bind=cores: each process on its own CPUs, one OpenMP thread per CPU"
-if [ "$(nproc)" -ge 2 ]; then
+# The first two CPUs this test may use (Cpus_allowed_list, ranges expanded), whatever they are.
+cpus=($(awk '/^Cpus_allowed_list/ {n = split($2, parts, ","); for (i = 1; i <= n; ++i) {
+  m = split(parts[i], r, "-"); for (c = r[1]; c <= r[m]; ++c) print c } }' /proc/self/status | head -2))
+if [ ${#cpus[@]} -ge 2 ] && command -v taskset >/dev/null; then
+  two=${cpus[0]},${cpus[1]}
   # What each process may run on, as the kernel says, and what the launcher told it.
   show='grep Cpus_allowed_list /proc/self/status; echo "OMP_NUM_THREADS=$OMP_NUM_THREADS DPAR_CPUS=$DPAR_CPUS"'
   unset OMP_NUM_THREADS
-  taskset -c 0,1 "$launcher" --nproc_per_node=2 --cpu_bind=cores --log_dir="$work/bind" \
+  taskset -c "$two" "$launcher" --nproc_per_node=2 --cpu_bind=cores --log_dir="$work/bind" \
     --start_port=$port bash -c "$show" "$marker" >"$work/out" 2>"$work/err" ||
     { fail "bound run failed"; cat "$work/err"; }
   for i in 0 1; do
-    expect_line "$work/bind/workerlog.$i" "$(printf 'Cpus_allowed_list:\t%s' $i)"
-    expect_line "$work/bind/workerlog.$i" "OMP_NUM_THREADS=1 DPAR_CPUS=$i"
+    expect_line "$work/bind/workerlog.$i" "$(printf 'Cpus_allowed_list:\t%s' "${cpus[$i]}")"
+    expect_line "$work/bind/workerlog.$i" "OMP_NUM_THREADS=1 DPAR_CPUS=${cpus[$i]}"
   done
   expect_text "$work/out" "| DPAR_CPUS"
-  # Unbound (the default), every process may run wherever the launcher may.
-  taskset -c 0,1 "$launcher" --nproc_per_node=2 --log_dir="$work/free" --start_port=$port \
-    bash -c "$show" "$marker" >"$work/out" 2>"$work/err" || { fail "unbound run failed"; cat "$work/err"; }
-  expect_line "$work/free/workerlog.1" "$(printf 'Cpus_allowed_list:\t0-1')"
+  # The caller's OMP_NUM_THREADS wins; the binding stays.
+  OMP_NUM_THREADS=3 taskset -c "$two" "$launcher" --nproc_per_node=2 --cpu_bind=cores \
+    --log_dir="$work/omp" --start_port=$port bash -c "$show" "$marker" >"$work/out" 2>"$work/err" ||
+    { fail "bound run with OMP_NUM_THREADS failed"; cat "$work/err"; }
+  expect_line "$work/omp/workerlog.1" "OMP_NUM_THREADS=3 DPAR_CPUS=${cpus[1]}"
+  # Unbound (the default), every process may run wherever the launcher may, and an inherited
+  # DPAR_CPUS does not reach it.
+  DPAR_CPUS=${cpus[0]} taskset -c "$two" "$launcher" --nproc_per_node=2 --log_dir="$work/free" \
+    --start_port=$port bash -c "$show" "$marker" >"$work/out" 2>"$work/err" ||
+    { fail "unbound run failed"; cat "$work/err"; }
+  expect_line "$work/free/workerlog.1" "$(printf 'Cpus_allowed_list:\t%s' "$(taskset -c "$two" \
+    grep Cpus_allowed_list /proc/self/status | cut -f2)")"
   expect_line "$work/free/workerlog.1" "OMP_NUM_THREADS=1 DPAR_CPUS="
 else
-  echo "skip: --cpu_bind needs two CPUs"
+  echo "skip: --cpu_bind needs two CPUs and taskset"
 fi
 
 echo "== processes a worker leaves behind end with the job"

@@ -241,6 +241,13 @@ TEST_CASE("launch: per-process environment", "[launch]") {
   CHECK(worker_environment(plan, p, {{"OMP_NUM_THREADS", "3"}}, 2, 8)["OMP_NUM_THREADS"] == "3");
   CHECK(worker_environment(plan, p, {}, 2, 1)["OMP_NUM_THREADS"] == "1");
   CHECK(worker_environment(plan, p, {}, 2, 8)["DPAR_RESTART_COUNT"] == "2");
+  // Bound (--cpu_bind=cores): its CPU list, and one OpenMP thread per CPU unless set.
+  CHECK(worker_environment(plan, p, {}, 0, 8, {2, 3})["DPAR_CPUS"] == "2-3");
+  CHECK(worker_environment(plan, p, {}, 0, 8, {2, 3})["OMP_NUM_THREADS"] == "2");
+  CHECK(worker_environment(plan, p, {{"OMP_NUM_THREADS", "3"}}, 0, 8, {2})["OMP_NUM_THREADS"] ==
+        "3");
+  // Unbound under a bound parent: the inherited list is not this process's.
+  CHECK(worker_environment(plan, p, {{"DPAR_CPUS", "5"}}, 0, 8).count("DPAR_CPUS") == 0);
   CHECK(worker_environment(plan, p, {{"CUDA_VISIBLE_DEVICES", "3,2,7"}}, 0,
                            8)["CUDA_VISIBLE_DEVICES"] == "2,3");
   CHECK_THAT(error_of([&] {
