@@ -14,8 +14,9 @@
 // machine, told apart from what DataParallel adds.
 // (--cpu-bind cores, the default) Every rank of the collective jobs, every independent process
 // and every rank of the PyTorch peer runs on its own share of the CPUs (dpar-launch
-// --cpu_bind=cores; the peer binds its ranks to the same shares); jobs with more ranks x threads
-// than CPUs, and --ps runs, stay unbound.
+// --cpu_bind=cores; the peer binds its ranks to the same shares). Unbound: the one-process
+// baselines (dpar's and the peer's), jobs whose shares would hold fewer CPUs than --threads,
+// and everything under --ps.
 //
 // Run without arguments: the driver runs one process alone, then itself under dpar-launch
 // with --worker, then the PyTorch peer (bench/peers/torch_ddp.py).
@@ -254,7 +255,7 @@ int main(int argc, char** argv) {
     setup.overlap_gather = overlap_gather;
     DPAR_CHECK(ps_pairs >= 1 && ps_servers >= 1 && rounds >= 1,
                "bench_ddp: --ps-pairs, --ps-servers and --rounds must be >= 1");
-    DPAR_CHECK(threads >= 1, "bench_ddp: --threads must be >= 1");
+    DPAR_CHECK(threads >= 1 && world >= 1, "bench_ddp: --threads and --world must be >= 1");
     DPAR_CHECK(device_name == "cpu" || device_name == "gpu", "bench_ddp: --device=", device_name,
                ": expected cpu or gpu");
     set_num_threads(static_cast<int>(threads));
@@ -372,21 +373,28 @@ int main(int argc, char** argv) {
         comm_dtype_name + device_args + " --model " + model_name + " --opt " + opt_name;
     const std::string timing_args =
         " --warmup " + std::to_string(warmup) + " --steps " + std::to_string(steps);
-    // How a job of `ranks` processes is placed: bound (--cpu-bind cores) where each has
-    // --threads CPUs of its own, else unbound (the shard bench's memory runs at 4 ranks on 2
-    // cores). Its PyTorch peer is bound alike: each rank to the share dpar-launch would give it.
+    // How a job of `ranks` processes is placed: bound (--cpu-bind cores) where the share
+    // dpar-launch gives each has --threads CPUs, else unbound (the shard bench's memory runs at
+    // 4 ranks on 2 cores). Its PyTorch peer is bound alike: each rank to the same share.
+    auto shares_for = [&](int64_t ranks) {
+      std::vector<std::vector<int>> shares;
+      if (cpu_bind != "cores" || ranks * threads > allowed) return shares;
+      const std::vector<int> cpus = launch::allowed_cpus();
+      shares = launch::cpu_shares(cpus, launch::core_ids(cpus), static_cast<int>(ranks));
+      for (const auto& share : shares) {
+        if (static_cast<int64_t>(share.size()) < threads) return std::vector<std::vector<int>>();
+      }
+      return shares;
+    };
     auto bind_for = [&](int64_t ranks) {
-      return cpu_bind == "cores" && ranks * threads <= allowed ? cpu_bind : std::string("none");
+      return shares_for(ranks).empty() ? std::string("none") : std::string("cores");
     };
     auto peer_bind_args = [&](int64_t ranks) {
       std::string args;
-      if (bind_for(ranks) == "none") return args;
-      const std::vector<int> cpus = launch::allowed_cpus();
+      const auto shares = shares_for(ranks);
       // append(), not +: GCC 12 warns falsely (-Wrestrict) about operator+ on these strings.
-      args.append(" --cpu-shares ");
-      const auto shares = launch::cpu_shares(cpus, launch::core_ids(cpus), static_cast<int>(ranks));
       for (size_t r = 0; r < shares.size(); ++r) {
-        args.append(r > 0 ? "/" : "").append(launch::cpu_list_text(shares[r]));
+        args.append(r > 0 ? "/" : " --cpu-shares ").append(launch::cpu_list_text(shares[r]));
       }
       return args;
     };
@@ -598,7 +606,7 @@ int main(int argc, char** argv) {
     }
     if (ceiling && lockstep) {
       json["lockstep_img_per_s"] = bench::median(lockstep_ips);
-      json["lockstep_ceiling"] = bench::median(lockstep_limit);
+      json["lockstep_of_ceiling"] = bench::median(lockstep_limit);
       json["dpar_of_lockstep"] = bench::median(lockstep_reach);
     }
     if (with_ps) {

@@ -71,12 +71,17 @@ class StepBarrier {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int r = 0; r < world_; ++r) {
       if (r == rank_) continue;
-      // Watched for exit once it has said who it is (it may not have started yet).
+      // Watched for exit once it has said who it is (it may not have started yet): shm_wait
+      // asks the peer after every nap, and the check, run after it, fills it in once known.
       auto& peer = peers_[static_cast<size_t>(r)];
-      if (peer.rank() < 0 && counters_[r].pid.load() > 0) {
-        peer = dist::detail::ShmPeer(r, counters_[r].pid.load());
-      }
-      dist::detail::shm_wait(counters_[r], target, peer, {}, deadline, timeout, {});
+      auto learn_peer = [&]() -> std::string {
+        if (peer.rank() < 0 && counters_[r].pid.load() > 0) {
+          peer = dist::detail::ShmPeer(r, counters_[r].pid.load());
+        }
+        return "";
+      };
+      learn_peer();
+      dist::detail::shm_wait(counters_[r], target, peer, learn_peer, deadline, timeout, {});
     }
   }
 

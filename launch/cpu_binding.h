@@ -7,11 +7,12 @@
 // thread that wakes while every core trains may preempt another rank's training thread, and a
 // rank's OpenMP threads may migrate between cores (and memory nodes) with cold caches. On the
 // 2-core AVX2 machine (AMD EPYC, Zen 3) it measured no difference: bench_ddp, 2 ranks x 1
-// thread, four interleaved `--rounds 5` invocations each way reached 84, 85, 85 and 93% of the
-// independent-process ceiling bound against 83, 88, 81 and 94% unbound, and PyTorch DDP's ranks
-// ran alike bound or not. It is meant for machines with more cores, threads per rank and
-// sockets. Not the default: two unrelated jobs on one machine would each bind their first rank
-// to the first CPUs and share them while the others idle (ctest -j runs such jobs). With
+// thread, four interleaved `--rounds 5 --peer=false` invocations each way reached 84, 85, 85
+// and 93% of the independent-process ceiling bound against 83, 88, 81 and 94% unbound; PyTorch
+// DDP alone (bench/peers/torch_ddp.py, three pairs) ran 67-76 img/s bound, 64-79 unbound. It is
+// meant for machines with more cores, threads per rank and sockets. Not the default: two unrelated
+// jobs on one machine would each bind their first rank to the first CPUs and share them while the
+// others idle (ctest -j runs such jobs). With
 // --gpus the shares follow the CPU numbering, not which socket each GPU hangs off.
 #include <string>
 #include <vector>

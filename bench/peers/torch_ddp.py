@@ -119,7 +119,10 @@ def bind_to(cpus):
     dpar-launch --cpu_bind=cores gives the dpar rank of the same index (bench_ddp passes them),
     as Intel's guide for PyTorch on CPUs binds each instance to its own cores."""
     for tid in os.listdir("/proc/self/task"):
-        os.sched_setaffinity(int(tid), cpus)
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass  # the thread ended since the listing
 
 
 def worker(rank, world, port, a, results):

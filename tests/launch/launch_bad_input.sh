@@ -51,6 +51,8 @@ if command -v taskset >/dev/null; then
   expect_bad "--cpu_bind=cores needs a CPU for each of this node's 2 processes, but the launcher may use 1 (CPUs $first_cpu)" \
     --nproc_per_node=2 --cpu_bind=cores "${W[@]}"
   launcher=$launcher_unbound
+else
+  echo "skip: the too-few-CPUs case needs taskset"
 fi
 expect_bad "--nproc_per_node=-2: expected at least 1" --nproc_per_node -2 "${W[@]}"
 expect_bad "--nproc_per_node=3 does not match --gpus=0,1" --nproc_per_node=3 --gpus=0,1 "${W[@]}"
