@@ -10,10 +10,10 @@
 // thread, four interleaved `--rounds 5 --peer=false` invocations each way reached 84, 85, 85
 // and 93% of the independent-process ceiling bound against 83, 88, 81 and 94% unbound; PyTorch
 // DDP alone (bench/peers/torch_ddp.py, three pairs) ran 67-76 img/s bound, 64-79 unbound. It is
-// meant for machines with more cores, threads per rank and sockets. Not the default: two unrelated
-// jobs on one machine would each bind their first rank to the first CPUs and share them while the
-// others idle (ctest -j runs such jobs). With
-// --gpus the shares follow the CPU numbering, not which socket each GPU hangs off.
+// meant for machines with more cores, threads per rank and sockets. Not the default: two
+// unrelated jobs on one machine would each bind their first rank to the first CPUs and share
+// them while the others idle (ctest -j runs such jobs). With --gpus the shares follow the CPU
+// numbering, not which socket each GPU hangs off.
 #include <string>
 #include <vector>
 

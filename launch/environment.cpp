@@ -1,6 +1,5 @@
 #include "environment.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
