@@ -24,20 +24,24 @@ namespace dpar::fuzz {
 
 // A private folder on tmpfs (when /dev/shm exists) for inputs the library reads by path, as
 // users hand it files. Removed at exit.
+//
+// The path is never destroyed: a function-local static's destructor is registered after its
+// initializer returns, so it would run before an atexit handler registered inside that
+// initializer, and the handler would remove a destroyed (empty) path, leaving the folder behind.
 inline const std::filesystem::path& scratch_dir() {
-  static const std::filesystem::path dir = [] {
+  static const std::filesystem::path* const dir = [] {
     const std::filesystem::path base = std::filesystem::exists("/dev/shm")
                                            ? std::filesystem::path("/dev/shm")
                                            : std::filesystem::temp_directory_path();
-    auto d = base / ("dpar-fuzz-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
+    auto* d = new std::filesystem::path(base / ("dpar-fuzz-" + std::to_string(::getpid())));
+    std::filesystem::create_directories(*d);
     std::atexit([] {
       std::error_code ec;
       std::filesystem::remove_all(scratch_dir(), ec);
     });
     return d;
   }();
-  return dir;
+  return *dir;
 }
 
 // Writes bytes to scratch_dir()/name and returns the path.
