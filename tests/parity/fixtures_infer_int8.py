@@ -15,6 +15,14 @@ Files written to DIR/infer_int8/:
   unsupported.onnx      Conv -> QuantizeLinear -> DequantizeLinear -> Sigmoid 'sig': a QDQ
                         pair around an op dpar has no int8 kernel for
   zero_point.onnx       small.onnx's first QuantizeLinear/DequantizeLinear with zero point 3
+  full_range_<case>.onnx  x -> Q -> one Conv or Gemm (int8 weights of +-127 in output channels
+                        0-2, scale 0.01) -> y: inputs and weights at the ends of their ranges,
+                        where 16-bit sums of u8 x s8 product pairs (int8 without VNNI) saturate.
+                        Cases: gemm_s8 (x[N,64], Q int8), gemm_u8 (Q uint8), conv3x3_u8
+                        (x[N,8,5,5], pads 1, 6 outputs), depthwise_u8 (8 groups of one channel)
+  full_range_<case>.safetensors  x [4,...] (all at the top of the range, the bottom, alternating,
+                        uniform); y: the reference; halved_bound: the largest error halving
+                        the weights allows, s_x * s_w * (sum of |x_q| over an output's inputs)
 """
 import argparse
 import os
@@ -25,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from qdq_eval import output_step, run  # noqa: E402
+from qdq_eval import conv, output_step, run  # noqa: E402
 from safetensors_io import save  # noqa: E402
 
 
@@ -57,10 +65,10 @@ class Builder:
         wz = self.const(name + "_zp", np.zeros(shape[0], np.int8))
         return self.node("DequantizeLinear", [wq, ws, wz], name + "/DQ", axis=0)
 
-    def model(self, output, out_shape):
+    def model(self, output, out_shape, in_shape=("N", 3, 12, 12)):
         graph = helper.make_graph(
             self.nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                              ["N", 3, 12, 12])],
+                                                              list(in_shape))],
             [helper.make_tensor_value_info(output, TensorProto.FLOAT, out_shape)], self.inits)
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
         m.ir_version = 7
@@ -100,6 +108,48 @@ def unsupported(rng):
     return b.model("sig", ["N", 4, 12, 12])
 
 
+FULL_RANGE = {  # case: (input shape of one image, unsigned, Conv attributes or None for Gemm)
+    "gemm_s8": ((64,), False, None),
+    "gemm_u8": ((64,), True, None),
+    "conv3x3_u8": ((8, 5, 5), True, {"pads": [1, 1, 1, 1]}),
+    "depthwise_u8": ((8, 5, 5), True, {"pads": [1, 1, 1, 1], "group": 8}),
+}
+
+
+def full_range(rng, case):
+    """The model of one case, its input (4 images) and the halved-weights error bound."""
+    shape, unsigned, attrs = FULL_RANGE[case]
+    b = Builder(rng)
+    o = 6 if attrs is None or "group" not in attrs else shape[0]
+    w_shape = (o, shape[0]) if attrs is None else (o, shape[0] // attrs.get("group", 1), 3, 3)
+    wq = rng.integers(-127, 128, w_shape)
+    wq[0], wq[1] = 127, -127
+    wq[2] = np.where(np.arange(wq[2].size).reshape(wq[2].shape) % 2 == 0, 127, -127)
+    w = b.node("DequantizeLinear", [b.const("w_q", wq.astype(np.int8)),
+                                    b.const("w_scale", np.full(o, 0.01, np.float32)),
+                                    b.const("w_zp", np.zeros(o, np.int8))], "w/DQ", axis=0)
+    s_x = 1.0 / (255 if unsigned else 127)
+    inputs = [b.qdq("x", s_x, unsigned), w, b.const("b", rng.normal(0, 0.2, o).astype(np.float32))]
+    if attrs is None:
+        b.node("Gemm", inputs, "y", transB=1)
+        out_shape = ["N", o]
+    else:
+        b.node("Conv", inputs, "y", **attrs)
+        out_shape = ["N", o] + list(shape[1:])
+    m = b.model("y", out_shape, in_shape=("N",) + shape)
+    low = 0.0 if unsigned else -1.0
+    n = int(np.prod(shape))
+    x = np.stack([np.ones(n), np.full(n, low), np.where(np.arange(n) % 2 == 0, 1.0, low),
+                  rng.uniform(low, 1, n)]).reshape((4,) + shape).astype(np.float32)
+    y, _ = run(m, x)
+    # Halving moves each weight by at most one step (0.01): the error of an output is at most
+    # 0.01 times the sum of its inputs' magnitudes (on the quantization grid).
+    x_dq = np.abs(np.clip(np.rint(x / s_x), -128, 255) * s_x).astype(np.float32)
+    ones = np.full(w_shape, 0.01, np.float32)
+    sums = x_dq @ ones.T if attrs is None else conv(x_dq, ones, None, attrs)
+    return m, x, y, float(sums.max())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seed", type=int, default=0)
@@ -117,6 +167,12 @@ def main():
     onnx.save(unsupported(np.random.default_rng(a.seed)), os.path.join(out, "unsupported.onnx"))
     onnx.save(small(np.random.default_rng(a.seed), zero_point=3),
               os.path.join(out, "zero_point.onnx"))
+
+    for case in FULL_RANGE:
+        m, x, y, bound = full_range(rng, case)
+        onnx.save(m, os.path.join(out, f"full_range_{case}.onnx"))
+        save(os.path.join(out, f"full_range_{case}.safetensors"),
+             {"x": x, "y": y, "halved_bound": np.float32([bound])})
 
 
 if __name__ == "__main__":

@@ -134,6 +134,8 @@ struct Op {
     float src_scale = 0;
     bool src_unsigned = false;    // u8, else s8; zero point 0
     std::vector<float> w_scales;  // per output channel, or one
+    // u8 source without VNNI: weight and bias halved, w_scales doubled (lower.cpp, make_int8).
+    bool halved = false;
   } int8;
 };
 

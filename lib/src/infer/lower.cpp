@@ -7,6 +7,7 @@
 #include <set>
 
 #include "infer/graph.h"
+#include "tensor/cpu/onednn_context.h"
 
 namespace dpar::infer::detail {
 
@@ -365,16 +366,30 @@ class Lowering {
     op.int8.src_scale = qa.scale;
     op.int8.src_unsigned = qa.is_unsigned;
     op.int8.w_scales = qw.scales;
+    // Without VNNI, oneDNN's int8 kernels add pairs of u8 x s8 products in 16 bits. For s8
+    // sources they halve the weights so that those sums stay in range; for u8 sources they do
+    // not, and large values saturate: with every input 255 and every weight 127, its 1x1 and 3x3
+    // convolutions (and inner product) returned half the exact result. Here those weights are
+    // halved instead (rounded half to even, as oneDNN rounds), the bias with them and the scales
+    // doubled: an error of at most one weight step per input. With one input channel per group
+    // (depthwise) no pairs form, and the kernels are exact.
+    const bool one_input_channel = op.kind == OpKind::Conv && op.weight.size(1) == 1;
+    op.int8.halved = qa.is_unsigned && !one_input_channel && !cpu::onednn::has_int8_dot_product();
+    const float weight_factor = op.int8.halved ? 0.5f : 1.f;
+    if (op.int8.halved) {
+      for (float& s : op.int8.w_scales) s *= 2;
+    }
     const std::vector<float> wv = op.weight.to_float_vector();
     Tensor bytes = Tensor::empty(op.weight.shape(), DType::u8);
     for (size_t i = 0; i < wv.size(); ++i) {
-      bytes.data<uint8_t>()[i] = static_cast<uint8_t>(static_cast<int8_t>(wv[i]));
+      const float q = std::nearbyint(wv[i] * weight_factor);  // the default mode: half to even
+      bytes.data<uint8_t>()[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
     }
     op.weight = bytes;
     std::vector<float> b = op.bias.defined() ? op.bias.to_float_vector()
                                              : std::vector<float>(static_cast<size_t>(o), 0.f);
     for (size_t c = 0; c < b.size(); ++c) {
-      b[c] /= qa.scale * qw.scales[qw.scales.size() == 1 ? 0 : c];
+      b[c] /= qa.scale * op.int8.w_scales[op.int8.w_scales.size() == 1 ? 0 : c];
     }
     op.bias = Tensor::from_vector(b, {o});
   }

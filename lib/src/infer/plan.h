@@ -98,9 +98,10 @@ class Plan {
   void build_conv_int8(const Fused& f);  // plan_int8.cpp
   void build_gemm_int8(const Fused& f);
   // The step of an int8 Conv/Gemm: weights reordered once, the f32 bias, the residual operand.
+  // as_1x1_conv: a Gemm computed by a 1x1 convolution over its 2-D values' bytes.
   void finish_int8_step(const Fused& f, int src, const dnnl::memory::desc& w_plain,
                         const dnnl::memory::desc& bias_md, const dnnl::primitive_desc_base& pd,
-                        dnnl::primitive prim, const std::string& what);
+                        dnnl::primitive prim, const std::string& what, bool as_1x1_conv = false);
   void build_eltwise(const Op& op);
   void build_binary(const Op& op);
   void build_pool(const Op& op);

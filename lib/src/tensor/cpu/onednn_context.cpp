@@ -28,6 +28,10 @@ bool isa_covers(dnnl::cpu_isa isa) {
   return (effective & bits) == bits;
 }
 
+bool has_int8_dot_product() {
+  return isa_covers(dnnl::cpu_isa::avx512_core_vnni) || isa_covers(dnnl::cpu_isa::avx2_vnni);
+}
+
 Key::Key(Kind kind) {
   values_.reserve(24);
   values_.push_back(static_cast<int64_t>(kind));

@@ -18,6 +18,10 @@ dnnl::engine& engine();
 dnnl::stream& stream();
 // Whether the ISA oneDNN dispatches to (after ONEDNN_MAX_CPU_ISA) includes `isa`'s features.
 bool isa_covers(dnnl::cpu_isa isa);
+// Whether oneDNN's int8 kernels have a dot-product instruction (VNNI) that accumulates u8 x s8
+// products in 32 bits. Without it they add pairs of products in 16 bits (vpmaddubsw), which
+// large values saturate (infer/lower.cpp's make_int8 and plan_int8.cpp say what dpar does).
+bool has_int8_dot_product();
 
 // Identifies a cached entry. The kind tag keeps entries of different ops apart; the current
 // OpenMP thread count is always part of the key because oneDNN tunes its blocking to it.
