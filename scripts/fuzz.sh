@@ -40,19 +40,22 @@ trap 'rm -rf "$seeds"' EXIT
 "$build/tests/fuzz/fuzz_make_seeds" "$seeds" >/dev/null
 
 # Runs one target. A target that ends normally removes its scratch folder (fuzz_util.h's
-# scratch_dir, named by its pid); one still there is reported in left_behind.
+# scratch_dir, named by its pid, on /dev/shm or in the temporary directory); one still there is
+# added to left_behind. A TERM to this script (a cancelled CI run) stops the target too.
 run_target() {
-  local name=$1 pid rc=0
+  local name=$1 pid rc=0 dir
+  local -a here=()
   shift
   "$build/tests/fuzz/$name" "$@" &
   pid=$!
+  trap 'kill "$pid" 2>/dev/null; exit 143' TERM
   wait "$pid" || rc=$?
-  local here=
-  for dir in /dev/shm "${TMPDIR:-/tmp}"; do
-    [ -e "$dir/dpar-fuzz-$pid" ] && here+=" $dir/dpar-fuzz-$pid"
+  trap - TERM
+  for dir in /dev/shm "${TMPDIR:-${TMP:-${TEMP:-${TEMPDIR:-/tmp}}}}"; do
+    [ -e "$dir/dpar-fuzz-$pid" ] && here+=("$dir/dpar-fuzz-$pid")
   done
   # A crash (a finding) may leave it; that is the finding's report, not a second one.
-  if [ "$rc" -eq 0 ]; then left_behind+=$here; else rm -rf $here; fi
+  if [ "$rc" -eq 0 ]; then left_behind+=("${here[@]}"); else rm -rf "${here[@]}"; fi
   return "$rc"
 }
 
@@ -70,14 +73,17 @@ for t in $targets; do
   inputs=("$corpus" "$seeds/$t")
   [ -d "$regressions" ] && inputs+=("$regressions")
   result=ok
-  left_behind=
+  left_behind=()
   if [ -d "$regressions" ] && ! run_target "$t" "${limits[@]}" "$regressions"/* >"$log.regressions" 2>&1; then
     result="REGRESSION (see $log.regressions)"
   elif ! run_target "$t" "${limits[@]}" "${dict[@]}" -max_total_time="$seconds" \
       -artifact_prefix="$artifacts/" "${inputs[@]}" >"$log" 2>&1; then
     result="FINDING: $(ls -t "$artifacts" | head -1) (see $log)"
   fi
-  [ -z "$left_behind" ] || { result="LEFT BEHIND:$left_behind (removed)"; rm -rf $left_behind; }
+  if [ ${#left_behind[@]} -gt 0 ]; then
+    [ "$result" = ok ] && result="LEFT BEHIND: ${left_behind[*]} (removed)"
+    rm -rf "${left_behind[@]}"
+  fi
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" 2>/dev/null | tail -1)
   edges=$(grep -o 'cov: [0-9]*' "$log" 2>/dev/null | tail -1 | cut -d' ' -f2)
   printf '%-20s %12s %8s  %s\n' "$t" "${execs:--}" "${edges:--}" "$result"

@@ -21,8 +21,8 @@ Files written to DIR/infer_int8/:
                         Cases: gemm_s8 (x[N,64], Q int8), gemm_u8 (Q uint8), conv3x3_u8
                         (x[N,8,5,5], pads 1, 6 outputs), depthwise_u8 (8 groups of one channel)
   full_range_<case>.safetensors  x [4,...] (all at the top of the range, the bottom, alternating,
-                        uniform); y: the reference; halved_bound: the largest error halving
-                        the weights allows, s_x * s_w * (sum of |x_q| over an output's inputs)
+                        uniform); y: the reference; halved_bound (y's shape): the error halving
+                        the weights allows each output, s_w * (sum of |x_dq| over its inputs)
 """
 import argparse
 import os
@@ -141,13 +141,14 @@ def full_range(rng, case):
     n = int(np.prod(shape))
     x = np.stack([np.ones(n), np.full(n, low), np.where(np.arange(n) % 2 == 0, 1.0, low),
                   rng.uniform(low, 1, n)]).reshape((4,) + shape).astype(np.float32)
-    y, _ = run(m, x)
+    y, env = run(m, x)
     # Halving moves each weight by at most one step (0.01): the error of an output is at most
-    # 0.01 times the sum of its inputs' magnitudes (on the quantization grid).
-    x_dq = np.abs(np.clip(np.rint(x / s_x), -128, 255) * s_x).astype(np.float32)
+    # 0.01 times the sum of its dequantized inputs' magnitudes. Per output element, so that an
+    # all-zero input's outputs (the bias alone) must come out exact.
+    x_dq = np.abs(env["x/DQ"]).astype(np.float32)
     ones = np.full(w_shape, 0.01, np.float32)
-    sums = x_dq @ ones.T if attrs is None else conv(x_dq, ones, None, attrs)
-    return m, x, y, float(sums.max())
+    bound = x_dq @ ones.T if attrs is None else conv(x_dq, ones, None, attrs)
+    return m, x, y, bound.astype(np.float32)
 
 
 def main():
@@ -172,7 +173,7 @@ def main():
         m, x, y, bound = full_range(rng, case)
         onnx.save(m, os.path.join(out, f"full_range_{case}.onnx"))
         save(os.path.join(out, f"full_range_{case}.safetensors"),
-             {"x": x, "y": y, "halved_bound": np.float32([bound])})
+             {"x": x, "y": y, "halved_bound": bound})
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ class Plan {
   // as_1x1_conv: a Gemm computed by a 1x1 convolution over its 2-D values' bytes.
   void finish_int8_step(const Fused& f, int src, const dnnl::memory::desc& w_plain,
                         const dnnl::memory::desc& bias_md, const dnnl::primitive_desc_base& pd,
-                        dnnl::primitive prim, const std::string& what, bool as_1x1_conv = false);
+                        dnnl::primitive prim, bool as_1x1_conv = false);
   void build_eltwise(const Op& op);
   void build_binary(const Op& op);
   void build_pool(const Op& op);

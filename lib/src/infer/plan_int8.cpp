@@ -72,15 +72,18 @@ void Plan::build_conv_int8(const Fused& f) {
     }
     src = to_layout(src, pd.src_desc(), op.int8.src_scale);
   }
-  finish_int8_step(f, src, w_plain, bias_md, pd, dnnl::convolution_forward(pd),
-                   "conv int8 " + type_name(src_type) + "->" + type_name(dst_type) +
-                       (op.int8.halved ? " weights halved" : ""));
+  finish_int8_step(f, src, w_plain, bias_md, pd, dnnl::convolution_forward(pd));
 }
 
 void Plan::finish_int8_step(const Fused& f, int src, const memory::desc& w_plain,
                             const memory::desc& bias_md, const dnnl::primitive_desc_base& pd,
-                            dnnl::primitive prim, const std::string& what, bool as_1x1_conv) {
+                            dnnl::primitive prim, bool as_1x1_conv) {
   const Op& op = program_.ops[f.op_index];
+  // "conv int8 u8->s8", "inner_product int8 s8->f32 as 1x1 conv weights halved", ...
+  const std::string what =
+      std::string(op.kind == OpKind::Conv ? "conv" : "inner_product") + " int8 " +
+      type_name(pd.src_desc().data_type()) + "->" + type_name(pd.dst_desc().data_type()) +
+      (as_1x1_conv ? " as 1x1 conv" : "") + (op.int8.halved ? " weights halved" : "");
   Step s;
   s.value_args = {{DNNL_ARG_SRC, src, std::nullopt}, {DNNL_ARG_DST, f.dst, std::nullopt}};
   memory::desc dst_md = pd.dst_desc();
@@ -115,10 +118,12 @@ void Plan::build_gemm_int8(const Fused& f) {
   const dnnl::primitive_attr attr = int8_attr(post_op_attr(f), op);
   // Without VNNI, oneDNN's int8 inner product (gemm_s8s8s32) sums pairs of u8 x s8 products in
   // 16 bits, which saturate (errors of the order of the result itself on full-range data), and
-  // at batch 1 it took 0.24 + 0.39 ms for MobileNetV3's classifier, more than the f32 layers.
-  // Its 1x1 convolution kernels halve the weights to keep those sums in range and run the same
-  // product in 0.05 + 0.07 ms. A row-major {N, K} matrix is an {N, K, 1, 1} NHWC map, and {O, K}
-  // weights are {O, K, 1, 1} OIHW: the same bytes.
+  // at batch 1 it took 0.24 + 0.39 ms for MobileNetV3's classifier (ONEDNN_VERBOSE, in the
+  // model), more than the f32 layers. Its 1x1 convolution kernels halve the weights of s8
+  // sources to keep those sums in range (lowering halves u8 sources' weights: lower.cpp's
+  // make_int8) and, in a loop with the caches flushed between calls, ran the same products in
+  // 0.05 + 0.07 ms against the inner product's 0.29 + 0.51. A row-major {N, K} matrix is an
+  // {N, K, 1, 1} NHWC map, and {O, K} weights are {O, K, 1, 1} OIHW: the same bytes.
   if (!cpu::onednn::has_int8_dot_product()) {
     const memory::desc src4({x[0], x[1], 1, 1}, src_type, tag::nhwc);
     const memory::desc dst4({y[0], y[1], 1, 1}, dst_type, tag::nhwc);
@@ -129,23 +134,19 @@ void Plan::build_gemm_int8(const Fused& f) {
           memory::desc(w4, dt::s8, tag::any), bias_md, dst4, {1, 1}, {0, 0}, {0, 0});
       dnnl::convolution_forward::primitive_desc pd(desc, attr, engine());
       if (!is_reference(pd.impl_info_str())) {
-        return finish_int8_step(
-            f, src, memory::desc(w4, dt::s8, tag::oihw), bias_md, pd, dnnl::convolution_forward(pd),
-            "inner_product int8 " + type_name(src_type) + "->" + type_name(dst_type) +
-                " as 1x1 conv" + (op.int8.halved ? " weights halved" : ""),
-            true);
+        return finish_int8_step(f, src, memory::desc(w4, dt::s8, tag::oihw), bias_md, pd,
+                                dnnl::convolution_forward(pd), true);
       }
     } catch (const dnnl::error&) {
-      // No convolution kernel for these types and attributes: the inner product below.
+      // No convolution kernel for these types and attributes: the inner product below (whose
+      // s8-source sums may saturate; the plan line then lacks "as 1x1 conv").
     }
   }
   const memory::desc src_md = values_[static_cast<size_t>(src)].md;
   dnnl::inner_product_forward::desc desc(dnnl::prop_kind::forward_inference, src_md, w_any, bias_md,
                                          plain_md_of(y, dst_type));
   dnnl::inner_product_forward::primitive_desc pd(desc, attr, engine());
-  finish_int8_step(f, src, w_plain, bias_md, pd, dnnl::inner_product_forward(pd),
-                   "inner_product int8 " + type_name(src_type) + "->" + type_name(dst_type) +
-                       (op.int8.halved ? " weights halved" : ""));
+  finish_int8_step(f, src, w_plain, bias_md, pd, dnnl::inner_product_forward(pd));
 }
 
 }  // namespace dpar::infer::detail
