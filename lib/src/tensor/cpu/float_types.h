@@ -35,6 +35,13 @@ template <class T>
   }
 }
 
+// v rounded to T and widened again: the value a T store of v holds, kept in f32 so that loops
+// reuse it without a T local (see normalize in bn_loops.h). from_float<T> of it is exact.
+template <class T>
+[[gnu::always_inline]] inline float rounded(float v) {
+  return to_float(from_float<T>(v));
+}
+
 // Calls fn(Tag<T>{}) with T the storage type of an f32 or bf16 tensor; other dtypes fail
 // naming op.
 template <class Fn>
