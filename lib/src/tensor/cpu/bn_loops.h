@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/cpu/float_types.h"
@@ -168,6 +169,67 @@ inline float act_input(float v, const float* scale, const float* shift, int64_t 
   return v;
 }
 
+// The loops below write T one element at a time, rounding each f32 result inline (Store =
+// void). A Store class instead rounds a run of f32 values itself, Store::store(const float*,
+// T*, n): the CPU's bf16 conversion instruction (bn_bf16_native_kernels.cpp), which the
+// vectoriser never emits, where the inline rounding costs more than the rest of the loop. Its
+// loops form the same f32 values by the same expressions into a per-thread buffer that stays
+// in L1, so the results have the same bits.
+//
+// Runs of at most kStoreRun elements: whole rows of a channels-last tensor (its per-channel
+// values repeated row by row, so the run is one flat loop), or a piece of an NCHW plane.
+constexpr int64_t kStoreRun = 1024;
+
+struct StoreRuns {
+  int64_t len, count, per_plane;  // per_plane: NCHW runs per plane (0 channels-last)
+};
+
+inline StoreRuns store_runs(const Layout& l) {
+  if (l.nhwc) {
+    const int64_t rows = std::max<int64_t>(1, kStoreRun / l.C);
+    return {rows * l.C, (l.N * l.HW + rows - 1) / rows, 0};
+  }
+  const int64_t per_plane = (l.HW + kStoreRun - 1) / kStoreRun;
+  return {kStoreRun, l.N * l.C * per_plane, per_plane};
+}
+
+// v's C per-channel values repeated over len / C rows (channels-last), or v unchanged (NCHW,
+// where a run reads its channel's value at offset c).
+inline std::vector<float> repeat_rows(const std::vector<float>& v, const Layout& l, int64_t len) {
+  if (!l.nhwc || v.empty()) return v;
+  std::vector<float> r(static_cast<size_t>(len));
+  for (int64_t i = 0; i < len; ++i) r[static_cast<size_t>(i)] = v[static_cast<size_t>(i % l.C)];
+  return r;
+}
+
+// Run b's first element, length and channel-value offset: the repeated values start with the
+// run (at 0), an NCHW plane's value is at its channel c. Calls body(begin, n, offset).
+template <class Body>
+void for_each_store_run(const Layout& l, const StoreRuns& runs, Body body) {
+  const int64_t total = l.N * l.C * l.HW;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < runs.count; ++b) {
+      if (l.nhwc) {
+        const int64_t begin = b * runs.len;
+        body(begin, std::min(runs.len, total - begin), int64_t{0});
+      } else {
+        const int64_t plane = b / runs.per_plane;
+        const int64_t begin = plane * l.HW + (b % runs.per_plane) * runs.len;
+        body(begin, std::min(runs.len, (plane + 1) * l.HW - begin), plane % l.C);
+      }
+    }
+  }
+}
+
+// Index of a per-channel value in a run: element i of the repeated rows (channels-last), or
+// the run's one channel value (NCHW).
+template <bool Rows>
+inline int64_t at(int64_t i) {
+  return Rows ? i : 0;
+}
+
 // Per-channel sums of dy and dy * x_hat, dy formed from dz and y.
 template <Activation Act, Source S, class T>
 void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
@@ -191,9 +253,63 @@ void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
 }
 
 // dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat), dy formed again from dz and y.
-template <Activation Act, Source S, class T>
+// write_dx's formula over a run of n elements from element 0 of src/dz (per-channel values at
+// p.*[at<Rows>(i)]), rounded by Store into dx.
+struct DxValues {
+  const float *shift, *inv_scale, *gain, *m1, *m2, *act_scale, *act_shift;
+};
+
+template <Activation Act, Source S, class Store, bool Rows, class T>
+void write_dx_run(const T* __restrict src, const T* __restrict dz, T* dx, int64_t n,
+                  const DxValues& p, float* __restrict f) {
+  const float* __restrict shift = p.shift;
+  const float* __restrict inv_scale = p.inv_scale;
+  const float* __restrict gain = p.gain;
+  const float* __restrict m1 = p.m1;
+  const float* __restrict m2 = p.m2;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = at<Rows>(i);
+    const float v = to_float(src[i]);
+    const float xh = (v - shift[c]) * inv_scale[c];
+    const float dy =
+        act_grad<Act>(to_float(dz[i]), act_input<S, T>(v, p.act_scale, p.act_shift, c));
+    f[i] = gain[c] * (dy - m1[c] - xh * m2[c]);
+  }
+  Store::store(f, dx, n);
+}
+
+template <Activation Act, Source S, class Store, class T>
+void write_dx_stored(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
+                     const std::vector<float>& mean_dy_xhat) {
+  const StoreRuns runs = store_runs(a.l);
+  const auto shift = repeat_rows(a.shift, a.l, runs.len);
+  const auto inv_scale = repeat_rows(a.inv_scale, a.l, runs.len);
+  const auto gain = repeat_rows(a.gain, a.l, runs.len);
+  const auto m1 = repeat_rows(mean_dy, a.l, runs.len);
+  const auto m2 = repeat_rows(mean_dy_xhat, a.l, runs.len);
+  const auto act_scale = repeat_rows(a.act_scale, a.l, runs.len);
+  const auto act_shift = repeat_rows(a.act_shift, a.l, runs.len);
+  std::vector<std::vector<float>> buffers(static_cast<size_t>(omp_get_max_threads()));
+  for_each_store_run(a.l, runs, [&](int64_t begin, int64_t n, int64_t c) {
+    auto& f = buffers[static_cast<size_t>(omp_get_thread_num())];
+    f.resize(static_cast<size_t>(runs.len));
+    const DxValues p{shift.data() + c, inv_scale.data() + c, gain.data() + c,     m1.data() + c,
+                     m2.data() + c,    act_scale.data() + c, act_shift.data() + c};
+    if (a.l.nhwc) {
+      write_dx_run<Act, S, Store, true>(a.src + begin, a.dz + begin, a.dx + begin, n, p, f.data());
+    } else {
+      write_dx_run<Act, S, Store, false>(a.src + begin, a.dz + begin, a.dx + begin, n, p, f.data());
+    }
+  });
+}
+
+template <Activation Act, Source S, class Store, class T>
 void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
               const std::vector<float>& mean_dy_xhat) {
+  if constexpr (!std::is_void_v<Store>) {
+    return write_dx_stored<Act, S, Store>(a, mean_dy, mean_dy_xhat);
+  }
   const int64_t C = a.l.C, HW = a.l.HW, N = a.l.N;
   const float* __restrict shift = a.shift.data();
   const float* __restrict inv_scale = a.inv_scale.data();
@@ -243,7 +359,7 @@ void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
   }
 }
 
-template <Activation Act, Source S, class T>
+template <Activation Act, Source S, class Store, class T>
 void bn_backward(const BnBackwardArgs<T>& a, bool use_batch_stats, Tensor& dweight, Tensor& dbias) {
   const size_t uC = static_cast<size_t>(a.l.C);
   std::vector<double> sum_dy, sum_dy_xhat;
@@ -265,19 +381,19 @@ void bn_backward(const BnBackwardArgs<T>& a, bool use_batch_stats, Tensor& dweig
       mean_dy_xhat[c] = static_cast<float>(sum_dy_xhat[c] / M);
     }
   }
-  write_dx<Act, S, T>(a, mean_dy, mean_dy_xhat);
+  write_dx<Act, S, Store>(a, mean_dy, mean_dy_xhat);
 }
 
-template <Source S, class T>
+template <Source S, class Store, class T>
 void bn_backward_for(Activation act, const BnBackwardArgs<T>& a, bool use_batch_stats,
                      Tensor& dweight, Tensor& dbias) {
   switch (act) {
     case Activation::none:
-      return bn_backward<Activation::none, S>(a, use_batch_stats, dweight, dbias);
+      return bn_backward<Activation::none, S, Store>(a, use_batch_stats, dweight, dbias);
     case Activation::relu:
-      return bn_backward<Activation::relu, S>(a, use_batch_stats, dweight, dbias);
+      return bn_backward<Activation::relu, S, Store>(a, use_batch_stats, dweight, dbias);
     case Activation::hardswish:
-      return bn_backward<Activation::hardswish, S>(a, use_batch_stats, dweight, dbias);
+      return bn_backward<Activation::hardswish, S, Store>(a, use_batch_stats, dweight, dbias);
   }
 }
 
@@ -296,7 +412,7 @@ inline void bn_affine(const Tensor& weight, const Tensor& bias, const float* mea
   }
 }
 
-template <class T>
+template <class T, class Store = void>
 void bn_backward_from_output_typed(const Tensor& y, const Tensor& dz, const Tensor& weight,
                                    const Tensor& bias, const Tensor& var, bool use_batch_stats,
                                    double eps, Activation act, Tensor& dx, Tensor& dweight,
@@ -316,7 +432,7 @@ void bn_backward_from_output_typed(const Tensor& y, const Tensor& dz, const Tens
     a.inv_scale[c] = 1.f / scale;
     a.gain[c] = scale / std::sqrt(v[c] + static_cast<float>(eps));
   }
-  bn_backward_for<Source::output>(act, a, use_batch_stats, dweight, dbias);
+  bn_backward_for<Source::output, Store>(act, a, use_batch_stats, dweight, dbias);
 }
 
 // The backward from the input x with the activation fused, for the forward that wrote only
@@ -343,7 +459,7 @@ void bn_act_backward_from_input_typed(const Tensor& x, const Tensor& dz, const T
     a.inv_scale[c] = 1.f / std::sqrt(v[c] + static_cast<float>(eps));
     a.gain[c] = (w ? w[c] : 1.f) * a.inv_scale[c];
   }
-  bn_backward_for<Source::input>(act, a, use_batch_stats, dweight, dbias);
+  bn_backward_for<Source::input, void>(act, a, use_batch_stats, dweight, dbias);
 }
 
 // The forward: the statistics in one pass over x, then y = x * scale + shift (bn_affine) and
@@ -355,9 +471,55 @@ void bn_act_backward_from_input_typed(const Tensor& x, const Tensor& dz, const T
 // both stored and read again made GCC's omp simd keep it in a per-lane array, and the loop
 // stayed scalar (the bf16 forward with an activation ran ~8x slower than its vector form).
 // Converting the rounded value back to T is exact, so the bits are those of one rounding.
-template <Activation Act, bool KeepY, class T>
+// normalize's formulas over a run of n elements, rounded by Store: y into y (KeepY) or tmp.
+template <Activation Act, bool KeepY, class Store, bool Rows, class T>
+void normalize_run(const T* __restrict x, T* y, T* z, T* tmp, int64_t n, const float* scale,
+                   const float* shift, float* __restrict f) {
+  T* __restrict yo = KeepY ? y : tmp;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) f[i] = to_float(x[i]) * scale[at<Rows>(i)] + shift[at<Rows>(i)];
+  Store::store(f, yo, n);
+  if constexpr (Act != Activation::none) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) f[i] = activation<Act>(to_float(yo[i]));
+    Store::store(f, z, n);
+  }
+}
+
+template <Activation Act, bool KeepY, class Store, class T>
+void normalize_stored(const T* x, T* y, T* z, const Layout& l, const std::vector<float>& scale_v,
+                      const std::vector<float>& shift_v) {
+  const StoreRuns runs = store_runs(l);
+  const auto scale = repeat_rows(scale_v, l, runs.len);
+  const auto shift = repeat_rows(shift_v, l, runs.len);
+  const size_t len = static_cast<size_t>(runs.len);
+  std::vector<std::vector<float>> buffers(static_cast<size_t>(omp_get_max_threads()));
+  std::vector<std::vector<T>> tmps(KeepY ? 0 : buffers.size());
+  for_each_store_run(l, runs, [&](int64_t begin, int64_t n, int64_t c) {
+    const size_t t = static_cast<size_t>(omp_get_thread_num());
+    buffers[t].resize(len);
+    T* tmp = nullptr;
+    if constexpr (!KeepY) {
+      tmps[t].resize(len);
+      tmp = tmps[t].data();
+    }
+    T* yb = KeepY ? y + begin : nullptr;
+    if (l.nhwc) {
+      normalize_run<Act, KeepY, Store, true>(x + begin, yb, z + begin, tmp, n, scale.data(),
+                                             shift.data(), buffers[t].data());
+    } else {
+      normalize_run<Act, KeepY, Store, false>(x + begin, yb, z + begin, tmp, n, scale.data() + c,
+                                              shift.data() + c, buffers[t].data());
+    }
+  });
+}
+
+template <Activation Act, bool KeepY, class Store, class T>
 void normalize(const T* x, T* y, T* z, const Layout& l, const std::vector<float>& scale_v,
                const std::vector<float>& shift_v) {
+  if constexpr (!std::is_void_v<Store>) {
+    return normalize_stored<Act, KeepY, Store>(x, y, z, l, scale_v, shift_v);
+  }
   const float* __restrict scale = scale_v.data();
   const float* __restrict shift = shift_v.data();
   if (l.nhwc) {
@@ -393,7 +555,7 @@ void normalize(const T* x, T* y, T* z, const Layout& l, const std::vector<float>
 
 // z (x's strides) receives act(y) when act is not Activation::none; it is unused otherwise.
 // y may be undefined where act is not Activation::none: only z is written then.
-template <class T>
+template <class T, class Store = void>
 void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
                               Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
                               Activation act, Tensor& y, Tensor& z) {
@@ -430,18 +592,18 @@ void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tenso
   bn_affine(weight, bias, pm, pv, eps, scale, shift);
   if (act == Activation::none) {
     T* py = data_as<T>(y);
-    return normalize<Activation::none, true>(px, py, py, l, scale, shift);
+    return normalize<Activation::none, true, Store>(px, py, py, l, scale, shift);
   }
   T* pz = data_as<T>(z);
   if (y.defined()) {
     T* py = data_as<T>(y);
     if (act == Activation::relu)
-      return normalize<Activation::relu, true>(px, py, pz, l, scale, shift);
-    return normalize<Activation::hardswish, true>(px, py, pz, l, scale, shift);
+      return normalize<Activation::relu, true, Store>(px, py, pz, l, scale, shift);
+    return normalize<Activation::hardswish, true, Store>(px, py, pz, l, scale, shift);
   }
   if (act == Activation::relu)
-    return normalize<Activation::relu, false>(px, pz, pz, l, scale, shift);
-  normalize<Activation::hardswish, false>(px, pz, pz, l, scale, shift);
+    return normalize<Activation::relu, false, Store>(px, pz, pz, l, scale, shift);
+  normalize<Activation::hardswish, false, Store>(px, pz, pz, l, scale, shift);
 }
 
 }  // namespace

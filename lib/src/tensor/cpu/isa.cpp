@@ -25,4 +25,18 @@ Isa cpu_isa() {
   return isa;
 }
 
+bool cpu_has_avx512_bf16() {
+  static const bool has = [] {
+    if (cpu_isa() != Isa::avx512) return false;
+    const char* cap = std::getenv("DPAR_CPU_ISA");
+    if (cap != nullptr && std::string(cap) == "avx512") return false;
+#if DPAR_HAVE_ISA_CLONES
+    return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+    return false;
+#endif
+  }();
+  return has;
+}
+
 }  // namespace dpar::cpu

@@ -102,6 +102,10 @@ void batch_norm_act_forward_cpu(const Tensor& x, const Tensor& weight, const Ten
                                 Activation act, Tensor& y, Tensor& z) {
   require_same_float("batch_norm", x, y.defined() ? y : z, "the output");
   if (x.dtype() == DType::bf16) {
+    if (cpu_has_avx512_bf16()) {
+      return avx512_bf16::batch_norm_forward_bf16(x, weight, bias, mean, var, use_batch_stats, eps,
+                                                  act, y, z);
+    }
     if (cpu_isa() == Isa::avx512) {
       return avx512::batch_norm_forward_bf16(x, weight, bias, mean, var, use_batch_stats, eps, act,
                                              y, z);
@@ -160,6 +164,10 @@ void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dz, cons
                                          Tensor& dx, Tensor& dweight, Tensor& dbias) {
   require_same_float("batch_norm backward", y, dz, "the output gradient");
   require_same_float("batch_norm backward", y, dx, "the input gradient");
+  if (y.dtype() == DType::bf16 && cpu_has_avx512_bf16()) {
+    return avx512_bf16::batch_norm_backward_from_output_bf16(
+        y, dz, weight, bias, var, use_batch_stats, eps, act, dx, dweight, dbias);
+  }
   if (y.dtype() == DType::bf16 && cpu_isa() == Isa::avx512) {
     return avx512::batch_norm_backward_from_output_bf16(y, dz, weight, bias, var, use_batch_stats,
                                                         eps, act, dx, dweight, dbias);
