@@ -11,13 +11,15 @@
 //     ms per layer at batch 16 on one thread), and its f32 one makes three passes over x.
 // Everything is in an unnamed namespace: each file that includes this gets its own copies,
 // compiled for the ISA in force where it is included. norm_kernels.cpp includes it for the x86-64
-// baseline, avx512_bf16_kernels.cpp for AVX-512 (the bf16 path of a CPU that has it) and
+// baseline, avx512_bf16_kernels.cpp for AVX-512 (the bf16 path of a CPU that has it),
+// bn_bf16_native_kernels.cpp for AVX512-BF16 (the bf16 path, rounding with its instruction) and
 // bn_isa_kernels.inc for AVX2 and AVX-512 (the f32 path), and the copies must never be merged
 // by the linker.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -73,12 +75,31 @@ struct SumPair {
   float a, b;
 };
 
-// Per-channel sums of term(i, c).a and term(i, c).b over N, H and W, in double, where i is an
-// element's offset in a tensor of layout l and c its channel. Rows of a channels-last tensor
-// are summed in f32 over blocks of 64 (a vectorised loop over channels) and the blocks in
-// double: f32 all the way would lose digits over ~10^5 rows; NCHW planes are summed in f32 and
-// added in double. Each thread sums a fixed static share into its own row and the rows are
-// added in thread order, so the result is the same on every run.
+// v's C per-channel values repeated over len / C rows (channels-last), or v unchanged (NCHW,
+// where a loop reads its channel's value at offset c).
+inline std::vector<float> repeat_rows(const std::vector<float>& v, const Layout& l, int64_t len) {
+  if (!l.nhwc || v.empty()) return v;
+  std::vector<float> r(static_cast<size_t>(len));
+  for (int64_t i = 0; i < len; ++i) r[static_cast<size_t>(i)] = v[static_cast<size_t>(i % l.C)];
+  return r;
+}
+
+// The length of channel_sum_pair's runs of channels-last rows: the fewest whole rows that fill
+// whole 16-lane vectors (C for NCHW).
+inline int64_t sum_run_len(const Layout& l) {
+  return l.nhwc ? 16 / std::gcd(l.C, int64_t{16}) * l.C : l.C;
+}
+
+// Per-channel sums of term(i, j).a and term(i, j).b over N, H and W, in double, where i is an
+// element's offset in a tensor of layout l and j indexes its channel's values: its channel
+// (NCHW), or its offset in a run of sum_run_len(l) channels-last elements, whose per-channel
+// values the term repeats row by row (repeat_rows). Rows of a channels-last tensor are summed
+// in f32 over blocks of 64, a run of rows at a time as one flat vectorised loop (one loop per row
+// left each row of C = 24, 40, 72, 88 or 120 channels ending in a partial vector), the run's
+// copies of a channel added at the end of the block, and the blocks in double: f32 all the way
+// would lose digits over ~10^5 rows. NCHW planes are summed in f32 and added in double. Each
+// thread sums a fixed static share into its own row and the rows are added in thread order, so
+// the result is the same on every run.
 template <class Term>
 void channel_sum_pair(const Layout& l, Term term, std::vector<double>& sum_a,
                       std::vector<double>& sum_b) {
@@ -92,7 +113,8 @@ void channel_sum_pair(const Layout& l, Term term, std::vector<double>& sum_a,
     double* __restrict s2 = s1 + uC;
     if (l.nhwc) {
       constexpr int64_t kBlockRows = 64;
-      std::vector<float> b1(uC), b2(uC);
+      const int64_t len = sum_run_len(l), run_rows = len / C;  // run_rows divides 64
+      std::vector<float> b1(static_cast<size_t>(len)), b2(static_cast<size_t>(len));
       float* __restrict f1 = b1.data();
       float* __restrict f2 = b2.data();
       const int64_t blocks = (N * HW + kBlockRows - 1) / kBlockRows;
@@ -101,12 +123,28 @@ void channel_sum_pair(const Layout& l, Term term, std::vector<double>& sum_a,
         std::fill(b1.begin(), b1.end(), 0.f);
         std::fill(b2.begin(), b2.end(), 0.f);
         const int64_t end = std::min(N * HW, (blk + 1) * kBlockRows);
-        for (int64_t r = blk * kBlockRows; r < end; ++r) {
+        int64_t r = blk * kBlockRows;
+        for (; r + run_rows <= end; r += run_rows) {
+          const int64_t base = r * C;
+#pragma omp simd
+          for (int64_t j = 0; j < len; ++j) {
+            const SumPair t = term(base + j, j);
+            f1[j] += t.a;
+            f2[j] += t.b;
+          }
+        }
+        for (; r < end; ++r) {  // the last block's rows short of a run
 #pragma omp simd
           for (int64_t c = 0; c < C; ++c) {
             const SumPair t = term(r * C + c, c);
             f1[c] += t.a;
             f2[c] += t.b;
+          }
+        }
+        for (int64_t q = 1; q < run_rows; ++q) {
+          for (int64_t c = 0; c < C; ++c) {
+            f1[c] += f1[q * C + c];
+            f2[c] += f2[q * C + c];
           }
         }
         for (size_t c = 0; c < uC; ++c) {
@@ -193,15 +231,6 @@ inline StoreRuns store_runs(const Layout& l) {
   return {kStoreRun, l.N * l.C * per_plane, per_plane};
 }
 
-// v's C per-channel values repeated over len / C rows (channels-last), or v unchanged (NCHW,
-// where a run reads its channel's value at offset c).
-inline std::vector<float> repeat_rows(const std::vector<float>& v, const Layout& l, int64_t len) {
-  if (!l.nhwc || v.empty()) return v;
-  std::vector<float> r(static_cast<size_t>(len));
-  for (int64_t i = 0; i < len; ++i) r[static_cast<size_t>(i)] = v[static_cast<size_t>(i % l.C)];
-  return r;
-}
-
 // Run b's first element, length and channel-value offset: the repeated values start with the
 // run (at 0), an NCHW plane's value is at its channel c. Calls body(begin, n, offset).
 template <class Body>
@@ -237,10 +266,15 @@ void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
   // __restrict: nothing written aliases the inputs, so the channel loops vectorise.
   const T* __restrict src = a.src;
   const T* __restrict dz = a.dz;
-  const float* __restrict shift = a.shift.data();
-  const float* __restrict inv_scale = a.inv_scale.data();
-  const float* __restrict act_scale = a.act_scale.data();
-  const float* __restrict act_shift = a.act_shift.data();
+  const int64_t len = sum_run_len(a.l);
+  const std::vector<float> shift_runs = repeat_rows(a.shift, a.l, len);
+  const std::vector<float> inv_scale_runs = repeat_rows(a.inv_scale, a.l, len);
+  const std::vector<float> act_scale_runs = repeat_rows(a.act_scale, a.l, len);
+  const std::vector<float> act_shift_runs = repeat_rows(a.act_shift, a.l, len);
+  const float* __restrict shift = shift_runs.data();
+  const float* __restrict inv_scale = inv_scale_runs.data();
+  const float* __restrict act_scale = act_scale_runs.data();
+  const float* __restrict act_shift = act_shift_runs.data();
   channel_sum_pair(
       a.l,
       [=](int64_t i, int64_t c) {
@@ -572,7 +606,8 @@ void batch_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tenso
     // |mean - k| is of the order of the standard deviation and var = E[d^2] - E[d]^2 keeps its
     // digits (the shifted-data algorithm), where E[x^2] - E[x]^2 would cancel them when the mean
     // is large.
-    const float* __restrict shift = k.data();
+    const std::vector<float> k_runs = repeat_rows(k, l, sum_run_len(l));
+    const float* __restrict shift = k_runs.data();
     std::vector<double> sum_d, sum_d2;
     channel_sum_pair(
         l,
