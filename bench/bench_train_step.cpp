@@ -8,8 +8,8 @@
 // loads). --rounds N alternates N timings of dpar and the channels-last peer and prints the
 // median ratio; --profile adds dpar's per-op time table. --amp bf16 trains both under bf16
 // autocast (dpar's amp::Autocast, PyTorch's torch.autocast("cpu")): dpar then stands beside
-// PyTorch's bf16 autocast step and its fp32 step, both channels-last, and the rounds alternate
-// with the bf16 peer.
+// PyTorch's bf16 autocast step and its fp32 step, both channels-last, and each round runs both
+// (a median ratio against each).
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -135,11 +135,12 @@ int main(int argc, char** argv) {
         static_cast<double>(alloc.peak_allocated_bytes) / 1048576.0,
         static_cast<double>(alloc.allocated_bytes + alloc.cached_bytes) / 1048576.0,
         static_cast<double>(alloc.system_allocations - system_before) / static_cast<double>(steps));
+    double fp32_rate = 0;  // PyTorch's fp32 channels-last step beside dpar's bf16 one
     if (peer && bf16) {
       // The bf16 targets (issue 23): >= 2.5x PyTorch's fp32 channels-last step and ahead of its
       // bf16 autocast step.
       const auto f = run_torch(/*channels_last=*/true);
-      const double fp32_rate = f.at("img_per_s").get<double>();
+      fp32_rate = f.at("img_per_s").get<double>();
       const double fp32_peak = f.at("peak_rss_mb").get<double>();
       const double fp32_training = fp32_peak - f.at("rss_before_mb").get<double>();
       std::printf(
@@ -184,20 +185,34 @@ int main(int argc, char** argv) {
           peak_mb / their_peak, training_mb / their_training);
       if (rounds > 1) {
         // A shared machine's speed drifts within seconds: more rounds, each dpar's steps
-        // right before a fresh peer process, and the median of the per-round ratios.
-        std::vector<double> ratios{ours / theirs};
-        std::printf("  round 1: dpar %.2f, pytorch %.2f img/s, ratio %.2fx\n", ours, theirs,
-                    ours / theirs);
+        // right before a fresh peer process, and the median of the per-round ratios. Under
+        // bf16 each round also runs PyTorch's fp32 step, the 2.5x target's peer.
+        std::vector<double> ratios, fp32_ratios;
+        auto record = [&](int64_t r, double mine, double peer_rate, double fp32_peer_rate) {
+          ratios.push_back(mine / peer_rate);
+          std::printf("  round %lld: dpar %.2f, pytorch %.2f img/s, ratio %.2fx",
+                      static_cast<long long>(r), mine, peer_rate, mine / peer_rate);
+          if (bf16) {
+            fp32_ratios.push_back(mine / fp32_peer_rate);
+            std::printf("; pytorch fp32 %.2f img/s, ratio %.2fx", fp32_peer_rate,
+                        mine / fp32_peer_rate);
+          }
+          std::printf("\n");
+        };
+        record(1, ours, theirs, fp32_rate);
         for (int64_t r = 2; r <= rounds; ++r) {
           const double mine = static_cast<double>(batch) / time_steps();
           const double peer_rate = run_torch(true, bf16).at("img_per_s").get<double>();
-          ratios.push_back(mine / peer_rate);
-          std::printf("  round %lld: dpar %.2f, pytorch %.2f img/s, ratio %.2fx\n",
-                      static_cast<long long>(r), mine, peer_rate, mine / peer_rate);
+          const double fp32_peer_rate = bf16 ? run_torch(true).at("img_per_s").get<double>() : 0.0;
+          record(r, mine, peer_rate, fp32_peer_rate);
         }
-        const auto [low, high] = std::minmax_element(ratios.begin(), ratios.end());
-        std::printf("  median ratio over %lld rounds: %.2fx img/s (range %.2f-%.2f)\n",
-                    static_cast<long long>(rounds), bench::median(ratios), *low, *high);
+        auto print_median = [&](const char* what, const std::vector<double>& v) {
+          const auto [low, high] = std::minmax_element(v.begin(), v.end());
+          std::printf("  median ratio%s over %lld rounds: %.2fx img/s (range %.2f-%.2f)\n", what,
+                      static_cast<long long>(rounds), bench::median(v), *low, *high);
+        };
+        print_median(bf16 ? " vs pytorch bf16 autocast" : "", ratios);
+        if (bf16) print_median(" vs pytorch fp32 (target >= 2.5)", fp32_ratios);
       }
     }
     if (profile) {
