@@ -190,8 +190,9 @@ int main(int argc, char** argv) {
         std::vector<double> ratios, fp32_ratios;
         auto record = [&](int64_t r, double mine, double peer_rate, double fp32_peer_rate) {
           ratios.push_back(mine / peer_rate);
-          std::printf("  round %lld: dpar %.2f, pytorch %.2f img/s, ratio %.2fx",
-                      static_cast<long long>(r), mine, peer_rate, mine / peer_rate);
+          std::printf("  round %lld: dpar %.2f, pytorch%s %.2f img/s, ratio %.2fx",
+                      static_cast<long long>(r), mine, bf16 ? " bf16" : "", peer_rate,
+                      mine / peer_rate);
           if (bf16) {
             fp32_ratios.push_back(mine / fp32_peer_rate);
             std::printf("; pytorch fp32 %.2f img/s, ratio %.2fx", fp32_peer_rate,
@@ -202,8 +203,9 @@ int main(int argc, char** argv) {
         record(1, ours, theirs, fp32_rate);
         for (int64_t r = 2; r <= rounds; ++r) {
           const double mine = static_cast<double>(batch) / time_steps();
-          const double peer_rate = run_torch(true, bf16).at("img_per_s").get<double>();
+          // The peers in round 1's order: fp32 (under bf16), then the one in dpar's precision.
           const double fp32_peer_rate = bf16 ? run_torch(true).at("img_per_s").get<double>() : 0.0;
+          const double peer_rate = run_torch(true, bf16).at("img_per_s").get<double>();
           record(r, mine, peer_rate, fp32_peer_rate);
         }
         auto print_median = [&](const char* what, const std::vector<double>& v) {

@@ -69,14 +69,14 @@ void check_same_bits(const Tensor& expected, const Tensor& actual, const char* w
   CHECK(differing == 0);
 }
 
-// x in bf16: values in [-3, 3), with a NaN, an infinity and f32-denormal-sized values in
-// channel 1 (whose weight is tiny too, so its y are denormals).
-Tensor make_input(const Shape& shape, MemoryFormat format, Generator& gen) {
+// x in bf16: values in [-3, 3), with a denormal in channel 1 and, where specials, a NaN and an
+// infinity (with batch statistics they would make their whole channels NaN).
+Tensor make_input(const Shape& shape, MemoryFormat format, Generator& gen, bool specials) {
   Tensor f = random_tensor(shape, gen, -3.f, 3.f);
   std::vector<float> v = f.to_float_vector();
   const int64_t HW = shape[2] * shape[3];
-  v[static_cast<size_t>(1 * HW)] = from_bits(0x00000123u);  // n 0, channel 1: a denormal
-  if (shape[0] > 1) {
+  v[static_cast<size_t>(1 * HW)] = from_bits(0x00050000u);  // n 0, channel 1: a bf16 denormal
+  if (specials && shape[0] > 1) {
     v[static_cast<size_t>((shape[1] + 2) * HW)] = std::numeric_limits<float>::quiet_NaN();
     v[static_cast<size_t>((shape[1] + 3) * HW)] = std::numeric_limits<float>::infinity();
   }
@@ -104,7 +104,7 @@ TEST_CASE("f32 -> bf16 by AVX512-BF16's instruction has float_to_bf16's bits") {
                           int64_t{1000}, static_cast<int64_t>(from.size())}) {
     INFO("n = " << n);
     std::vector<uint16_t> to(static_cast<size_t>(n) + 1, 0xabcd);
-    cpu::avx512_bf16::convert_f32_to_bf16(from.data(), to.data(), n);
+    cpu::bf16_native::convert_f32_to_bf16(from.data(), to.data(), n);
     size_t differing = 0;
     for (int64_t i = 0; i < n; ++i)
       differing += to[static_cast<size_t>(i)] != float_to_bf16(from[static_cast<size_t>(i)]);
@@ -116,8 +116,10 @@ TEST_CASE("f32 -> bf16 by AVX512-BF16's instruction has float_to_bf16's bits") {
 TEST_CASE("bf16 batch norm rounded by AVX512-BF16's instruction has the AVX-512 loops' bits") {
   if (!native_bf16()) return;
   Generator gen(41);
-  // Channel counts that are and are not multiples of 16; NCHW planes longer than one run.
-  const std::vector<Shape> shapes = {{2, 24, 5, 7}, {2, 576, 3, 3}, {2, 16, 40, 40}, {3, 8, 1, 1}};
+  // Channel counts that are and are not multiples of 16; a channels-last run ending in a partial
+  // vector (24 x 35), rows longer than a run (1040 channels), NCHW planes longer than one run.
+  const std::vector<Shape> shapes = {{2, 24, 5, 7},   {1, 24, 5, 7},   {2, 576, 3, 3},
+                                     {2, 16, 40, 40}, {2, 1040, 2, 1}, {3, 8, 1, 1}};
   for (const Shape& shape : shapes) {
     for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
       for (bool batch_stats : {true, false}) {
@@ -129,9 +131,10 @@ TEST_CASE("bf16 batch norm rounded by AVX512-BF16's instruction has the AVX-512 
                            << " batch stats " << batch_stats << " activation "
                            << static_cast<int>(act) << " keep y " << keep_y);
             const int64_t C = shape[1];
-            Tensor x = make_input(shape, format, gen);
+            Tensor x = make_input(shape, format, gen, /*specials=*/!batch_stats);
             std::vector<float> w = random_tensor({C}, gen, 0.5f, 1.5f).to_float_vector();
-            w[1] = 1e-39f;  // with b[1] = 0, y of channel 1 are f32 denormals
+            // With b[1] = 0, y and dx of channel 1 are f32 denormals (1/w[1] is still finite).
+            w[1] = 2e-38f;
             w[2] = -w[2];
             const Tensor weight = Tensor::from_vector(w, {C});
             std::vector<float> b = random_tensor({C}, gen).to_float_vector();
@@ -147,13 +150,13 @@ TEST_CASE("bf16 batch norm rounded by AVX512-BF16's instruction has the AVX-512 
                     Tensor::empty_like(x), Tensor::empty({C}),  Tensor::empty({C})};
               if (keep_y) o.y = Tensor::empty_like(x);
               if (act != Activation::none) o.z = Tensor::empty_like(x);
-              auto forward = native ? cpu::avx512_bf16::batch_norm_forward_bf16
+              auto forward = native ? cpu::bf16_native::batch_norm_forward_bf16
                                     : cpu::avx512::batch_norm_forward_bf16;
               forward(x, weight, bias, o.mean, o.var, batch_stats, 1e-3, act, o.y, o.z);
               if (keep_y) {
                 Generator dz_gen(43);
-                Tensor dz = make_input(shape, format, dz_gen);
-                auto backward = native ? cpu::avx512_bf16::batch_norm_backward_from_output_bf16
+                Tensor dz = make_input(shape, format, dz_gen, /*specials=*/false);
+                auto backward = native ? cpu::bf16_native::batch_norm_backward_from_output_bf16
                                        : cpu::avx512::batch_norm_backward_from_output_bf16;
                 backward(o.y, dz, weight, bias, o.var, batch_stats, 1e-3, act, o.dx, o.dweight,
                          o.dbias);

@@ -33,7 +33,7 @@ void convert_bf16_to_f32(const uint16_t* from, float* to, int64_t n);
 // The same batch norm loops for CPUs with AVX512-BF16 (bn_bf16_native_kernels.cpp), rounding
 // with its conversion instruction, and the dense f32 -> bf16 cast by it; each gives
 // float_to_bf16's bits. Call them only where cpu_has_avx512_bf16().
-namespace dpar::cpu::avx512_bf16 {
+namespace dpar::cpu::bf16_native {
 
 void batch_norm_forward_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
@@ -44,4 +44,4 @@ void batch_norm_backward_from_output_bf16(const Tensor& y, const Tensor& dz, con
                                           Tensor& dx, Tensor& dweight, Tensor& dbias);
 void convert_f32_to_bf16(const float* from, uint16_t* to, int64_t n);
 
-}  // namespace dpar::cpu::avx512_bf16
+}  // namespace dpar::cpu::bf16_native

@@ -30,7 +30,7 @@
 #include "tensor/cpu/bn_loops.h"
 // clang-format on
 
-namespace dpar::cpu::avx512_bf16 {
+namespace dpar::cpu::bf16_native {
 namespace {
 
 // n f32 values rounded to bf16, 16 at a time.
@@ -60,12 +60,14 @@ struct ConversionInstructionStore {
 
 }  // namespace
 
+// Split evenly over the threads, in whole vectors, from 65536 values (as the AVX-512 cast).
 void convert_f32_to_bf16(const float* from, uint16_t* to, int64_t n) {
-  constexpr int64_t kPiece = 65536;
-  const int64_t pieces = (n + kPiece - 1) / kPiece;
-#pragma omp parallel for schedule(static) if (pieces > 1)
-  for (int64_t p = 0; p < pieces; ++p) {
-    round_run(from + p * kPiece, to + p * kPiece, std::min(kPiece, n - p * kPiece));
+  const int64_t threads = n > 65536 ? omp_get_max_threads() : 1;
+  const int64_t piece = ((n + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) if (threads > 1)
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t begin = std::min(n, t * piece);
+    round_run(from + begin, to + begin, std::min(piece, n - begin));
   }
 }
 
@@ -84,7 +86,7 @@ void batch_norm_backward_from_output_bf16(const Tensor& y, const Tensor& dz, con
       y, dz, weight, bias, var, use_batch_stats, eps, act, dx, dweight, dbias);
 }
 
-}  // namespace dpar::cpu::avx512_bf16
+}  // namespace dpar::cpu::bf16_native
 
 #if DPAR_HAVE_ISA_CLONES
 #pragma GCC pop_options

@@ -11,15 +11,15 @@
 //     ms per layer at batch 16 on one thread), and its f32 one makes three passes over x.
 // Everything is in an unnamed namespace: each file that includes this gets its own copies,
 // compiled for the ISA in force where it is included. norm_kernels.cpp includes it for the x86-64
-// baseline, avx512_bf16_kernels.cpp for AVX-512 (the bf16 path of a CPU that has it),
-// bn_bf16_native_kernels.cpp for AVX512-BF16 (the bf16 path, rounding with its instruction) and
+// baseline, avx512_bf16_kernels.cpp for AVX-512 (the bf16 path of a CPU without AVX512-BF16,
+// or with DPAR_CPU_ISA=avx512), bn_bf16_native_kernels.cpp for AVX512-BF16 (the bf16 path,
+// rounding with its instruction) and
 // bn_isa_kernels.inc for AVX2 and AVX-512 (the f32 path), and the copies must never be merged
 // by the linker.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -85,9 +85,13 @@ inline std::vector<float> repeat_rows(const std::vector<float>& v, const Layout&
 }
 
 // The length of channel_sum_pair's runs of channels-last rows: the fewest whole rows that fill
-// whole 16-lane vectors (C for NCHW).
+// whole 16-lane vectors, or one row where that would pass 1024 values (a large odd C); C for
+// NCHW.
 inline int64_t sum_run_len(const Layout& l) {
-  return l.nhwc ? 16 / std::gcd(l.C, int64_t{16}) * l.C : l.C;
+  if (!l.nhwc) return l.C;
+  int64_t rows = 1;
+  while (rows * l.C % 16 != 0) rows *= 2;
+  return rows * l.C <= 1024 ? rows * l.C : l.C;
 }
 
 // Per-channel sums of term(i, j).a and term(i, j).b over N, H and W, in double, where i is an
@@ -214,8 +218,9 @@ inline float act_input(float v, const float* scale, const float* shift, int64_t 
 // loops form the same f32 values by the same expressions into a per-thread buffer that stays
 // in L1, so the results have the same bits.
 //
-// Runs of at most kStoreRun elements: whole rows of a channels-last tensor (its per-channel
-// values repeated row by row, so the run is one flat loop), or a piece of an NCHW plane.
+// Runs of kStoreRun elements or fewer: whole rows of a channels-last tensor (its per-channel
+// values repeated row by row, so the run is one flat loop; one row where C is larger), or a
+// piece of an NCHW plane.
 constexpr int64_t kStoreRun = 1024;
 
 struct StoreRuns {
@@ -231,25 +236,32 @@ inline StoreRuns store_runs(const Layout& l) {
   return {kStoreRun, l.N * l.C * per_plane, per_plane};
 }
 
-// Run b's first element, length and channel-value offset: the repeated values start with the
-// run (at 0), an NCHW plane's value is at its channel c. Calls body(begin, n, offset).
+// Calls body(begin, n, c, f) for each run: its first element, its length, the offset of its
+// per-channel values (0 for repeated rows, which start with the run; an NCHW plane's channel)
+// and the calling thread's f32 buffer of runs.len values.
 template <class Body>
 void for_each_store_run(const Layout& l, const StoreRuns& runs, Body body) {
   const int64_t total = l.N * l.C * l.HW;
 #pragma omp parallel
   {
+    std::vector<float> f(static_cast<size_t>(runs.len));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < runs.count; ++b) {
       if (l.nhwc) {
         const int64_t begin = b * runs.len;
-        body(begin, std::min(runs.len, total - begin), int64_t{0});
+        body(begin, std::min(runs.len, total - begin), int64_t{0}, f.data());
       } else {
         const int64_t plane = b / runs.per_plane;
         const int64_t begin = plane * l.HW + (b % runs.per_plane) * runs.len;
-        body(begin, std::min(runs.len, (plane + 1) * l.HW - begin), plane % l.C);
+        body(begin, std::min(runs.len, (plane + 1) * l.HW - begin), plane % l.C, f.data());
       }
     }
   }
+}
+
+// v's values from offset c, or null where v is empty (Source::output has no activation map).
+inline const float* from_offset(const std::vector<float>& v, int64_t c) {
+  return v.empty() ? nullptr : v.data() + c;
 }
 
 // Index of a per-channel value in a run: element i of the repeated rows (channels-last), or
@@ -286,7 +298,6 @@ void sum_dy_and_dy_xhat(const BnBackwardArgs<T>& a, std::vector<double>& sum_dy,
       sum_dy, sum_dy_xhat);
 }
 
-// dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat), dy formed again from dz and y.
 // write_dx's formula over a run of n elements from element 0 of src/dz (per-channel values at
 // p.*[at<Rows>(i)]), rounded by Store into dx.
 struct DxValues {
@@ -324,70 +335,70 @@ void write_dx_stored(const BnBackwardArgs<T>& a, const std::vector<float>& mean_
   const auto m2 = repeat_rows(mean_dy_xhat, a.l, runs.len);
   const auto act_scale = repeat_rows(a.act_scale, a.l, runs.len);
   const auto act_shift = repeat_rows(a.act_shift, a.l, runs.len);
-  std::vector<std::vector<float>> buffers(static_cast<size_t>(omp_get_max_threads()));
-  for_each_store_run(a.l, runs, [&](int64_t begin, int64_t n, int64_t c) {
-    auto& f = buffers[static_cast<size_t>(omp_get_thread_num())];
-    f.resize(static_cast<size_t>(runs.len));
-    const DxValues p{shift.data() + c, inv_scale.data() + c, gain.data() + c,     m1.data() + c,
-                     m2.data() + c,    act_scale.data() + c, act_shift.data() + c};
+  for_each_store_run(a.l, runs, [&](int64_t begin, int64_t n, int64_t c, float* f) {
+    const DxValues p{from_offset(shift, c),    from_offset(inv_scale, c), from_offset(gain, c),
+                     from_offset(m1, c),       from_offset(m2, c),        from_offset(act_scale, c),
+                     from_offset(act_shift, c)};
     if (a.l.nhwc) {
-      write_dx_run<Act, S, Store, true>(a.src + begin, a.dz + begin, a.dx + begin, n, p, f.data());
+      write_dx_run<Act, S, Store, true>(a.src + begin, a.dz + begin, a.dx + begin, n, p, f);
     } else {
-      write_dx_run<Act, S, Store, false>(a.src + begin, a.dz + begin, a.dx + begin, n, p, f.data());
+      write_dx_run<Act, S, Store, false>(a.src + begin, a.dz + begin, a.dx + begin, n, p, f);
     }
   });
 }
 
+// dx = gain * (dy - mean_dy - x_hat * mean_dy_xhat), dy formed again from dz and y.
 template <Activation Act, Source S, class Store, class T>
 void write_dx(const BnBackwardArgs<T>& a, const std::vector<float>& mean_dy,
               const std::vector<float>& mean_dy_xhat) {
   if constexpr (!std::is_void_v<Store>) {
     return write_dx_stored<Act, S, Store>(a, mean_dy, mean_dy_xhat);
-  }
-  const int64_t C = a.l.C, HW = a.l.HW, N = a.l.N;
-  const float* __restrict shift = a.shift.data();
-  const float* __restrict inv_scale = a.inv_scale.data();
-  const float* __restrict gain = a.gain.data();
-  const float* __restrict act_scale = a.act_scale.data();
-  const float* __restrict act_shift = a.act_shift.data();
-  const float* __restrict m1 = mean_dy.data();
-  const float* __restrict m2 = mean_dy_xhat.data();
-  const T* __restrict src = a.src;
-  const T* __restrict dz = a.dz;
-  T* __restrict dx = a.dx;
-  if (a.l.nhwc) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < N * HW; ++r) {
-      // Row pointers local to the loop body: the vectoriser cannot see through the shared
-      // variables OpenMP passes to the outlined function.
-      const T* __restrict sr = src + r * C;
-      const T* __restrict dr = dz + r * C;
-      T* __restrict xr = dx + r * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        const float v = to_float(sr[c]);
-        const float xh = (v - shift[c]) * inv_scale[c];
-        const float dy =
-            act_grad<Act>(to_float(dr[c]), act_input<S, T>(v, act_scale, act_shift, c));
-        xr[c] = from_float<T>(gain[c] * (dy - m1[c] - xh * m2[c]));
-      }
-    }
   } else {
+    const int64_t C = a.l.C, HW = a.l.HW, N = a.l.N;
+    const float* __restrict shift = a.shift.data();
+    const float* __restrict inv_scale = a.inv_scale.data();
+    const float* __restrict gain = a.gain.data();
+    const float* __restrict act_scale = a.act_scale.data();
+    const float* __restrict act_shift = a.act_shift.data();
+    const float* __restrict m1 = mean_dy.data();
+    const float* __restrict m2 = mean_dy_xhat.data();
+    const T* __restrict src = a.src;
+    const T* __restrict dz = a.dz;
+    T* __restrict dx = a.dx;
+    if (a.l.nhwc) {
 #pragma omp parallel for schedule(static)
-    for (int64_t plane = 0; plane < N * C; ++plane) {
-      const int64_t c = plane % C;
-      const int64_t o = plane * HW;
-      const float sh = shift[c], is = inv_scale[c], g = gain[c], a1 = m1[c], a2 = m2[c];
-      const T* __restrict sp = src + o;
-      const T* __restrict dp = dz + o;
-      T* __restrict xp = dx + o;
+      for (int64_t r = 0; r < N * HW; ++r) {
+        // Row pointers local to the loop body: the vectoriser cannot see through the shared
+        // variables OpenMP passes to the outlined function.
+        const T* __restrict sr = src + r * C;
+        const T* __restrict dr = dz + r * C;
+        T* __restrict xr = dx + r * C;
 #pragma omp simd
-      for (int64_t p = 0; p < HW; ++p) {
-        const float v = to_float(sp[p]);
-        const float xh = (v - sh) * is;
-        const float dy =
-            act_grad<Act>(to_float(dp[p]), act_input<S, T>(v, act_scale, act_shift, c));
-        xp[p] = from_float<T>(g * (dy - a1 - xh * a2));
+        for (int64_t c = 0; c < C; ++c) {
+          const float v = to_float(sr[c]);
+          const float xh = (v - shift[c]) * inv_scale[c];
+          const float dy =
+              act_grad<Act>(to_float(dr[c]), act_input<S, T>(v, act_scale, act_shift, c));
+          xr[c] = from_float<T>(gain[c] * (dy - m1[c] - xh * m2[c]));
+        }
+      }
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t plane = 0; plane < N * C; ++plane) {
+        const int64_t c = plane % C;
+        const int64_t o = plane * HW;
+        const float sh = shift[c], is = inv_scale[c], g = gain[c], a1 = m1[c], a2 = m2[c];
+        const T* __restrict sp = src + o;
+        const T* __restrict dp = dz + o;
+        T* __restrict xp = dx + o;
+#pragma omp simd
+        for (int64_t p = 0; p < HW; ++p) {
+          const float v = to_float(sp[p]);
+          const float xh = (v - sh) * is;
+          const float dy =
+              act_grad<Act>(to_float(dp[p]), act_input<S, T>(v, act_scale, act_shift, c));
+          xp[p] = from_float<T>(g * (dy - a1 - xh * a2));
+        }
       }
     }
   }
@@ -496,20 +507,12 @@ void bn_act_backward_from_input_typed(const Tensor& x, const Tensor& dz, const T
   bn_backward_for<Source::input, void>(act, a, use_batch_stats, dweight, dbias);
 }
 
-// The forward: the statistics in one pass over x, then y = x * scale + shift (bn_affine) and
-// in the same pass z = act(y) where an activation follows. The fused op writes z, and y only
-// where it is wanted (KeepY: the backward from the output keeps it; the backward from the input
-// and inference do not); z is formed from y rounded to T by the unary kernels' formula, so it
-// has the bits of the separate ops and of a recomputation from y or from x.
-// y is held as the f32 value of its T rounding, not as a T: a T (BF16, a struct) local that is
-// both stored and read again made GCC's omp simd keep it in a per-lane array, and the loop
-// stayed scalar (the bf16 forward with an activation ran ~8x slower than its vector form).
-// Converting the rounded value back to T is exact, so the bits are those of one rounding.
-// normalize's formulas over a run of n elements, rounded by Store: y into y (KeepY) or tmp.
+// normalize's formulas over a run of n elements, rounded by Store: y into y (KeepY; else into
+// z, which act(y) then overwrites), act(y) from y's stored value into z.
 template <Activation Act, bool KeepY, class Store, bool Rows, class T>
-void normalize_run(const T* __restrict x, T* y, T* z, T* tmp, int64_t n, const float* scale,
+void normalize_run(const T* __restrict x, T* y, T* z, int64_t n, const float* scale,
                    const float* shift, float* __restrict f) {
-  T* __restrict yo = KeepY ? y : tmp;
+  T* yo = KeepY ? y : z;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) f[i] = to_float(x[i]) * scale[at<Rows>(i)] + shift[at<Rows>(i)];
   Store::store(f, yo, n);
@@ -526,63 +529,63 @@ void normalize_stored(const T* x, T* y, T* z, const Layout& l, const std::vector
   const StoreRuns runs = store_runs(l);
   const auto scale = repeat_rows(scale_v, l, runs.len);
   const auto shift = repeat_rows(shift_v, l, runs.len);
-  const size_t len = static_cast<size_t>(runs.len);
-  std::vector<std::vector<float>> buffers(static_cast<size_t>(omp_get_max_threads()));
-  std::vector<std::vector<T>> tmps(KeepY ? 0 : buffers.size());
-  for_each_store_run(l, runs, [&](int64_t begin, int64_t n, int64_t c) {
-    const size_t t = static_cast<size_t>(omp_get_thread_num());
-    buffers[t].resize(len);
-    T* tmp = nullptr;
-    if constexpr (!KeepY) {
-      tmps[t].resize(len);
-      tmp = tmps[t].data();
-    }
+  for_each_store_run(l, runs, [&](int64_t begin, int64_t n, int64_t c, float* f) {
     T* yb = KeepY ? y + begin : nullptr;
     if (l.nhwc) {
-      normalize_run<Act, KeepY, Store, true>(x + begin, yb, z + begin, tmp, n, scale.data(),
-                                             shift.data(), buffers[t].data());
+      normalize_run<Act, KeepY, Store, true>(x + begin, yb, z + begin, n, scale.data(),
+                                             shift.data(), f);
     } else {
-      normalize_run<Act, KeepY, Store, false>(x + begin, yb, z + begin, tmp, n, scale.data() + c,
-                                              shift.data() + c, buffers[t].data());
+      normalize_run<Act, KeepY, Store, false>(x + begin, yb, z + begin, n, scale.data() + c,
+                                              shift.data() + c, f);
     }
   });
 }
 
+// The forward: the statistics in one pass over x, then y = x * scale + shift (bn_affine) and
+// in the same pass z = act(y) where an activation follows. The fused op writes z, and y only
+// where it is wanted (KeepY: the backward from the output keeps it; the backward from the input
+// and inference do not); z is formed from y rounded to T by the unary kernels' formula, so it
+// has the bits of the separate ops and of a recomputation from y or from x.
+// y is held as the f32 value of its T rounding, not as a T: a T (BF16, a struct) local that is
+// both stored and read again made GCC's omp simd keep it in a per-lane array, and the loop
+// stayed scalar (the bf16 forward with an activation ran ~8x slower than its vector form).
+// Converting the rounded value back to T is exact, so the bits are those of one rounding.
 template <Activation Act, bool KeepY, class Store, class T>
 void normalize(const T* x, T* y, T* z, const Layout& l, const std::vector<float>& scale_v,
                const std::vector<float>& shift_v) {
   if constexpr (!std::is_void_v<Store>) {
     return normalize_stored<Act, KeepY, Store>(x, y, z, l, scale_v, shift_v);
-  }
-  const float* __restrict scale = scale_v.data();
-  const float* __restrict shift = shift_v.data();
-  if (l.nhwc) {
+  } else {
+    const float* __restrict scale = scale_v.data();
+    const float* __restrict shift = shift_v.data();
+    if (l.nhwc) {
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < l.N * l.HW; ++r) {
-      const T* __restrict xr = x + r * l.C;
-      T* __restrict yr = y + r * l.C;
-      T* __restrict zr = z + r * l.C;
+      for (int64_t r = 0; r < l.N * l.HW; ++r) {
+        const T* __restrict xr = x + r * l.C;
+        T* __restrict yr = y + r * l.C;
+        T* __restrict zr = z + r * l.C;
 #pragma omp simd
-      for (int64_t c = 0; c < l.C; ++c) {
-        const float yv = rounded<T>(to_float(xr[c]) * scale[c] + shift[c]);
-        if constexpr (KeepY) yr[c] = from_float<T>(yv);
-        if constexpr (Act != Activation::none) zr[c] = from_float<T>(activation<Act>(yv));
+        for (int64_t c = 0; c < l.C; ++c) {
+          const float yv = rounded<T>(to_float(xr[c]) * scale[c] + shift[c]);
+          if constexpr (KeepY) yr[c] = from_float<T>(yv);
+          if constexpr (Act != Activation::none) zr[c] = from_float<T>(activation<Act>(yv));
+        }
       }
+      return;
     }
-    return;
-  }
 #pragma omp parallel for schedule(static)
-  for (int64_t plane = 0; plane < l.N * l.C; ++plane) {
-    const int64_t c = plane % l.C;
-    const float a = scale[c], b = shift[c];
-    const T* __restrict xp = x + plane * l.HW;
-    T* __restrict yp = y + plane * l.HW;
-    T* __restrict zp = z + plane * l.HW;
+    for (int64_t plane = 0; plane < l.N * l.C; ++plane) {
+      const int64_t c = plane % l.C;
+      const float a = scale[c], b = shift[c];
+      const T* __restrict xp = x + plane * l.HW;
+      T* __restrict yp = y + plane * l.HW;
+      T* __restrict zp = z + plane * l.HW;
 #pragma omp simd
-    for (int64_t i = 0; i < l.HW; ++i) {
-      const float yv = rounded<T>(to_float(xp[i]) * a + b);
-      if constexpr (KeepY) yp[i] = from_float<T>(yv);
-      if constexpr (Act != Activation::none) zp[i] = from_float<T>(activation<Act>(yv));
+      for (int64_t i = 0; i < l.HW; ++i) {
+        const float yv = rounded<T>(to_float(xp[i]) * a + b);
+        if constexpr (KeepY) yp[i] = from_float<T>(yv);
+        if constexpr (Act != Activation::none) zp[i] = from_float<T>(activation<Act>(yv));
+      }
     }
   }
 }

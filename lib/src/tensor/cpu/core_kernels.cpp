@@ -107,7 +107,7 @@ void copy_cpu(const Tensor& src, Tensor& dst) {
   if (src.strides() == dst.strides() && src.is_dense() && cpu_isa() == Isa::avx512) {
     if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16) {
       if (cpu_has_avx512_bf16()) {
-        return avx512_bf16::convert_f32_to_bf16(static_cast<const float*>(src.raw_data()),
+        return bf16_native::convert_f32_to_bf16(static_cast<const float*>(src.raw_data()),
                                                 static_cast<uint16_t*>(dst.raw_data()),
                                                 src.numel());
       }

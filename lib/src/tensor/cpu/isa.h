@@ -18,12 +18,12 @@ namespace dpar::cpu {
 
 enum class Isa { baseline, avx2, avx512 };
 
-// The widest of the above this CPU runs (DPAR_CPU_ISA=baseline|avx2|avx512 caps it, for
-// comparisons).
+// The widest of the above this CPU runs (DPAR_CPU_ISA=baseline|avx2 caps it, for comparisons).
 Isa cpu_isa();
 
 // Whether cpu_isa() is avx512 and the CPU also has AVX512-BF16's instructions (the f32 -> bf16
-// conversion); DPAR_CPU_ISA=avx512 (or lower) leaves them out.
+// conversion); DPAR_CPU_ISA=avx512 leaves them out (and leaves cpu_isa() as it is), as do the
+// caps above.
 bool cpu_has_avx512_bf16();
 
 }  // namespace dpar::cpu

@@ -103,7 +103,7 @@ void batch_norm_act_forward_cpu(const Tensor& x, const Tensor& weight, const Ten
   require_same_float("batch_norm", x, y.defined() ? y : z, "the output");
   if (x.dtype() == DType::bf16) {
     if (cpu_has_avx512_bf16()) {
-      return avx512_bf16::batch_norm_forward_bf16(x, weight, bias, mean, var, use_batch_stats, eps,
+      return bf16_native::batch_norm_forward_bf16(x, weight, bias, mean, var, use_batch_stats, eps,
                                                   act, y, z);
     }
     if (cpu_isa() == Isa::avx512) {
@@ -165,7 +165,7 @@ void batch_norm_backward_from_output_cpu(const Tensor& y, const Tensor& dz, cons
   require_same_float("batch_norm backward", y, dz, "the output gradient");
   require_same_float("batch_norm backward", y, dx, "the input gradient");
   if (y.dtype() == DType::bf16 && cpu_has_avx512_bf16()) {
-    return avx512_bf16::batch_norm_backward_from_output_bf16(
+    return bf16_native::batch_norm_backward_from_output_bf16(
         y, dz, weight, bias, var, use_batch_stats, eps, act, dx, dweight, dbias);
   }
   if (y.dtype() == DType::bf16 && cpu_isa() == Isa::avx512) {
