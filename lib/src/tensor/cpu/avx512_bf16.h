@@ -12,20 +12,24 @@
 #include "dpar/tensor/tensor.h"
 #include "tensor/elementwise_kernels.h"
 
+// BatchNorm's bf16 forward and backward from its output, and the dense f32 -> bf16 cast (round to
+// nearest even, for Tensor::to and copy_): declared in both namespaces below.
+#define DPAR_DECLARE_BF16_BN_KERNELS                                                        \
+  void batch_norm_forward_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,   \
+                               Tensor& mean, Tensor& var, bool use_batch_stats, double eps, \
+                               Activation act, Tensor& y, Tensor& z);                       \
+  void batch_norm_backward_from_output_bf16(                                                \
+      const Tensor& y, const Tensor& dz, const Tensor& weight, const Tensor& bias,          \
+      const Tensor& var, bool use_batch_stats, double eps, Activation act, Tensor& dx,      \
+      Tensor& dweight, Tensor& dbias);                                                      \
+  void convert_f32_to_bf16(const float* from, uint16_t* to, int64_t n);
+
 namespace dpar::cpu::avx512 {
 
-void batch_norm_forward_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                             Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
-                             Activation act, Tensor& y, Tensor& z);
-void batch_norm_backward_from_output_bf16(const Tensor& y, const Tensor& dz, const Tensor& weight,
-                                          const Tensor& bias, const Tensor& var,
-                                          bool use_batch_stats, double eps, Activation act,
-                                          Tensor& dx, Tensor& dweight, Tensor& dbias);
+DPAR_DECLARE_BF16_BN_KERNELS
 void binary_bf16(kernels::BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out);
 void affine_bf16(const Tensor& a, float alpha, float beta, Tensor& out);
 void add_inplace_bf16(Tensor& self, const Tensor& other, float alpha);
-// Dense casts between f32 and bf16 (round to nearest even), for Tensor::to and copy_.
-void convert_f32_to_bf16(const float* from, uint16_t* to, int64_t n);
 void convert_bf16_to_f32(const uint16_t* from, float* to, int64_t n);
 
 }  // namespace dpar::cpu::avx512
@@ -34,14 +38,7 @@ void convert_bf16_to_f32(const uint16_t* from, float* to, int64_t n);
 // with its conversion instruction, and the dense f32 -> bf16 cast by it; each gives
 // float_to_bf16's bits. Call them only where cpu_has_avx512_bf16().
 namespace dpar::cpu::bf16_native {
-
-void batch_norm_forward_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                             Tensor& mean, Tensor& var, bool use_batch_stats, double eps,
-                             Activation act, Tensor& y, Tensor& z);
-void batch_norm_backward_from_output_bf16(const Tensor& y, const Tensor& dz, const Tensor& weight,
-                                          const Tensor& bias, const Tensor& var,
-                                          bool use_batch_stats, double eps, Activation act,
-                                          Tensor& dx, Tensor& dweight, Tensor& dbias);
-void convert_f32_to_bf16(const float* from, uint16_t* to, int64_t n);
-
+DPAR_DECLARE_BF16_BN_KERNELS
 }  // namespace dpar::cpu::bf16_native
+
+#undef DPAR_DECLARE_BF16_BN_KERNELS
