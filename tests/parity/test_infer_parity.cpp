@@ -4,6 +4,7 @@
 // unsupported, incomplete, truncated and corrupt files.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -130,6 +131,47 @@ TEST_CASE("at batch 4 the first layers run one image at a time, bitwise as the w
   check_close(Tensor::from_vector(split, {4, 1000}), ref["logits4"], kTolerance,
               "logits batch 4, sub-batched", table, "mobilenet logits");
   table.print("infer sub-batched prefix");
+}
+
+TEST_CASE("on 2 threads, steps too small to share run on one thread, bitwise as on two") {
+  // plan_util.h, one_thread_work: at batch 1 the SE blocks' pools, 1x1 convolutions on 1x1 maps
+  // and multiplies (and the pooled vector's reorder) cost less than waking a second thread.
+  const Fixture ref("infer/mobilenet.safetensors");
+  infer::Model model = infer::Model::load(model_path("mobilenet_v3_small.onnx"));
+  model.set_num_threads(2);
+  const std::vector<std::string> plan = model.plan_summary({1, 3, 224, 224});
+  INFO([&] {
+    std::string s;
+    for (const auto& line : plan) s += line + "\n";
+    return s;
+  }());
+  auto on_one_thread = [](const std::string& line) {
+    return line.find("(on 1 thread)") != std::string::npos;
+  };
+  int marked = 0;
+  for (const std::string& line : plan) {
+    marked += on_one_thread(line);
+    const bool se_step = line.find(",1,1] ") != std::string::npos;  // [1,C,1,1]
+    CHECK(on_one_thread(line) == (se_step || line.rfind("binary ", 0) == 0));
+  }
+  CHECK(marked == 2 * 9 + 10 + 9 + 1);
+  // The same plan with every step on both threads gives the same bits.
+  ::setenv("DPAR_INFER_ONE_THREAD_WORK", "0", 1);
+  infer::Model shared = infer::Model::load(model_path("mobilenet_v3_small.onnx"));
+  shared.set_num_threads(2);
+  const std::vector<std::string> shared_plan = shared.plan_summary({1, 3, 224, 224});
+  const std::vector<float> on_both = shared.run(ref["x1"]).to_float_vector();
+  ::setenv("DPAR_INFER_ONE_THREAD_WORK", "many", 1);
+  infer::Model bad = infer::Model::load(model_path("mobilenet_v3_small.onnx"));
+  CHECK_THROWS_WITH(bad.plan_summary({1, 3, 224, 224}),
+                    Catch::Contains("DPAR_INFER_ONE_THREAD_WORK") && Catch::Contains("'many'"));
+  ::unsetenv("DPAR_INFER_ONE_THREAD_WORK");
+  CHECK(std::none_of(shared_plan.begin(), shared_plan.end(), on_one_thread));
+  CHECK(model.run(ref["x1"]).to_float_vector() == on_both);
+  // On one thread there is nothing to mark.
+  model.set_num_threads(1);
+  const std::vector<std::string> single = model.plan_summary({1, 3, 224, 224});
+  CHECK(std::none_of(single.begin(), single.end(), on_one_thread));
 }
 
 TEST_CASE("DPAR_PROFILE times dpar::infer's steps by kind of node") {

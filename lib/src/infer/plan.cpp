@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "dpar/core/profiler.h"
 #include "infer/plan_util.h"
@@ -106,6 +107,36 @@ memory WeightCache::get(size_t op_index, const Tensor& plain, const memory::desc
   return e.memory;
 }
 
+int64_t one_thread_work() {
+  if (const char* env = std::getenv("DPAR_INFER_ONE_THREAD_WORK")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    DPAR_CHECK(end != env && *end == 0 && v >= 0,
+               "DPAR_INFER_ONE_THREAD_WORK: expected a count of multiply-adds >= 0, got '", env,
+               "'");
+    return v;
+  }
+  return int64_t{1} << 17;
+}
+
+int64_t Plan::work_of(const Fused& f) const {
+  const Op& op = program_.ops[f.op_index];
+  auto elements = [&](int value) {
+    int64_t n = 1;
+    for (int64_t d : values_[static_cast<size_t>(value)].dims) n *= d;
+    return n;
+  };
+  switch (op.kind) {
+    case OpKind::Conv:
+    case OpKind::Gemm:  // per output element, one weight row: K, or C/g * kH * kW
+      return elements(f.dst) * (op.weight.numel() / op.weight.shape()[0]);
+    case OpKind::GlobalAvgPool:
+      return elements(op.src);
+    default:
+      return elements(op.dst);
+  }
+}
+
 Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims, int last_value)
     : program_(program), weights_(weights), last_value_(last_value) {
   values_.resize(program.value_names.size());
@@ -125,6 +156,10 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
     for (const Fused& f : fuse()) {
       if (last_value_ >= 0 && !steps_.empty() && steps_.back().dst == last_value_) break;
       const Op& op = program.ops[f.op_index];
+      // Some primitives fix their thread count when created, so a small op is created, as
+      // well as run, under one thread; so are the reorders of its operands, no larger than it.
+      building_one_thread_ = omp_get_max_threads() > 1 && work_of(f) < one_thread_work();
+      ThreadScope scope(building_one_thread_ ? 1 : 0);
       switch (op.kind) {
         case OpKind::Conv:
           build_conv(f);
@@ -288,6 +323,10 @@ void Plan::bind() {
   if (last_value_ >= 0) return;  // a prefix's plan: its caller copies last_value out
   const Value& out = values_[static_cast<size_t>(program_.output)];
   output_plain_ = memory(plain_md(out.dims), engine(), nullptr);
+  int64_t elements = 1;
+  for (int64_t d : out.dims) elements *= d;
+  output_one_thread_ = omp_get_max_threads() > 1 && elements < one_thread_work();
+  ThreadScope scope(output_one_thread_ ? 1 : 0);
   to_output_ = dnnl::reorder(out.memory, output_plain_);
 }
 
@@ -299,12 +338,15 @@ void Plan::run_steps(size_t first, size_t last) {
     if (!step.prim && !step.kernel && !step.pre_copy) continue;  // a view: nothing to compute
     const auto start =
         profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    if (step.pre_copy) {
+    if (step.pre_copy) {  // a copy as large as the output: on every thread
       step.pre_copy->execute(s, values_[static_cast<size_t>(step.reuse)].memory,
                              values_[static_cast<size_t>(step.dst)].memory);
     }
-    if (step.prim) step.prim->execute(s, step.args);
-    if (step.kernel) step.kernel(step.args);
+    {
+      ThreadScope scope(step.one_thread ? 1 : 0);
+      if (step.prim) step.prim->execute(s, step.args);
+      if (step.kernel) step.kernel(step.args);
+    }
     if (profiling) {
       // CPU primitives finish inside execute(); wait() only makes that explicit.
       s.wait();
@@ -325,6 +367,7 @@ Tensor Plan::run(const Tensor& input) {
     if (prefix_plan_) run_prefix(input);
     run_steps(prefix_steps_, steps_.size());
     output_plain_.set_data_handle(result.raw_data());
+    ThreadScope scope(output_one_thread_ ? 1 : 0);
     to_output_->execute(s, values_[static_cast<size_t>(program_.output)].memory, output_plain_);
     s.wait();
   } catch (const dnnl::error& e) {

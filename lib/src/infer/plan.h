@@ -75,6 +75,7 @@ class Plan {
     std::string text;      // for summary()
     std::string category;  // for the profile (DPAR_PROFILE): "conv depthwise 3x3", "reorder", ...
     bool per_sample = false;  // each image's result depends on that image alone (4-D, no Gemm)
+    bool one_thread = false;  // built and run on the calling thread alone (one_thread_work)
   };
   struct PostOp {
     bool sum = false;
@@ -93,6 +94,9 @@ class Plan {
   };
 
   std::vector<Fused> fuse() const;
+  // Multiply-adds of a fused Conv/Gemm, elements of any other op's result (of its input for
+  // pooling), for one_thread_work.
+  int64_t work_of(const Fused& f) const;
   void build_conv(const Fused& f);
   void build_gemm(const Fused& f);
   void build_conv_int8(const Fused& f);  // plan_int8.cpp
@@ -138,6 +142,7 @@ class Plan {
   size_t scratchpad_bytes_ = 0;
   std::vector<dnnl::memory> input_memories_;  // re-pointed at the caller's input every run
   std::optional<dnnl::reorder> to_output_;
+  bool output_one_thread_ = false;  // to_output_ is small enough for one thread
   dnnl::memory output_plain_;
   std::vector<std::string> summary_;
   // The sub-batched prefix: steps [0, prefix_steps_) run on prefix_plan_ (this program's
@@ -146,6 +151,7 @@ class Plan {
   // values.
   std::unique_ptr<Plan> prefix_plan_;
   int last_value_ = -1;  // a prefix's plan: the value it ends with (else the program's output)
+  bool building_one_thread_ = false;  // the steps being built get Step::one_thread
   size_t prefix_steps_ = 0;
   int boundary_ = -1;
 };

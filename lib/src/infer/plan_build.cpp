@@ -413,12 +413,14 @@ void Plan::finish_step(Step step, const std::string& impl, const memory::desc& s
                     std::any_of(std::begin(per_sample_kinds), std::end(per_sample_kinds),
                                 [&](const char* k) { return what.rfind(k, 0) == 0; });
   step.scratchpad_md = scratchpad_md;
+  step.one_thread = building_one_thread_;
   scratchpad_bytes_ = std::max(scratchpad_bytes_, step.scratchpad_md.get_size());
   std::string text = what + " " + impl + " " +
                      shape_str(values_[static_cast<size_t>(step.dst)].dims) + " " +
                      describe_layout(values_[static_cast<size_t>(step.dst)].md) +
                      data_type_suffix(values_[static_cast<size_t>(step.dst)].md) + " <-";
   for (size_t i = 0; i < nodes.size(); ++i) text += (i ? " + " : " ") + nodes[i];
+  if (step.one_thread) text += " (on 1 thread)";
   step.text = std::move(text);
   steps_.push_back(std::move(step));
 }

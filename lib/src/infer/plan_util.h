@@ -1,5 +1,7 @@
 #pragma once
 // Small oneDNN helpers shared by the planner's files.
+#include <omp.h>
+
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 
@@ -36,5 +38,31 @@ dnnl::memory::format_tag blocked_activation_tag();
 std::string conv_category(const Op& op, const Shape& x);
 // Scratchpads are supplied by the plan (one buffer for all steps), never allocated per call.
 dnnl::primitive_attr user_scratchpad_attr();
+
+// Work (multiply-adds of a convolution or inner product, elements for the other ops) below
+// which a step is built and run on the calling thread alone: waking a second thread and
+// joining it costs a few microseconds, more than such a step saves by sharing (at batch 1 on
+// 2 threads, MobileNetV3's SE layers: their 1x1 convolutions on 1x1 maps and their multiplies,
+// each 19-83 thousand of either). DPAR_INFER_ONE_THREAD_WORK, read when a plan is built,
+// overrides it (0: every step on all threads).
+int64_t one_thread_work();
+
+// Scoped OpenMP thread count for the calling thread (omp_set_num_threads affects no other);
+// n <= 0 leaves it as it is.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int n) : previous_(omp_get_max_threads()), active_(n > 0) {
+    if (active_) omp_set_num_threads(n);
+  }
+  ~ThreadScope() {
+    if (active_) omp_set_num_threads(previous_);
+  }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int previous_;
+  bool active_;
+};
 
 }  // namespace dpar::infer::detail

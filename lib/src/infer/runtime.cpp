@@ -13,11 +13,13 @@
 #include "infer/graph_interpreter.h"
 #include "infer/op_executor.h"
 #include "infer/plan.h"
+#include "infer/plan_util.h"
 
 namespace dpar::infer {
 
 using detail::Plan;
 using detail::Program;
+using detail::ThreadScope;
 
 struct Model::Impl {
   ModelInfo info;
@@ -70,23 +72,6 @@ struct Model::Impl {
 };
 
 namespace {
-
-// Scoped per-model thread count; omp_set_num_threads only affects the calling thread.
-class ThreadScope {
- public:
-  explicit ThreadScope(int n) : previous_(omp_get_max_threads()), active_(n > 0) {
-    if (active_) omp_set_num_threads(n);
-  }
-  ~ThreadScope() {
-    if (active_) omp_set_num_threads(previous_);
-  }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int previous_;
-  bool active_;
-};
 
 std::vector<float> parse_floats(const std::string& path, const std::string& key, std::string text) {
   for (char& c : text) {
