@@ -75,16 +75,20 @@ TEST_CASE("a hand-made QDQ model runs in int8 within one output quantisation ste
                 threads, err, step);
     CHECK(err <= bound);
   }
-  // Every Conv/Gemm is an int8 primitive. c1 and pw write u8/s8 for the next layer directly;
-  // dw's result is also read by the residual Add and pw2's meets it, so they stay f32.
+  // With VNNI every Conv/Gemm is an int8 primitive. c1 and pw write u8/s8 for the next layer
+  // directly; dw's result is also read by the residual Add and pw2's meets it, so they stay f32.
+  // Without VNNI the depthwise dw runs in f32 (lower.cpp, make_int8) on c1's result, which c1
+  // writes as f32 values on dw's input grid (Fused::requant_f32): no dequantizing step.
   const std::vector<std::string> plan = model.plan_summary({4, 3, 12, 12});
   INFO(joined(plan));
-  CHECK(count_steps(plan, "conv int8 s8->u8") == 1);
-  CHECK(count_steps(plan, "conv int8 u8->f32") == 1);
+  CHECK(count_steps(plan, "conv int8 s8->u8") == (exact ? 1 : 0));
+  CHECK(count_steps(plan, "conv int8 u8->f32") == (exact ? 1 : 0));
   CHECK(count_steps(plan, "conv int8 s8->s8") == 1);
-  CHECK(count_steps(plan, "conv int8 s8->f32") == 1);
+  CHECK(count_steps(plan, "conv int8 s8->f32") == (exact ? 1 : 2));  // pw2 (and c1)
+  CHECK(count_steps(plan, "conv ") == 4);
   CHECK(count_steps(plan, "inner_product int8 u8->f32") == 1);
   CHECK(count_steps(plan, "quantize ") == 3);  // the input, dw's result, the pooled features
+  CHECK(count_steps(plan, "dequantize ") == 0);
   for (const std::string& line : plan) CHECK(line.find("ref:") == std::string::npos);
 }
 
@@ -95,8 +99,9 @@ TEST_CASE("int8 Conv and Gemm on full-range inputs and weights do not saturate")
   // reach 81 to 92. Now each kernel with pairs of input channels runs on halved weights
   // (oneDNN's halving for s8 sources, dpar's for u8): at most one weight step per input, for
   // each output element (the fixture's halved_bound). With VNNI, and for depthwise convolutions
-  // (no pairs), the result is exact. ctest also runs this case with ONEDNN_MAX_CPU_ISA=AVX2,
-  // so that CPUs with VNNI test the path without it.
+  // (no pairs; without VNNI computed in f32 on the dequantized input), the result is exact.
+  // ctest also runs these cases with ONEDNN_MAX_CPU_ISA=AVX2, so that CPUs with VNNI test the
+  // path without it.
   const bool vnni = exact_int8();
   struct Case {
     const char* name;
@@ -110,13 +115,19 @@ TEST_CASE("int8 Conv and Gemm on full-range inputs and weights do not saturate")
        {Case{"gemm_s8", {4, 64}, "inner_product int8 s8->f32" + gemm_form + " ", true},
         Case{"gemm_u8", {4, 64}, "inner_product int8 u8->f32" + gemm_form + halved + " ", true},
         Case{"conv3x3_u8", {4, 8, 5, 5}, "conv int8 u8->f32" + halved + " ", true},
-        Case{"depthwise_u8", {4, 8, 5, 5}, "conv int8 u8->f32 ", false}}) {
+        Case{"depthwise_u8", {4, 8, 5, 5}, vnni ? "conv int8 u8->f32 " : "conv ", false}}) {
     const std::string name = std::string("full_range_") + c.name;
     const parity::Fixture ref("infer_int8/" + name + ".safetensors");
     infer::Model model = infer::Model::load(model_path(name + ".onnx"));
     const std::vector<std::string> plan = model.plan_summary(c.input);
     INFO(name << "\n" << joined(plan));
     CHECK(count_steps(plan, c.step) == 1);
+    // Without VNNI the depthwise case's input is quantized and dequantized, then convolved in
+    // f32.
+    const bool f32_depthwise = !vnni && !c.pairs;
+    CHECK(count_steps(plan, "conv int8") + count_steps(plan, "inner_product int8") ==
+          (f32_depthwise ? 0 : 1));
+    CHECK(count_steps(plan, "dequantize ") == (f32_depthwise ? 1 : 0));
     for (const std::string& line : plan) CHECK(line.find("ref:") == std::string::npos);
     const bool exact = vnni || !c.pairs;
     const std::vector<float> y = model.run(ref["x"]).to_float_vector();
@@ -187,9 +198,12 @@ TEST_CASE("MobileNetV3-small quantized by dpar's exporter agrees with the numpy 
 
   const std::vector<std::string> plan = model.plan_summary({1, 3, 32, 32});
   INFO(joined(plan));
-  CHECK(count_steps(plan, "conv int8 ") == 52);
+  // Without VNNI the 11 depthwise convolutions run in f32, on f32 values their producers write
+  // on their input grids: no dequantizing step.
+  CHECK(count_steps(plan, "conv int8 ") == (exact ? 52 : 41));
   CHECK(count_steps(plan, "inner_product int8 ") == 2);
-  CHECK(count_steps(plan, "conv ") == 52);  // no f32 convolution left
+  CHECK(count_steps(plan, "conv ") == 52);  // no other f32 convolution
+  CHECK(count_steps(plan, "dequantize ") == 0);
   fs::remove_all(dir);
 }
 

@@ -131,6 +131,9 @@ struct Op {
   // scales: dst = post_ops(src_scale * w_scale[o] * (acc + bias')).
   struct Int8 {
     bool on = false;
+    // Quantized in the model but computed in f32 on its dequantized input and weights (a
+    // depthwise Conv without VNNI: lower.cpp, make_int8); on is false then.
+    bool f32 = false;
     float src_scale = 0;
     bool src_unsigned = false;    // u8, else s8; zero point 0
     std::vector<float> w_scales;  // per output channel, or one

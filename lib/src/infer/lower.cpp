@@ -362,9 +362,25 @@ class Lowering {
                ": weight scales along axis ", qw.axis, "; only per-output-channel (axis ", out_axis,
                ") or per-tensor scales are supported");
     const int64_t o = op.weight.size(0);
-    op.int8.on = true;
     op.int8.src_scale = qa.scale;
     op.int8.src_unsigned = qa.is_unsigned;
+    // Without VNNI, oneDNN 2.6 runs int8 depthwise convolutions on a generic kernel, slower than
+    // its f32 depthwise one (MobileNetV3-small under ONEDNN_MAX_CPU_ISA=AVX2, batch 32: its 5x5
+    // layers 8.0 ms a run in int8, 4.7 in f32). Such a convolution runs in f32 on its weights
+    // dequantized here and on its input quantized and dequantized (the plan dequantizes the u8/s8
+    // its producer writes), so its result is the QDQ model's, as the int8 kernel's is.
+    const bool depthwise = op.kind == OpKind::Conv && op.groups > 1 && op.weight.size(1) == 1;
+    if (depthwise && !cpu::onednn::has_int8_dot_product()) {
+      std::vector<float> w = op.weight.to_float_vector();
+      const size_t per_channel = w.size() / static_cast<size_t>(o);
+      for (size_t i = 0; i < w.size(); ++i) {
+        w[i] *= qw.scales.size() == 1 ? qw.scales[0] : qw.scales[i / per_channel];
+      }
+      op.weight = Tensor::from_vector(w, op.weight.shape());
+      op.int8.f32 = true;
+      return;
+    }
+    op.int8.on = true;
     op.int8.w_scales = qw.scales;
     // Without VNNI, oneDNN's int8 kernels add pairs of u8 x s8 products in 16 bits. For s8
     // sources they halve the weights so that those sums stay in range; for u8 sources they do

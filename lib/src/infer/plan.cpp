@@ -183,6 +183,10 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
           build_softmax(op);
           break;
       }
+      if (f.requant_f32) {
+        values_[static_cast<size_t>(f.dst)].grid = f.requant;
+        values_[static_cast<size_t>(f.dst)].grid_unsigned = f.requant_unsigned;
+      }
     }
     if (last_value_ < 0) plan_prefix(input_dims);
     assign_buffers();

@@ -48,10 +48,12 @@ class Plan {
   struct Value {
     Shape dims;
     dnnl::memory::desc md;
-    bool external = false;  // the caller's input (or a view of it), or a constant
-    int buffer = -1;        // index into buffers_, for computed values
-    float qscale = 0;       // > 0: stored as u8/s8 (md's data type), value = qscale * integer
-    dnnl::memory memory;    // over the value's storage; bound at the end of planning
+    bool external = false;       // the caller's input (or a view of it), or a constant
+    int buffer = -1;             // index into buffers_, for computed values
+    float qscale = 0;            // > 0: stored as u8/s8 (md's data type), value = qscale * integer
+    float grid = 0;              // > 0: f32 values that are multiples of grid (Fused::requant_f32)
+    bool grid_unsigned = false;  // ... from 0 to 255 times grid, else from -128 to 127
+    dnnl::memory memory;         // over the value's storage; bound at the end of planning
   };
   struct Arg {
     int arg;                               // DNNL_ARG_*
@@ -91,6 +93,10 @@ class Plan {
     // (requantisation), so the next layer needs no quantizing pass.
     float requant = 0;
     bool requant_unsigned = false;
+    // With requant: every reader computes in f32 on its dequantized input (Op::Int8::f32), so
+    // the producer writes f32 values on the integers' grid (quantized and dequantized by its
+    // post-ops) instead of the integers: no dequantizing pass.
+    bool requant_f32 = false;
   };
 
   std::vector<Fused> fuse() const;
@@ -113,6 +119,8 @@ class Plan {
   void build_softmax(const Op& op);
   // Reorders into a new value if needed; to an s8/u8 md from f32, quantizes with qscale.
   int to_layout(int value, const dnnl::memory::desc& md, float qscale = 0);
+  // The f32 input of an op computed in f32 on its dequantized input (Op::Int8::f32), NHWC.
+  int dequantized(int value, const Op& op);
   int new_value(const Shape& dims, const dnnl::memory::desc& md);
   dnnl::primitive_attr post_op_attr(const Fused& f) const;
   void add_sum_operand(Step& step, const Fused& f, const dnnl::memory::desc& dst_md);

@@ -67,21 +67,27 @@ std::vector<Plan::Fused> Plan::fuse() const {
         f.nodes.insert(f.nodes.end(), c.nodes.begin(), c.nodes.end());
         cur = f.dst = c.dst;
       }
-      // Requantisation: when every reader of the result is an int8 Conv/Gemm quantizing it
-      // the same way, the producer writes those integers directly. (Not with a residual sum:
-      // the operand it adds in place is f32.)
+      // Requantisation: when every reader of the result is an int8 Conv/Gemm (or one computed
+      // in f32 on its dequantized input) quantizing it the same way, the producer writes those
+      // integers directly, or f32 values on their grid where every reader computes in f32
+      // (requant_f32). (Not with a residual sum: the operand it adds in place is f32.)
       const auto& rs = readers[static_cast<size_t>(f.dst)];
-      bool requant = ops[i].int8.on && !has_sum && f.dst != program_.output && !rs.empty();
+      const bool f32_readers = !rs.empty() && std::all_of(rs.begin(), rs.end(), [&](int r) {
+        return ops[static_cast<size_t>(r)].int8.f32;
+      });
+      bool requant =
+          (ops[i].int8.on || f32_readers) && !has_sum && f.dst != program_.output && !rs.empty();
       for (int r : rs) {
         const Op& c = ops[static_cast<size_t>(r)];
         const Op& first = ops[static_cast<size_t>(rs[0])];
-        requant = requant && c.int8.on && c.src == f.dst && c.src2 != f.dst &&
+        requant = requant && (c.int8.on || c.int8.f32) && c.src == f.dst && c.src2 != f.dst &&
                   c.int8.src_scale == first.int8.src_scale &&
                   c.int8.src_unsigned == first.int8.src_unsigned;
       }
       if (requant) {
         f.requant = ops[static_cast<size_t>(rs[0])].int8.src_scale;
         f.requant_unsigned = ops[static_cast<size_t>(rs[0])].int8.src_unsigned;
+        f.requant_f32 = f32_readers;
       }
     }
     out.push_back(std::move(f));
@@ -102,8 +108,16 @@ dnnl::primitive_attr Plan::post_op_attr(const Fused& f) const {
   }
   // Post-ops see real values (output scales come first); the last one divides by the next
   // layer's scale, and the u8/s8 destination rounds to nearest even and saturates, as
-  // QuantizeLinear does.
+  // QuantizeLinear does. For an f32 destination (requant_f32) the post-ops round to nearest
+  // even, saturate and multiply back (the clip's own scale), as DequantizeLinear(QuantizeLinear(
+  // x)) does. (A last eltwise_linear for that multiply was dropped by oneDNN 2.6's int8 AVX2
+  // convolution: its results came out 1 / scale times too large.)
   if (f.requant > 0) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / f.requant, 0.f);
+  if (f.requant_f32) {
+    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_round, 0.f, 0.f);
+    ops.append_eltwise(f.requant, dnnl::algorithm::eltwise_clip, f.requant_unsigned ? 0.f : -128.f,
+                       f.requant_unsigned ? 255.f : 127.f);
+  }
   attr.set_post_ops(ops);
   return attr;
 }
@@ -154,6 +168,21 @@ int Plan::to_layout(int value, const memory::desc& md, float qscale) {
   return out;
 }
 
+// The integers the producer wrote for this op (requantisation) dequantized; an f32 value (a
+// producer that cannot requantise, such as a residual sum) quantized first, so the op reads
+// exactly the model's DequantizeLinear(QuantizeLinear(x)).
+int Plan::dequantized(int value, const Op& op) {
+  const Value& v = values_[static_cast<size_t>(value)];
+  if (v.grid == op.int8.src_scale && v.grid_unsigned == op.int8.src_unsigned) return value;
+  const Shape dims = v.dims;
+  int integers = value;
+  if (values_[static_cast<size_t>(value)].qscale == 0) {
+    const auto type = op.int8.src_unsigned ? memory::data_type::u8 : memory::data_type::s8;
+    integers = to_layout(value, memory::desc(dims, type, tag::nhwc), op.int8.src_scale);
+  }
+  return to_layout(integers, memory::desc(dims, kF32, tag::nhwc));
+}
+
 void Plan::add_sum_operand(Step& step, const Fused& f, const memory::desc& dst_md) {
   for (const PostOp& p : f.post) {
     if (!p.sum) continue;
@@ -167,8 +196,8 @@ void Plan::add_sum_operand(Step& step, const Fused& f, const memory::desc& dst_m
 void Plan::build_conv(const Fused& f) {
   const Op& op = program_.ops[f.op_index];
   if (op.int8.on) return build_conv_int8(f);
-  const Shape& x = values_[static_cast<size_t>(op.src)].dims;
-  const Shape& y = values_[static_cast<size_t>(f.dst)].dims;
+  const Shape x = values_[static_cast<size_t>(op.src)].dims;  // to_layout may grow values_
+  const Shape y = values_[static_cast<size_t>(f.dst)].dims;
   const Shape& w = op.weight.shape();
   const bool grouped = op.groups > 1;
   const memory::dims wdims =
@@ -204,16 +233,24 @@ void Plan::build_conv(const Fused& f) {
     return std::nullopt;
   };
   int src = op.src;
+  const std::string category = conv_category(op, x);
+  if (op.int8.f32) src = dequantized(src, op);
   const memory::desc have = values_[static_cast<size_t>(src)].md;
   const memory::desc src_any(x, kF32, tag::any);
-  const std::string category = conv_category(op, x);  // before to_layout moves values_
   // Activations in the CPU's blocked layout when a jit kernel takes it (blocked_activation_tag
   // says why); the source stays as the producer wrote it if that is the blocked layout, else
   // oneDNN picks it (the network's NCHW input for the first convolution). Otherwise oneDNN
   // picks both layouts.
   tag dst_layout = blocked_activation_tag();
   std::optional<dnnl::convolution_forward::primitive_desc> pd;
-  if (dst_layout != tag::undef) {
+  // An f32 convolution between int8 layers, whose values are NHWC (oneDNN's int8 layout), keeps
+  // NHWC when a jit kernel takes it: a depthwise layer run in f32 for want of VNNI (lower.cpp,
+  // make_int8) then needs no reorder on either side.
+  if (have == memory::desc(x, kF32, tag::nhwc)) {
+    pd = jit_kernel(have, tag::nhwc);
+    if (pd) dst_layout = tag::nhwc;
+  }
+  if (!pd && dst_layout != tag::undef) {
     const memory::desc blocked(x, kF32, dst_layout);
     pd = jit_kernel(have == blocked ? blocked : src_any, dst_layout);
   }
