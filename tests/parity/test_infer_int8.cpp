@@ -204,6 +204,13 @@ TEST_CASE("MobileNetV3-small quantized by dpar's exporter agrees with the numpy 
   CHECK(count_steps(plan, "inner_product int8 ") == 2);
   CHECK(count_steps(plan, "conv ") == 52);  // no other f32 convolution
   CHECK(count_steps(plan, "dequantize ") == 0);
+  // The SE blocks' Mul writes the integers of the int8 projection after it (requantisation).
+  CHECK(count_steps(plan, "binary ") == 9);
+  for (const std::string& line : plan) {
+    if (line.rfind("binary ", 0) == 0) {
+      CHECK((line.find(":s8 ") != std::string::npos || line.find(":u8 ") != std::string::npos));
+    }
+  }
   fs::remove_all(dir);
 }
 

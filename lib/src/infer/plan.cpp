@@ -171,7 +171,7 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
           build_eltwise(op);
           break;
         case OpKind::Binary:
-          build_binary(op);
+          build_binary(f);
           break;
         case OpKind::GlobalAvgPool:
           build_pool(op);

@@ -100,6 +100,9 @@ class Plan {
   };
 
   std::vector<Fused> fuse() const;
+  // Sets f's requantisation for these readers of its result (fuse() says when); integers: the
+  // producer can write u8/s8 (else only f32 on the grid, for readers computing in f32).
+  void set_requant(Fused& f, const std::vector<int>& readers, bool integers) const;
   // Multiply-adds of a fused Conv/Gemm, elements of any other op's result (of its input for
   // pooling), for one_thread_work.
   int64_t work_of(const Fused& f) const;
@@ -113,7 +116,7 @@ class Plan {
                         const dnnl::memory::desc& bias_md, const dnnl::primitive_desc_base& pd,
                         dnnl::primitive prim, bool as_1x1_conv = false);
   void build_eltwise(const Op& op);
-  void build_binary(const Op& op);
+  void build_binary(const Fused& f);
   void build_pool(const Op& op);
   void build_flatten(const Op& op);
   void build_softmax(const Op& op);

@@ -19,6 +19,26 @@ std::string conv_category(const Op& op, const Shape& x) {
   return "conv " + kernel + (op.groups > 1 ? " grouped" : "");
 }
 
+void Plan::set_requant(Fused& f, const std::vector<int>& readers, bool integers) const {
+  const auto& ops = program_.ops;
+  if (readers.empty() || f.dst == program_.output) return;
+  const Op& first = ops[static_cast<size_t>(readers[0])];
+  bool all_f32 = true;
+  for (int r : readers) {
+    const Op& c = ops[static_cast<size_t>(r)];
+    if (!(c.int8.on || c.int8.f32) || c.src != f.dst || c.src2 == f.dst ||
+        c.int8.src_scale != first.int8.src_scale ||
+        c.int8.src_unsigned != first.int8.src_unsigned) {
+      return;
+    }
+    all_f32 = all_f32 && c.int8.f32;
+  }
+  if (!all_f32 && !integers) return;
+  f.requant = first.int8.src_scale;
+  f.requant_unsigned = first.int8.src_unsigned;
+  f.requant_f32 = all_f32;
+}
+
 std::vector<Plan::Fused> Plan::fuse() const {
   const auto& ops = program_.ops;
   std::vector<int> uses(values_.size(), 0), consumer(values_.size(), -1);
@@ -39,8 +59,8 @@ std::vector<Plan::Fused> Plan::fuse() const {
   for (size_t i = 0; i < ops.size(); ++i) {
     if (removed[i]) continue;
     Fused f{i, {}, ops[i].dst, ops[i].nodes};
+    bool has_sum = false;
     if (ops[i].kind == OpKind::Conv || ops[i].kind == OpKind::Gemm) {
-      bool has_sum = false;
       for (int cur = f.dst; uses[static_cast<size_t>(cur)] == 1 && cur != program_.output;) {
         const size_t j = static_cast<size_t>(consumer[static_cast<size_t>(cur)]);
         const Op& c = ops[j];
@@ -67,28 +87,16 @@ std::vector<Plan::Fused> Plan::fuse() const {
         f.nodes.insert(f.nodes.end(), c.nodes.begin(), c.nodes.end());
         cur = f.dst = c.dst;
       }
-      // Requantisation: when every reader of the result is an int8 Conv/Gemm (or one computed
-      // in f32 on its dequantized input) quantizing it the same way, the producer writes those
-      // integers directly, or f32 values on their grid where every reader computes in f32
-      // (requant_f32). (Not with a residual sum: the operand it adds in place is f32.)
-      const auto& rs = readers[static_cast<size_t>(f.dst)];
-      const bool f32_readers = !rs.empty() && std::all_of(rs.begin(), rs.end(), [&](int r) {
-        return ops[static_cast<size_t>(r)].int8.f32;
-      });
-      bool requant =
-          (ops[i].int8.on || f32_readers) && !has_sum && f.dst != program_.output && !rs.empty();
-      for (int r : rs) {
-        const Op& c = ops[static_cast<size_t>(r)];
-        const Op& first = ops[static_cast<size_t>(rs[0])];
-        requant = requant && (c.int8.on || c.int8.f32) && c.src == f.dst && c.src2 != f.dst &&
-                  c.int8.src_scale == first.int8.src_scale &&
-                  c.int8.src_unsigned == first.int8.src_unsigned;
-      }
-      if (requant) {
-        f.requant = ops[static_cast<size_t>(rs[0])].int8.src_scale;
-        f.requant_unsigned = ops[static_cast<size_t>(rs[0])].int8.src_unsigned;
-        f.requant_f32 = f32_readers;
-      }
+    }
+    // Requantisation: when every reader of the result is an int8 Conv/Gemm (or one computed in
+    // f32 on its dequantized input) quantizing it the same way, the producer writes those
+    // integers directly, or f32 values on their grid where every reader computes in f32
+    // (requant_f32). An int8 Conv/Gemm does, and an SE block's Mul before an int8 projection
+    // (oneDNN's binary writes u8/s8 through the same post-op); an f32 Conv/Gemm only f32 on the
+    // grid. Not with a residual sum: the operand added in place is f32.
+    const OpKind kind = ops[i].kind;
+    if ((kind == OpKind::Conv || kind == OpKind::Gemm || kind == OpKind::Binary) && !has_sum) {
+      set_requant(f, readers[static_cast<size_t>(f.dst)], ops[i].int8.on || kind == OpKind::Binary);
     }
     out.push_back(std::move(f));
   }
@@ -328,7 +336,8 @@ void Plan::build_eltwise(const Op& op) {
   }
 }
 
-void Plan::build_binary(const Op& op) {
+void Plan::build_binary(const Fused& f) {
+  const Op& op = program_.ops[f.op_index];
   int a = op.src, b = op.src2;
   const Shape& y = values_[static_cast<size_t>(op.dst)].dims;
   if (values_[static_cast<size_t>(a)].dims != y) std::swap(a, b);  // Add and Mul commute
@@ -345,10 +354,15 @@ void Plan::build_binary(const Op& op) {
     b_view = plain_md(padded);
   }
   const memory::desc md_a = va.md;
+  // Requantised (an SE block's Mul before an int8 projection): u8/s8 in a's layout.
+  dnnl_memory_desc_t dst = md_a.data;
+  if (f.requant > 0 && !f.requant_f32) dst.data_type = f.requant_unsigned ? dnnl_u8 : dnnl_s8;
+  const memory::desc dst_md(dst);
   dnnl::binary::primitive_desc pd(
-      dnnl::binary::desc(op.binary_alg, md_a, b_view ? *b_view : vb.md, md_a),
-      user_scratchpad_attr(), engine());
-  values_[static_cast<size_t>(op.dst)].md = md_a;
+      dnnl::binary::desc(op.binary_alg, md_a, b_view ? *b_view : vb.md, dst_md), post_op_attr(f),
+      engine());
+  values_[static_cast<size_t>(op.dst)].md = dst_md;
+  if (f.requant > 0 && !f.requant_f32) values_[static_cast<size_t>(op.dst)].qscale = f.requant;
   Step s;
   s.value_args = {{DNNL_ARG_SRC_0, a, std::nullopt},
                   {DNNL_ARG_SRC_1, b, b_view},
