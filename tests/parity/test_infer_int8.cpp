@@ -206,6 +206,7 @@ TEST_CASE("MobileNetV3-small quantized by dpar's exporter agrees with the numpy 
   CHECK(count_steps(plan, "dequantize ") == 0);
   // The SE blocks' Mul writes the integers of the int8 projection after it (requantisation).
   CHECK(count_steps(plan, "binary ") == 9);
+  for (const std::string& line : plan) CHECK(line.find("ref:") == std::string::npos);
   for (const std::string& line : plan) {
     if (line.rfind("binary ", 0) == 0) {
       CHECK((line.find(":s8 ") != std::string::npos || line.find(":u8 ") != std::string::npos));

@@ -67,7 +67,8 @@ OpExecutor::OpExecutor(const Program& program, Device device, DType compute)
   for (size_t i = 0; i < program.ops.size(); ++i) {
     const Op& op = program.ops[i];
     const std::string where = program.path + ": " + op.nodes[0];
-    DPAR_CHECK(!op.int8.on, where, " runs in int8, which dpar::infer runs only on the CPU ",
+    DPAR_CHECK(!op.int8.on && !op.int8.f32, where,
+               " runs in int8, which dpar::infer runs only on the CPU ",
                "(oneDNN); use an fp32 model on ", device.str());
     if (op.kind == OpKind::Conv) {
       const bool symmetric = op.auto_pad == "NOTSET" || op.auto_pad == "VALID";

@@ -138,7 +138,10 @@ int64_t Plan::work_of(const Fused& f) const {
 }
 
 Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims, int last_value)
-    : program_(program), weights_(weights), last_value_(last_value) {
+    : program_(program),
+      weights_(weights),
+      last_value_(last_value),
+      one_thread_work_(one_thread_work()) {
   values_.resize(program.value_names.size());
   Value& in = values_[static_cast<size_t>(program.input)];
   in.dims = input_dims;
@@ -158,7 +161,7 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
       const Op& op = program.ops[f.op_index];
       // Some primitives fix their thread count when created, so a small op is created, as
       // well as run, under one thread; so are the reorders of its operands, no larger than it.
-      building_one_thread_ = omp_get_max_threads() > 1 && work_of(f) < one_thread_work();
+      building_one_thread_ = omp_get_max_threads() > 1 && work_of(f) < one_thread_work_;
       ThreadScope scope(building_one_thread_ ? 1 : 0);
       switch (op.kind) {
         case OpKind::Conv:
@@ -188,6 +191,7 @@ Plan::Plan(const Program& program, WeightCache& weights, const Shape& input_dims
         values_[static_cast<size_t>(f.dst)].grid_unsigned = f.requant_unsigned;
       }
     }
+    building_one_thread_ = false;
     if (last_value_ < 0) plan_prefix(input_dims);
     assign_buffers();
     bind();
@@ -329,7 +333,7 @@ void Plan::bind() {
   output_plain_ = memory(plain_md(out.dims), engine(), nullptr);
   int64_t elements = 1;
   for (int64_t d : out.dims) elements *= d;
-  output_one_thread_ = omp_get_max_threads() > 1 && elements < one_thread_work();
+  output_one_thread_ = omp_get_max_threads() > 1 && elements < one_thread_work_;
   ThreadScope scope(output_one_thread_ ? 1 : 0);
   to_output_ = dnnl::reorder(out.memory, output_plain_);
 }
@@ -342,12 +346,12 @@ void Plan::run_steps(size_t first, size_t last) {
     if (!step.prim && !step.kernel && !step.pre_copy) continue;  // a view: nothing to compute
     const auto start =
         profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    if (step.pre_copy) {  // a copy as large as the output: on every thread
-      step.pre_copy->execute(s, values_[static_cast<size_t>(step.reuse)].memory,
-                             values_[static_cast<size_t>(step.dst)].memory);
-    }
     {
       ThreadScope scope(step.one_thread ? 1 : 0);
+      if (step.pre_copy) {  // the residual operand, as large as the output
+        step.pre_copy->execute(s, values_[static_cast<size_t>(step.reuse)].memory,
+                               values_[static_cast<size_t>(step.dst)].memory);
+      }
       if (step.prim) step.prim->execute(s, step.args);
       if (step.kernel) step.kernel(step.args);
     }

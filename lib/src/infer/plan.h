@@ -97,12 +97,17 @@ class Plan {
     // the producer writes f32 values on the integers' grid (quantized and dequantized by its
     // post-ops) instead of the integers: no dequantizing pass.
     bool requant_f32 = false;
+    // The destination's type when requantising to integers (u8/s8), else f32.
+    dnnl::memory::data_type dst_type() const {
+      if (requant == 0 || requant_f32) return dnnl::memory::data_type::f32;
+      return requant_unsigned ? dnnl::memory::data_type::u8 : dnnl::memory::data_type::s8;
+    }
   };
 
   std::vector<Fused> fuse() const;
-  // Sets f's requantisation for these readers of its result (fuse() says when); integers: the
-  // producer can write u8/s8 (else only f32 on the grid, for readers computing in f32).
-  void set_requant(Fused& f, const std::vector<int>& readers, bool integers) const;
+  // Sets f's requantisation for these readers of its result (fuse() says when). integers: the
+  // producer can write u8/s8; grid: f32 on the grid, for readers that all compute in f32.
+  void set_requant(Fused& f, const std::vector<int>& readers, bool integers, bool grid) const;
   // Multiply-adds of a fused Conv/Gemm, elements of any other op's result (of its input for
   // pooling), for one_thread_work.
   int64_t work_of(const Fused& f) const;
@@ -122,7 +127,8 @@ class Plan {
   void build_softmax(const Op& op);
   // Reorders into a new value if needed; to an s8/u8 md from f32, quantizes with qscale.
   int to_layout(int value, const dnnl::memory::desc& md, float qscale = 0);
-  // The f32 input of an op computed in f32 on its dequantized input (Op::Int8::f32), NHWC.
+  // The f32 input of an op computed in f32 on its dequantized input (Op::Int8::f32): the
+  // producer's value where it is on the op's grid, else an NHWC dequantized copy.
   int dequantized(int value, const Op& op);
   int new_value(const Shape& dims, const dnnl::memory::desc& md);
   dnnl::primitive_attr post_op_attr(const Fused& f) const;
@@ -162,6 +168,7 @@ class Plan {
   // values.
   std::unique_ptr<Plan> prefix_plan_;
   int last_value_ = -1;  // a prefix's plan: the value it ends with (else the program's output)
+  int64_t one_thread_work_ = 0;       // one_thread_work(), read once per plan
   bool building_one_thread_ = false;  // the steps being built get Step::one_thread
   size_t prefix_steps_ = 0;
   int boundary_ = -1;

@@ -19,7 +19,7 @@ std::string conv_category(const Op& op, const Shape& x) {
   return "conv " + kernel + (op.groups > 1 ? " grouped" : "");
 }
 
-void Plan::set_requant(Fused& f, const std::vector<int>& readers, bool integers) const {
+void Plan::set_requant(Fused& f, const std::vector<int>& readers, bool integers, bool grid) const {
   const auto& ops = program_.ops;
   if (readers.empty() || f.dst == program_.output) return;
   const Op& first = ops[static_cast<size_t>(readers[0])];
@@ -33,7 +33,7 @@ void Plan::set_requant(Fused& f, const std::vector<int>& readers, bool integers)
     }
     all_f32 = all_f32 && c.int8.f32;
   }
-  if (!all_f32 && !integers) return;
+  if (all_f32 ? !grid : !integers) return;
   f.requant = first.int8.src_scale;
   f.requant_unsigned = first.int8.src_unsigned;
   f.requant_f32 = all_f32;
@@ -91,12 +91,12 @@ std::vector<Plan::Fused> Plan::fuse() const {
     // Requantisation: when every reader of the result is an int8 Conv/Gemm (or one computed in
     // f32 on its dequantized input) quantizing it the same way, the producer writes those
     // integers directly, or f32 values on their grid where every reader computes in f32
-    // (requant_f32). An int8 Conv/Gemm does, and an SE block's Mul before an int8 projection
-    // (oneDNN's binary writes u8/s8 through the same post-op); an f32 Conv/Gemm only f32 on the
-    // grid. Not with a residual sum: the operand added in place is f32.
-    const OpKind kind = ops[i].kind;
-    if ((kind == OpKind::Conv || kind == OpKind::Gemm || kind == OpKind::Binary) && !has_sum) {
-      set_requant(f, readers[static_cast<size_t>(f.dst)], ops[i].int8.on || kind == OpKind::Binary);
+    // (requant_f32). An int8 Conv/Gemm does both; a Binary (an SE block's Mul before an int8
+    // projection) writes u8/s8 through the same post-op. Otherwise, and with a residual sum (the
+    // operand added in place is f32), the readers quantize (Plan::to_layout, Plan::dequantized).
+    const bool int8_layer = ops[i].int8.on;
+    if ((int8_layer || ops[i].kind == OpKind::Binary) && !has_sum) {
+      set_requant(f, readers[static_cast<size_t>(f.dst)], true, int8_layer);
     }
     out.push_back(std::move(f));
   }
@@ -251,10 +251,10 @@ void Plan::build_conv(const Fused& f) {
   // picks both layouts.
   tag dst_layout = blocked_activation_tag();
   std::optional<dnnl::convolution_forward::primitive_desc> pd;
-  // An f32 convolution between int8 layers, whose values are NHWC (oneDNN's int8 layout), keeps
-  // NHWC when a jit kernel takes it: a depthwise layer run in f32 for want of VNNI (lower.cpp,
-  // make_int8) then needs no reorder on either side.
-  if (have == memory::desc(x, kF32, tag::nhwc)) {
+  // A depthwise layer run in f32 for want of VNNI (lower.cpp, make_int8) sits between int8
+  // layers, whose values are NHWC (oneDNN's int8 layout): it keeps NHWC when a jit kernel takes
+  // it, and needs no reorder on either side.
+  if (op.int8.f32 && have == memory::desc(x, kF32, tag::nhwc)) {
     pd = jit_kernel(have, tag::nhwc);
     if (pd) dst_layout = tag::nhwc;
   }
@@ -356,13 +356,13 @@ void Plan::build_binary(const Fused& f) {
   const memory::desc md_a = va.md;
   // Requantised (an SE block's Mul before an int8 projection): u8/s8 in a's layout.
   dnnl_memory_desc_t dst = md_a.data;
-  if (f.requant > 0 && !f.requant_f32) dst.data_type = f.requant_unsigned ? dnnl_u8 : dnnl_s8;
+  dst.data_type = static_cast<dnnl_data_type_t>(f.dst_type());
   const memory::desc dst_md(dst);
   dnnl::binary::primitive_desc pd(
       dnnl::binary::desc(op.binary_alg, md_a, b_view ? *b_view : vb.md, dst_md), post_op_attr(f),
       engine());
   values_[static_cast<size_t>(op.dst)].md = dst_md;
-  if (f.requant > 0 && !f.requant_f32) values_[static_cast<size_t>(op.dst)].qscale = f.requant;
+  if (f.dst_type() != kF32) values_[static_cast<size_t>(op.dst)].qscale = f.requant;
   Step s;
   s.value_args = {{DNNL_ARG_SRC_0, a, std::nullopt},
                   {DNNL_ARG_SRC_1, b, b_view},

@@ -38,8 +38,7 @@ void Plan::build_conv_int8(const Fused& f) {
   const Shape& y = values_[static_cast<size_t>(f.dst)].dims;
   const Shape& w = op.weight.shape();
   const dt src_type = op.int8.src_unsigned ? dt::u8 : dt::s8;
-  const dt dst_type =
-      f.requant > 0 && !f.requant_f32 ? (f.requant_unsigned ? dt::u8 : dt::s8) : dt::f32;
+  const dt dst_type = f.dst_type();
   const bool grouped = op.groups > 1;
   const memory::dims wdims =
       grouped ? memory::dims{op.groups, w[0] / op.groups, w[1], w[2], w[3]} : memory::dims(w);
@@ -103,15 +102,14 @@ void Plan::finish_int8_step(const Fused& f, int src, const memory::desc& w_plain
                    ? conv_category(op, values_[static_cast<size_t>(op.src)].dims) + " int8"
                    : "inner_product int8";
   add_sum_operand(s, f, dst_md);
-  if (!f.requant_f32) values_[static_cast<size_t>(f.dst)].qscale = f.requant;
+  if (f.dst_type() != dt::f32) values_[static_cast<size_t>(f.dst)].qscale = f.requant;
   finish_step(std::move(s), pd, std::move(prim), what, f.nodes);
 }
 
 void Plan::build_gemm_int8(const Fused& f) {
   const Op& op = program_.ops[f.op_index];
   const dt src_type = op.int8.src_unsigned ? dt::u8 : dt::s8;
-  const dt dst_type =
-      f.requant > 0 && !f.requant_f32 ? (f.requant_unsigned ? dt::u8 : dt::s8) : dt::f32;
+  const dt dst_type = f.dst_type();
   const Shape x = values_[static_cast<size_t>(op.src)].dims;  // to_layout may grow values_
   const int src = to_layout(op.src, plain_md_of(x, src_type), op.int8.src_scale);
   const Shape& y = values_[static_cast<size_t>(f.dst)].dims;

@@ -165,7 +165,7 @@ ModelInfo make_info(const detail::Graph& g, const Program& p) {
   }
   for (const auto& op : p.ops) {
     if (op.dst == p.output) info.outputs_probabilities = op.kind == detail::OpKind::Softmax;
-    if (op.int8.on) info.precision = "int8";
+    if (op.int8.on || op.int8.f32) info.precision = "int8";
   }
   return info;
 }
