@@ -368,8 +368,9 @@ class Lowering {
     // its f32 depthwise one (MobileNetV3-small under ONEDNN_MAX_CPU_ISA=AVX2, batch 32: its 5x5
     // layers 8.0 ms a run in int8, 4.7 in f32). Such a convolution runs in f32 on its weights
     // dequantized here and on its input quantized and dequantized (an int8 producer writes f32
-    // values on the input's grid; otherwise the plan quantizes and dequantizes), so its result is
-    // the QDQ model's, as the int8 kernel's is.
+    // values on the input's grid; otherwise the plan dequantizes the integers a producer wrote,
+    // or quantizes and dequantizes an f32 value), so its result is the QDQ model's, as the int8
+    // kernel's is.
     const bool depthwise = op.kind == OpKind::Conv && op.groups > 1 && op.weight.size(1) == 1;
     if (depthwise && !cpu::onednn::has_int8_dot_product()) {
       std::vector<float> w = op.weight.to_float_vector();

@@ -277,6 +277,7 @@ void Plan::assign_buffers() {
         ++refs[static_cast<size_t>(r.buffer)];
         placed = true;
       } else if (s.reuse_required) {
+        ThreadScope scope(s.one_thread ? 1 : 0);  // created as it runs (run_steps)
         s.pre_copy = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), r.md, engine(), d.md));
       }
     }

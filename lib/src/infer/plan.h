@@ -89,8 +89,9 @@ class Plan {
     std::vector<PostOp> post;
     int dst;
     std::vector<std::string> nodes;  // the ONNX nodes it computes, for summary()
-    // int8 Conv/Gemm whose result only int8 Conv/Gemm read: written as u8/s8 with this scale
-    // (requantisation), so the next layer needs no quantizing pass.
+    // An int8 Conv/Gemm, or a Binary, whose result only int8 layers read (int8 Conv/Gemm, or
+    // ones computed in f32 on their dequantized input): written as u8/s8 with this scale
+    // (requantisation, Plan::set_requant), so the next layer needs no quantizing pass.
     float requant = 0;
     bool requant_unsigned = false;
     // With requant: every reader computes in f32 on its dequantized input (Op::Int8::f32), so
