@@ -121,11 +121,7 @@ int64_t one_thread_work() {
 
 int64_t Plan::work_of(const Fused& f) const {
   const Op& op = program_.ops[f.op_index];
-  auto elements = [&](int value) {
-    int64_t n = 1;
-    for (int64_t d : values_[static_cast<size_t>(value)].dims) n *= d;
-    return n;
-  };
+  auto elements = [&](int value) { return shape_numel(values_[static_cast<size_t>(value)].dims); };
   switch (op.kind) {
     case OpKind::Conv:
     case OpKind::Gemm:  // per output element, one weight row: K, or C/g * kH * kW
@@ -332,9 +328,7 @@ void Plan::bind() {
   if (last_value_ >= 0) return;  // a prefix's plan: its caller copies last_value out
   const Value& out = values_[static_cast<size_t>(program_.output)];
   output_plain_ = memory(plain_md(out.dims), engine(), nullptr);
-  int64_t elements = 1;
-  for (int64_t d : out.dims) elements *= d;
-  output_one_thread_ = omp_get_max_threads() > 1 && elements < one_thread_work_;
+  output_one_thread_ = omp_get_max_threads() > 1 && shape_numel(out.dims) < one_thread_work_;
   ThreadScope scope(output_one_thread_ ? 1 : 0);
   to_output_ = dnnl::reorder(out.memory, output_plain_);
 }
