@@ -14,6 +14,7 @@
 #include "gradcheck.h"
 #include "tensor/cpu/avx512_bf16.h"
 #include "tensor/cpu/isa.h"
+#include "tensor/unary_math.h"
 
 using namespace dpar;
 using dpar::testing::random_tensor;
@@ -176,6 +177,42 @@ TEST_CASE("bf16 batch norm rounded by AVX512-BF16's instruction has the AVX-512 
           }
         }
       }
+    }
+  }
+}
+
+// Every bf16 value through the fused forward's activation: with y = x (weight 1, bias 0, the
+// running statistics 0 and 1, eps 0), act(y) rounded to bf16 must have the bits of the unary
+// kernels' formula on that value. One f32 ulp of difference (a product by 1/6 for hardswish's
+// division by 6) changes the bf16 rounding of only a few values, which random inputs miss.
+TEST_CASE(
+    "every bf16 value through the fused batch norm's activation has the unary formula's bits") {
+  if (!native_bf16()) return;
+  const Shape shape{1, 16, 64, 64};  // 65536 elements: every bf16 bit pattern once
+  std::vector<uint16_t> patterns(65536);
+  for (size_t i = 0; i < patterns.size(); ++i) patterns[i] = static_cast<uint16_t>(i);
+  for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+    Tensor x = Tensor::empty(shape, DType::bf16, Device::cpu(), format);
+    std::memcpy(x.raw_data(), patterns.data(), patterns.size() * sizeof(uint16_t));
+    const Tensor weight = Tensor::ones({16}), bias = Tensor::zeros({16});
+    for (Activation act : {Activation::relu, Activation::hardswish}) {
+      INFO("channels-last " << (format == MemoryFormat::ChannelsLast) << " activation "
+                            << static_cast<int>(act));
+      Tensor mean = Tensor::zeros({16}), var = Tensor::ones({16});
+      Tensor y, z = Tensor::empty_like(x);
+      cpu::bf16_native::batch_norm_forward_bf16(x, weight, bias, mean, var, false, 0.0, act, y, z);
+      const auto* out = static_cast<const uint16_t*>(z.raw_data());
+      size_t differing = 0;
+      for (size_t i = 0; i < patterns.size(); ++i) {
+        // y = x * 1 + 0: x itself, but -0 becomes +0.
+        const float v = bf16_to_float(patterns[i]) * 1.f + 0.f;
+        const float a = act == Activation::relu
+                            ? kernels::unary_value<kernels::UnaryOp::relu>(v)
+                            : kernels::unary_value<kernels::UnaryOp::hardswish>(v);
+        const uint16_t expected = float_to_bf16(a);
+        differing += !same(expected, out[i], std::isnan(a), std::isnan(bf16_to_float(out[i])));
+      }
+      CHECK(differing == 0);
     }
   }
 }
