@@ -305,12 +305,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (compute == DType::f32 && x.dtype() != DType::f32) {
     return linear(detail::f32_from_half(x), weight, bias);
   }
-  Tensor out = gemm(x, false, weight, true, bias, compute, detail::autocast_output_dtype(compute));
+  // The weight in the compute dtype, cast once: the backward's dX = G W reuses it, as
+  // torch.autocast's recorded cast does (casting again there cost MobileNetV3-small's bf16
+  // step a second pass over its classifier's 1.6 M weights).
+  const Tensor wc = detail::cast_for_compute(weight, compute).detach();
+  Tensor out = gemm(x, false, wc, true, bias, compute, detail::autocast_output_dtype(compute));
   if (autograd::needs_grad({x, weight, bias})) {
     autograd::record("linear", {x, weight, bias}, {out},
-                     [xd = x.detach(), wd = weight.detach(), compute](
-                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
-                       return linear_backward(g[0], xd, wd, need, compute);
+                     [xd = x.detach(), wc, compute](const autograd::GradList& g,
+                                                    const autograd::NeedsGrad& need) {
+                       return linear_backward(g[0], xd, wc, need, compute);
                      });
   }
   return out;
@@ -343,20 +347,21 @@ Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
   if (compute == DType::f32 && (x.dtype() != DType::f32 || residual.dtype() != DType::f32)) {
     return linear_add(detail::f32_from_half(x), weight, bias, detail::f32_from_half(residual));
   }
+  const Tensor wc = detail::cast_for_compute(weight, compute).detach();  // as in linear
   Tensor out;
   if (compute == DType::f32 && kernels::linear_residual.available(x.device())) {
     out = Tensor::empty(out_shape, DType::f32, x.device());
     kernels::linear_residual.get(x.device())(x, weight, bias, residual.contiguous(), out);
   } else {
     // The product lands in the residual stream's dtype, which its gradient then has too.
-    out = gemm(x, false, weight, true, bias, compute, residual.dtype());
+    out = gemm(x, false, wc, true, bias, compute, residual.dtype());
     kernels::add_inplace.get(out.device())(out, residual, 1.0);
   }
   if (autograd::needs_grad({x, weight, bias, residual})) {
     autograd::record("linear_add", {x, weight, bias, residual}, {out},
-                     [xd = x.detach(), wd = weight.detach(), compute](
-                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
-                       autograd::GradList grads = linear_backward(g[0], xd, wd, need, compute);
+                     [xd = x.detach(), wc, compute](const autograd::GradList& g,
+                                                    const autograd::NeedsGrad& need) {
+                       autograd::GradList grads = linear_backward(g[0], xd, wc, need, compute);
                        grads.push_back(need[3] ? g[0] : Tensor());  // d(residual) = G
                        return grads;
                      });
