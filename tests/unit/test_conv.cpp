@@ -375,6 +375,49 @@ TEST_CASE("a depthwise weight gradient over large maps matches a direct sum on a
   }
 }
 
+TEST_CASE("a depthwise weight gradient's channels have the same bits in every block width",
+          "[conv]") {
+  // 59 channels: with AVX-512 a block of 32 (two 16-lane vectors), one of 16, one of 8 (AVX2)
+  // and three single channels; with AVX2 only, three blocks of 16, one of 8 and three singles.
+  // Every vector lane sums its channel's products in the same order, so a channel's gradient
+  // computed in a narrower block (the channels alone) has the same bits.
+  struct Case {
+    int64_t k, stride;
+  };
+  for (const Case& c : {Case{5, 1}, Case{7, 2}}) {
+    INFO("filter " << c.k << " stride " << c.stride);
+    Generator gen(27);
+    const int64_t C = 59, pad = c.k / 2;
+    const Tensor x = random_tensor({2, C, 12, 11}, gen, -1, 1, MemoryFormat::ChannelsLast);
+    const Tensor w0 = random_tensor({C, 1, c.k, c.k}, gen);
+    auto weight_grad = [&](int64_t c0, int64_t c1) {
+      const Tensor xs = x.slice(1, c0, c1).contiguous(MemoryFormat::ChannelsLast);
+      const Conv2dOptions o = opts({c.stride, c.stride}, {pad, pad}, {1, 1}, c1 - c0);
+      Tensor w = w0.slice(0, c0, c1).contiguous().detach().set_requires_grad();
+      const Tensor y = conv2d(xs, w, {}, o);
+      Generator g_gen(28);
+      const Tensor g =
+          random_tensor({2, C, y.size(2), y.size(3)}, g_gen, -1, 1, MemoryFormat::ChannelsLast)
+              .slice(1, c0, c1)
+              .contiguous(MemoryFormat::ChannelsLast);
+      y.backward(g);
+      return w.grad().to_float_vector();
+    };
+    const std::vector<float> all = weight_grad(0, C);
+    const auto taps = static_cast<size_t>(c.k * c.k);
+    // Channels of the 32-wide block alone (8 lanes), of the 16-wide one in a block of 16, and
+    // of the 8-wide one in a block of 32 with its neighbours.
+    for (const auto& [c0, c1] :
+         {std::pair<int64_t, int64_t>{0, 8}, {8, 24}, {32, 48}, {40, 56}, {24, 56}}) {
+      INFO("channels " << c0 << " to " << c1);
+      const std::vector<float> part = weight_grad(c0, c1);
+      const std::vector<float> same(all.begin() + c0 * static_cast<int64_t>(taps),
+                                    all.begin() + c1 * static_cast<int64_t>(taps));
+      CHECK(part == same);
+    }
+  }
+}
+
 TEST_CASE("a 3x3 stride-2 depthwise convolution has the same bits on any thread count", "[conv]") {
   // dpar's own forward and input gradient (depthwise_stride2_kernels.cpp): 40 channels, odd and
   // even sides, against direct convolution; every output and input-gradient element is one
