@@ -27,11 +27,16 @@ def piece_means(path, pieces):
     """The mean loss of each piece of each epoch, in order."""
     by_epoch = collections.defaultdict(list)
     with open(path) as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             fields = line.split()
-            if len(fields) != 3:
-                raise ValueError(f"{path}: expected 'epoch step loss', got {line.strip()!r}")
-            by_epoch[int(fields[0])].append(float.fromhex(fields[2]))
+            try:
+                if len(fields) != 3:
+                    raise ValueError("expected 'epoch step loss'")
+                by_epoch[int(fields[0])].append(float.fromhex(fields[2]))
+            except ValueError as e:
+                raise ValueError(f"{path}:{number}: {e}: {line.strip()!r}") from None
+    if not by_epoch:
+        raise ValueError(f"{path}: no steps")
     means = []
     for epoch in sorted(by_epoch):
         losses = by_epoch[epoch]

@@ -55,24 +55,29 @@ def main():
         # Only the two splits that separate a and b give a difference as large: 2 of C(8, 4).
         check(all(abs(p - 2 / 70) < 1e-12 for p in ps), f"separated groups: p = {ps}")
         check(row_in(text, "b mean of 4", [12, 14, 16, 22, 24, 26]), "b's means printed")
-        check("b b_0.txt outside a's range: 1:+7.000 2:+7.000" in text, "b_0 above a's range")
+        check("b b_0.txt outside a's range: 1:+7.000 2:+7.000 3:+7.000 4:+7.000 5:+7.000 "
+              "6:+7.000\n" in text, "b_0 above a's range at every piece")
 
         near = loss_curves.load_group(f"near={d}/near_*.txt", 3)
         out = io.StringIO()
         loss_curves.report(a, near, out)
         text = out.getvalue()
-        check("near near_2.txt outside a's range: nowhere" in text, "near_2 inside a's range")
-        check("near near_3.txt outside a's range: 1:+1.000 2:+1.000 3:+1.000 4:+1.000" in text,
-              "near_3 above a's range by 1")
+        check("near near_2.txt outside a's range: nowhere\n" in text, "near_2 inside a's range")
+        check("near near_3.txt outside a's range: 1:+1.000 2:+1.000 3:+1.000 4:+1.000 5:+1.000 "
+              "6:+1.000\n" in text, "near_3 above a's range by 1 at every piece")
 
         same = loss_curves.load_group(f"same={d}/same_*.txt", 3)
         ps = loss_curves.report(a, same, io.StringIO())
         check(all(p == 1.0 for p in ps), f"identical groups: p = {ps}")
 
-        # Sampled splits where the exact count is too large: a p-value in (0, 1].
-        p = loss_curves.permutation_p([float(i) for i in range(12)],
-                                      [float(i) + 0.5 for i in range(12)])
-        check(0.0 < p <= 1.0, f"sampled p = {p}")
+        # Sampled splits where the exact count is too large agree with the exact p-value: 8
+        # against 8 overlapping runs, C(16, 8) = 12870 splits counted or 20000 drawn.
+        first = [0.1 * i for i in range(8)]
+        second = [0.1 * i + 0.25 for i in range(8)]
+        exact = loss_curves.permutation_p(first, second)
+        sampled = loss_curves.permutation_p(first, second, exact_limit=0)
+        check(0.05 < exact < 0.95 and abs(sampled - exact) < 0.02,
+              f"sampled p {sampled} against exact {exact}")
 
         # A malformed log: one error line naming the file, exit status 1.
         bad = os.path.join(d, "bad_0.txt")
@@ -86,6 +91,16 @@ def main():
         r = subprocess.run(["/usr/bin/python3", SCRIPT, f"a={d}/a_*.txt", f"b={d}/none_*.txt"],
                            capture_output=True, text=True)
         check(r.returncode == 1 and "none_*" in r.stderr, f"no logs matched: {r.stderr!r}")
+        # Three fields but a loss that is no number, and an empty log: the file and line named.
+        with open(bad, "w") as f:
+            f.write("0 0 0x1p+0\n0 1 zz\n")
+        r = subprocess.run(["/usr/bin/python3", SCRIPT, f"a={d}/a_*.txt", f"bad={bad}"],
+                           capture_output=True, text=True)
+        check(r.returncode == 1 and "bad_0.txt:2:" in r.stderr, f"bad number: {r.stderr!r}")
+        open(bad, "w").close()
+        r = subprocess.run(["/usr/bin/python3", SCRIPT, f"a={d}/a_*.txt", f"bad={bad}"],
+                           capture_output=True, text=True)
+        check(r.returncode == 1 and "bad_0.txt: no steps" in r.stderr, f"empty: {r.stderr!r}")
     print("loss_curves.py: all checks passed")
     return 0
 

@@ -375,45 +375,57 @@ TEST_CASE("a depthwise weight gradient over large maps matches a direct sum on a
   }
 }
 
-TEST_CASE("a depthwise weight gradient's channels have the same bits in every block width",
+TEST_CASE("a depthwise weight gradient's channels have the same bits in every vector block",
           "[conv]") {
   // 59 channels: with AVX-512 a block of 32 (two 16-lane vectors), one of 16, one of 8 (AVX2)
-  // and three single channels; with AVX2 only, three blocks of 16, one of 8 and three singles.
-  // Every vector lane sums its channel's products in the same order, so a channel's gradient
-  // computed in a narrower block (the channels alone) has the same bits.
+  // and three single channels; with AVX2 only, 5x5 filters take three blocks of 16 and 7x7 ones
+  // seven of 8, then one of 8 and three singles. Every vector lane sums its channel's products in
+  // the same order, so a channel's gradient computed in a narrower or wider vector block (the
+  // channels alone) has the same bits. The single channels are summed apart (without fused
+  // multiply-adds) and left out. In f32, and in bf16 under autocast where the CPU has it.
   struct Case {
     int64_t k, stride;
   };
-  for (const Case& c : {Case{5, 1}, Case{7, 2}}) {
-    INFO("filter " << c.k << " stride " << c.stride);
-    Generator gen(27);
-    const int64_t C = 59, pad = c.k / 2;
-    const Tensor x = random_tensor({2, C, 12, 11}, gen, -1, 1, MemoryFormat::ChannelsLast);
-    const Tensor w0 = random_tensor({C, 1, c.k, c.k}, gen);
-    auto weight_grad = [&](int64_t c0, int64_t c1) {
-      const Tensor xs = x.slice(1, c0, c1).contiguous(MemoryFormat::ChannelsLast);
-      const Conv2dOptions o = opts({c.stride, c.stride}, {pad, pad}, {1, 1}, c1 - c0);
-      Tensor w = w0.slice(0, c0, c1).contiguous().detach().set_requires_grad();
-      const Tensor y = conv2d(xs, w, {}, o);
-      Generator g_gen(28);
-      const Tensor g =
-          random_tensor({2, C, y.size(2), y.size(3)}, g_gen, -1, 1, MemoryFormat::ChannelsLast)
-              .slice(1, c0, c1)
-              .contiguous(MemoryFormat::ChannelsLast);
-      y.backward(g);
-      return w.grad().to_float_vector();
-    };
-    const std::vector<float> all = weight_grad(0, C);
-    const auto taps = static_cast<size_t>(c.k * c.k);
-    // Channels of the 32-wide block alone (8 lanes), of the 16-wide one in a block of 16, and
-    // of the 8-wide one in a block of 32 with its neighbours.
-    for (const auto& [c0, c1] :
-         {std::pair<int64_t, int64_t>{0, 8}, {8, 24}, {32, 48}, {40, 56}, {24, 56}}) {
-      INFO("channels " << c0 << " to " << c1);
-      const std::vector<float> part = weight_grad(c0, c1);
-      const std::vector<float> same(all.begin() + c0 * static_cast<int64_t>(taps),
-                                    all.begin() + c1 * static_cast<int64_t>(taps));
-      CHECK(part == same);
+  std::vector<DType> dtypes = {DType::f32};
+  if (amp::cpu_bf16_support() != amp::CpuBf16::unsupported) dtypes.push_back(DType::bf16);
+  for (const DType dtype : dtypes) {
+    for (const Case& c : {Case{5, 1}, Case{7, 2}}) {
+      INFO("filter " << c.k << " stride " << c.stride << ", " << dtype_name(dtype));
+      Generator gen(27);
+      const int64_t C = 59, pad = c.k / 2;
+      const Tensor x = random_tensor({2, C, 12, 11}, gen, -1, 1, MemoryFormat::ChannelsLast);
+      const Tensor w0 = random_tensor({C, 1, c.k, c.k}, gen);
+      // Channels [c0, c1) of t, channels-last, in the activations' dtype.
+      auto channels = [&](const Tensor& t, int64_t c0, int64_t c1) {
+        const Tensor part = t.slice(1, c0, c1);
+        Tensor out = Tensor::empty(part.shape(), dtype, Device::cpu(), MemoryFormat::ChannelsLast);
+        out.copy_(part);
+        return out;
+      };
+      auto weight_grad = [&](int64_t c0, int64_t c1) {
+        const Conv2dOptions o = opts({c.stride, c.stride}, {pad, pad}, {1, 1}, c1 - c0);
+        Tensor w = w0.slice(0, c0, c1).contiguous().detach().set_requires_grad();
+        Tensor y;
+        {
+          amp::Autocast autocast(dtype);
+          y = conv2d(channels(x, c0, c1), w, {}, o);
+        }
+        Generator g_gen(28);
+        const Tensor g = random_tensor({2, C, y.size(2), y.size(3)}, g_gen, -1, 1);
+        y.backward(channels(g, c0, c1));
+        return w.grad().to_float_vector();
+      };
+      const std::vector<float> all = weight_grad(0, C);
+      const auto taps = static_cast<int64_t>(c.k * c.k);
+      // Channels of the 32-wide block alone (8 lanes) and as a block of 16, the 16-wide block's
+      // in a block of 16, and the 8-wide block's in blocks of 16 and 32 with their neighbours.
+      for (const auto& [c0, c1] :
+           {std::pair<int64_t, int64_t>{0, 8}, {8, 24}, {32, 48}, {40, 56}, {24, 56}}) {
+        INFO("channels " << c0 << " to " << c1);
+        const std::vector<float> part = weight_grad(c0, c1);
+        const std::vector<float> same(all.begin() + c0 * taps, all.begin() + c1 * taps);
+        CHECK(part == same);
+      }
     }
   }
 }

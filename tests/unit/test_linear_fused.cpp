@@ -85,6 +85,17 @@ TEST_CASE("linear_add equals linear plus the residual", "[linear][fused]") {
   CHECK(linear_add(x0, w0, b0, r0).to_float_vector() == add(r0, b0).to_float_vector());
 }
 
+TEST_CASE("linear_add takes a bf16 weight outside autocast as its f32 values", "[linear][fused]") {
+  // The f32 kernel with the residual fused reads the weight cast to f32, not the bf16 buffer.
+  Generator gen(44);
+  const Tensor x = random_tensor({5, 48}, gen), b = random_tensor({64}, gen);
+  const Tensor w16 = random_tensor({64, 48}, gen).to(DType::bf16);
+  const Tensor r = random_tensor({5, 64}, gen);
+  const Tensor w32 = w16.to(DType::f32);
+  CHECK(linear_add(x, w16, b, r).to_float_vector() == linear_add(x, w32, b, r).to_float_vector());
+  CHECK(linear(x, w16, b).to_float_vector() == linear(x, w32, b).to_float_vector());
+}
+
 TEST_CASE("linear_add gradients", "[linear][fused][gradcheck]") {
   Generator gen(43);
   Tensor x = random_tensor({6, 5}, gen).set_requires_grad();

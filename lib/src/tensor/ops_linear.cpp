@@ -230,7 +230,8 @@ autograd::GradList linear_backward_rows(const Tensor& g, const Tensor& x, const 
   return autograd::GradList{gx, gw, gb};
 }
 
-// The gradients of y = x W^T + b from G = dL/dy, in need's order (x, W, b).
+// The gradients of y = x W^T + b from G = dL/dy, in need's order (x, W, b). w is read for dX
+// alone, and is undefined where x needs no gradient.
 autograd::GradList linear_backward(const Tensor& g, const Tensor& x, const Tensor& w,
                                    const autograd::NeedsGrad& need, DType compute) {
   if (compute == DType::f32) {
@@ -305,16 +306,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (compute == DType::f32 && x.dtype() != DType::f32) {
     return linear(detail::f32_from_half(x), weight, bias);
   }
-  // The weight in the compute dtype, cast once: the backward's dX = G W reuses it, as
-  // torch.autocast's recorded cast does (casting again there cost MobileNetV3-small's bf16
-  // step a second pass over its classifier's 1.6 M weights).
+  // The weight in the compute dtype, cast once: the backward's dX = G W reuses it, as the
+  // cast torch.autocast records does (casting again there cost MobileNetV3-small's bf16 step a
+  // second pass over its classifier's 1.6 M weights). Kept only where dX will be wanted: under
+  // autocast it is a copy, held until the backward runs.
   const Tensor wc = detail::cast_for_compute(weight, compute).detach();
   Tensor out = gemm(x, false, wc, true, bias, compute, detail::autocast_output_dtype(compute));
   if (autograd::needs_grad({x, weight, bias})) {
     autograd::record("linear", {x, weight, bias}, {out},
-                     [xd = x.detach(), wc, compute](const autograd::GradList& g,
-                                                    const autograd::NeedsGrad& need) {
-                       return linear_backward(g[0], xd, wc, need, compute);
+                     [xd = x.detach(), wd = autograd::needs_grad({x}) ? wc : Tensor(), compute](
+                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
+                       return linear_backward(g[0], xd, wd, need, compute);
                      });
   }
   return out;
@@ -351,7 +353,7 @@ Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
   Tensor out;
   if (compute == DType::f32 && kernels::linear_residual.available(x.device())) {
     out = Tensor::empty(out_shape, DType::f32, x.device());
-    kernels::linear_residual.get(x.device())(x, weight, bias, residual.contiguous(), out);
+    kernels::linear_residual.get(x.device())(x, wc, bias, residual.contiguous(), out);
   } else {
     // The product lands in the residual stream's dtype, which its gradient then has too.
     out = gemm(x, false, wc, true, bias, compute, residual.dtype());
@@ -359,9 +361,9 @@ Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias,
   }
   if (autograd::needs_grad({x, weight, bias, residual})) {
     autograd::record("linear_add", {x, weight, bias, residual}, {out},
-                     [xd = x.detach(), wc, compute](const autograd::GradList& g,
-                                                    const autograd::NeedsGrad& need) {
-                       autograd::GradList grads = linear_backward(g[0], xd, wc, need, compute);
+                     [xd = x.detach(), wd = autograd::needs_grad({x}) ? wc : Tensor(), compute](
+                         const autograd::GradList& g, const autograd::NeedsGrad& need) {
+                       autograd::GradList grads = linear_backward(g[0], xd, wd, need, compute);
                        grads.push_back(need[3] ? g[0] : Tensor());  // d(residual) = G
                        return grads;
                      });

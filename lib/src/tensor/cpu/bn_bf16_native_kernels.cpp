@@ -108,8 +108,10 @@ struct ConversionInstructionStore {
   // shift rounded to bf16 (into y where KeepY), z = act(y) from y's bf16 value. The generic
   // run wrote y to an f32 buffer, rounded it into y, read y back for the activation and
   // rounded again through the buffer: four passes that made the bf16 forward slower than the
-  // f32 one it halves the memory traffic of. The same operations in the same order (one fused
-  // multiply-add, as the vectoriser forms it there), so the bits are the same.
+  // f32 one, which moves half again as many bytes. The same operations in the same order, so
+  // the bits are the same: one fused multiply-add for x * scale + shift, as GCC contracts the
+  // generic loop's expression (-ffp-contract=fast, its default; this file and
+  // avx512_bf16_kernels.cpp must not be built with -ffp-contract=off, or the two paths differ).
   template <Activation Act, bool KeepY, bool Rows>
   static void normalize(const BF16* x, BF16* y, BF16* z, int64_t n, const float* scale,
                         const float* shift) {

@@ -513,7 +513,7 @@ void bn_act_backward_from_input_typed(const Tensor& x, const Tensor& dz, const T
 // normalize's formulas over a run of n elements, rounded by Store: y into y (KeepY; else into
 // z, which act(y) then overwrites), act(y) from y's stored value into z. A Store with its own
 // normalize<Act, KeepY, Rows>(x, y, z, n, scale, shift) does all of it in one pass, with the
-// same bits.
+// same bits (the native one where it is built with its AVX-512 code; the loops below otherwise).
 template <Activation Act, bool KeepY, class Store, bool Rows, class T>
 void normalize_run(const T* __restrict x, T* y, T* z, int64_t n, const float* scale,
                    const float* shift, float* __restrict f) {
@@ -521,15 +521,16 @@ void normalize_run(const T* __restrict x, T* y, T* z, int64_t n, const float* sc
                   Store::template normalize<Act, KeepY, Rows>(x, y, z, n, scale, shift);
                 }) {
     return Store::template normalize<Act, KeepY, Rows>(x, y, z, n, scale, shift);
-  }
-  T* yo = KeepY ? y : z;
+  } else {
+    T* yo = KeepY ? y : z;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) f[i] = to_float(x[i]) * scale[at<Rows>(i)] + shift[at<Rows>(i)];
-  Store::store(f, yo, n);
-  if constexpr (Act != Activation::none) {
+    for (int64_t i = 0; i < n; ++i) f[i] = to_float(x[i]) * scale[at<Rows>(i)] + shift[at<Rows>(i)];
+    Store::store(f, yo, n);
+    if constexpr (Act != Activation::none) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) f[i] = activation<Act>(to_float(yo[i]));
-    Store::store(f, z, n);
+      for (int64_t i = 0; i < n; ++i) f[i] = activation<Act>(to_float(yo[i]));
+      Store::store(f, z, n);
+    }
   }
 }
 

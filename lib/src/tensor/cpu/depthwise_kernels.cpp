@@ -5,11 +5,12 @@
 // 7x7 depthwise layers (most of MobileNetV3's) fall to its generic direct kernel, which takes
 // several times longer than the forward pass (measured at 1 thread, batch 16: 240 channels
 // 14x14 5x5 4.6 ms -> 0.8 ms; 576 channels 7x7 3.8 ms -> 0.35 ms). Here each task owns a block of
-// 16 (or 8) channels and one or more filter rows, keeps a row's kW accumulators in registers and
-// streams the input and output gradient once, reading whole cache lines because C is innermost.
-// Tasks write disjoint outputs, so the result does not depend on the thread count. bf16 activations
-// (amp::Autocast) are widened to f32 as they are loaded and accumulate in f32 as f32 ones do:
-// oneDNN 2.6's bf16 fallback for these filters took 8-45 ms per layer at batch 16, one thread.
+// 32, 16 or 8 channels (or one) and one or more filter rows, keeps a row's kW accumulators in
+// registers and streams the input and output gradient once, reading whole cache lines because C
+// is innermost. Tasks write disjoint outputs, so the result does not depend on the thread count.
+// bf16 activations (amp::Autocast) are widened to f32 as they are loaded and accumulate in f32
+// as f32 ones do: oneDNN 2.6's bf16 fallback for these filters took 8-45 ms per layer at batch
+// 16, one thread.
 //
 // 3x3 filters (f32) go image by image instead: all channels of a pixel at once, the 9 taps'
 // sums for every channel kept in L1. oneDNN's dedicated kernel, like the channel blocks above,
@@ -333,6 +334,7 @@ bool depthwise_backward_weights_typed(const Conv2dGeometry& g, const Tensor& x, 
     default:
       return false;
   }
+  if (blocks.empty()) return false;  // no channels: nothing for these kernels
   const T* px = data_as<const T>(x);
   const T* pdy = data_as<const T>(dy);
   float* pdw = dweight.data<float>();
