@@ -109,9 +109,10 @@ struct ConversionInstructionStore {
   // run wrote y to an f32 buffer, rounded it into y, read y back for the activation and
   // rounded again through the buffer: four passes that made the bf16 forward slower than the
   // f32 one, which moves half again as many bytes. The same operations in the same order, so
-  // the bits are the same: one fused multiply-add for x * scale + shift, as GCC contracts the
-  // generic loop's expression (-ffp-contract=fast, its default; this file and
-  // avx512_bf16_kernels.cpp must not be built with -ffp-contract=off, or the two paths differ).
+  // the bits are the same. x * scale + shift is written as a product and a sum, as in the
+  // generic loop, not as an explicit FMA: GCC fuses both into one FMA where it contracts
+  // (-ffp-contract=fast at -O2 and above) and neither at the sanitizer builds' -O1, so the two
+  // paths agree either way.
   template <Activation Act, bool KeepY, bool Rows>
   static void normalize(const BF16* x, BF16* y, BF16* z, int64_t n, const float* scale,
                         const float* shift) {
@@ -124,7 +125,7 @@ struct ConversionInstructionStore {
       const __m512 xv = widen(_mm256_maskz_loadu_epi16(lanes, xs + i));
       const __m512 s = Rows ? _mm512_maskz_loadu_ps(lanes, scale + i) : scale_all;
       const __m512 b = Rows ? _mm512_maskz_loadu_ps(lanes, shift + i) : shift_all;
-      const __m256i yb = round_vector(_mm512_fmadd_ps(xv, s, b), lanes);
+      const __m256i yb = round_vector(_mm512_add_ps(_mm512_mul_ps(xv, s), b), lanes);
       if constexpr (KeepY || Act == Activation::none) _mm256_mask_storeu_epi16(ys + i, lanes, yb);
       if constexpr (Act != Activation::none) {
         const __m256i zb = round_vector(activation_vector<Act>(widen(yb)), lanes);
