@@ -69,5 +69,19 @@ fi
 if grep -rq "No such file" "$work/call/logs"; then
   echo "FAIL: a stage ran something the bundle lacks:"; grep -rh "No such file" "$work/call/logs"; fail=1
 fi
+# Its default test lane runs every test program the bundle holds: two programs once went
+# unrun on a GPU because the lane's list was written out before they were added.
+lanes=$(cd "$work/run/dpar-gpu" && ./gpu-call.sh --list)
+missing=""
+for t in "$work"/run/dpar-gpu/tests/gpu/test_*; do
+  p=$(basename "$t")
+  case $p in *.cmake) continue ;; esac
+  grep -q "^tests: .* $p\( \|\$\)" <<<"$lanes" || missing="$missing $p"
+done
+if [ -z "$missing" ] && grep -q "^tests: .* test_cuda_conv_engines" <<<"$lanes"; then
+  echo "ok: gpu-call.sh's test lane names every bundled test program"
+else
+  echo "FAIL: gpu-call.sh's test lane leaves out:${missing:- test_cuda_conv_engines}"; echo "$lanes"; fail=1
+fi
 [ "$fail" = 0 ] || cat "$work/out"
 exit $fail
