@@ -21,24 +21,23 @@ struct ConvCase {
   MemoryFormat format;
 };
 
-// Direct loops over PyTorch's definition; values in logical NCHW order.
-std::vector<float> reference_conv(const Tensor& x, const Tensor& w, const Tensor& b,
-                                  Conv2dOptions o, const Shape& out) {
+// Direct loops over PyTorch's definition: visit(x_index, w_index, y_index) for every product
+// of the convolution, the indices in logical NCHW (x, y) and OIHW (w) order, each output's
+// products in input-channel, then kernel-row, then kernel-column order.
+template <typename Visit>
+void for_each_product(const Shape& xs, const Shape& ws, Conv2dOptions o, const Shape& out,
+                      Visit visit) {
   for (auto* v : {&o.stride, &o.padding, &o.dilation}) {
     if (v->size() == 1) v->push_back(v->front());
   }
-  const std::vector<float> xv = x.to_float_vector(), wv = w.to_float_vector();
-  const std::vector<float> bv = b.defined() ? b.to_float_vector() : std::vector<float>();
-  const int64_t C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t O = w.size(0), Cg = w.size(1), kH = w.size(2), kW = w.size(3);
+  const int64_t C = xs[1], H = xs[2], W = xs[3];
+  const int64_t O = ws[0], Cg = ws[1], kH = ws[2], kW = ws[3];
   const int64_t Og = O / o.groups;
-  std::vector<float> y(static_cast<size_t>(shape_numel(out)));
   size_t i = 0;
   for (int64_t n = 0; n < out[0]; ++n)
     for (int64_t oc = 0; oc < O; ++oc)
       for (int64_t oh = 0; oh < out[2]; ++oh)
-        for (int64_t ow = 0; ow < out[3]; ++ow) {
-          double s = bv.empty() ? 0.0 : bv[oc];
+        for (int64_t ow = 0; ow < out[3]; ++ow, ++i) {
           const int64_t grp = oc / Og;
           for (int64_t ci = 0; ci < Cg; ++ci)
             for (int64_t kh = 0; kh < kH; ++kh)
@@ -47,12 +46,44 @@ std::vector<float> reference_conv(const Tensor& x, const Tensor& w, const Tensor
                 const int64_t iw = ow * o.stride[1] - o.padding[1] + kw * o.dilation[1];
                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
                 const int64_t c = grp * Cg + ci;
-                s += static_cast<double>(xv[((n * C + c) * H + ih) * W + iw]) *
-                     wv[((oc * Cg + ci) * kH + kh) * kW + kw];
+                visit(static_cast<size_t>(((n * C + c) * H + ih) * W + iw),
+                      static_cast<size_t>(((oc * Cg + ci) * kH + kh) * kW + kw), i);
               }
-          y[i++] = static_cast<float>(s);
         }
-  return y;
+}
+
+std::vector<float> to_floats(const std::vector<double>& v) {
+  return std::vector<float>(v.begin(), v.end());
+}
+
+std::vector<float> reference_conv(const Tensor& x, const Tensor& w, const Tensor& b,
+                                  const Conv2dOptions& o, const Shape& out) {
+  const std::vector<float> xv = x.to_float_vector(), wv = w.to_float_vector();
+  const std::vector<float> bv = b.defined() ? b.to_float_vector() : std::vector<float>();
+  const int64_t plane = out[2] * out[3];
+  std::vector<double> y(static_cast<size_t>(shape_numel(out)));
+  for (size_t i = 0; i < y.size(); ++i) {
+    y[i] = bv.empty() ? 0.0 : bv[(i / static_cast<size_t>(plane)) % bv.size()];
+  }
+  for_each_product(x.shape(), w.shape(), o, out, [&](size_t xi, size_t wi, size_t yi) {
+    y[yi] += static_cast<double>(xv[xi]) * wv[wi];
+  });
+  return to_floats(y);
+}
+
+// The gradients of sum(conv2d(x, w) * dy) with respect to x and w, summed in double.
+std::pair<std::vector<float>, std::vector<float>> reference_conv_grads(const Tensor& x,
+                                                                       const Tensor& w,
+                                                                       const Tensor& dy,
+                                                                       const Conv2dOptions& o) {
+  const std::vector<float> xv = x.to_float_vector(), wv = w.to_float_vector();
+  const std::vector<float> dyv = dy.to_float_vector();
+  std::vector<double> dx(xv.size()), dw(wv.size());
+  for_each_product(x.shape(), w.shape(), o, dy.shape(), [&](size_t xi, size_t wi, size_t yi) {
+    dx[xi] += static_cast<double>(dyv[yi]) * wv[wi];
+    dw[wi] += static_cast<double>(dyv[yi]) * xv[xi];
+  });
+  return {to_floats(dx), to_floats(dw)};
 }
 
 Conv2dOptions opts(std::vector<int64_t> stride, std::vector<int64_t> padding,
@@ -184,6 +215,49 @@ TEST_CASE("conv2d matches direct convolution and finite differences", "[conv]") 
             return conv2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), c.opt);
           },
           inputs);
+    }
+  }
+}
+
+// test_cuda_conv_engines holds every engine cuDNN's search may pick to these CPU results
+// (1e-4 relative, its inputs NCHW as here): MobileNetV3-small's stem and depthwise problems at
+// batch 8 and 64 px, each direction. They must be right well within that, in both layouts;
+// some of them (2x2 maps under a 5x5 kernel) run dpar's own kernels nowhere else.
+TEST_CASE("MobileNetV3-small's cuDNN problems: conv2d and its gradients match direct sums",
+          "[conv]") {
+  struct Problem {
+    int64_t N, C, H, W, O, k, stride, groups;
+  };
+  const std::vector<Problem> problems = {
+      {8, 3, 64, 64, 16, 3, 2, 1},    {8, 16, 32, 32, 16, 3, 2, 16}, {8, 72, 16, 16, 72, 3, 2, 72},
+      {8, 88, 8, 8, 88, 3, 1, 88},    {8, 96, 8, 8, 96, 5, 2, 96},   {8, 240, 4, 4, 240, 5, 1, 240},
+      {8, 288, 4, 4, 288, 5, 2, 288}, {8, 576, 2, 2, 576, 5, 1, 576}};
+  // max |a - b| / max |b|: the GPU test's measure.
+  auto error = [](const std::vector<float>& a, const std::vector<float>& want) {
+    double diff = 0, scale = 1e-6;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, std::abs(static_cast<double>(a[i]) - want[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+    }
+    return diff / scale;
+  };
+  Generator gen(8);
+  for (const Problem& p : problems) {
+    for (const MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      INFO("[" << p.N << "," << p.C << "," << p.H << "," << p.W << "] -> " << p.O << " k" << p.k
+               << " s" << p.stride << " g" << p.groups
+               << (format == MemoryFormat::ChannelsLast ? " channels-last" : " NCHW"));
+      const Conv2dOptions o = opts({p.stride, p.stride}, {p.k / 2, p.k / 2}, {1, 1}, p.groups);
+      Tensor x = random_tensor({p.N, p.C, p.H, p.W}, gen, -1, 1, format).set_requires_grad();
+      Tensor w =
+          random_tensor({p.O, p.C / p.groups, p.k, p.k}, gen, -0.3f, 0.3f).set_requires_grad();
+      const Tensor y = conv2d(x, w, Tensor(), o);
+      const Tensor dy = random_tensor(y.shape(), gen);
+      sum(mul(y, dy)).backward();
+      const auto [dx_want, dw_want] = reference_conv_grads(x, w, dy, o);
+      CHECK(error(y.to_float_vector(), reference_conv(x, w, Tensor(), o, y.shape())) < 1e-5);
+      CHECK(error(x.grad().to_float_vector(), dx_want) < 1e-5);
+      CHECK(error(w.grad().to_float_vector(), dw_want) < 1e-5);
     }
   }
 }
