@@ -4,6 +4,7 @@
 
 #include "gradcheck.h"
 #include "tensor/conv_layout.h"
+#include "tensor_compare.h"
 
 using namespace dpar;
 using dpar::testing::gradcheck;
@@ -232,14 +233,9 @@ TEST_CASE("MobileNetV3-small's cuDNN problems: conv2d and its gradients match di
       {8, 3, 64, 64, 16, 3, 2, 1},    {8, 16, 32, 32, 16, 3, 2, 16}, {8, 72, 16, 16, 72, 3, 2, 72},
       {8, 88, 8, 8, 88, 3, 1, 88},    {8, 96, 8, 8, 96, 5, 2, 96},   {8, 240, 4, 4, 240, 5, 1, 240},
       {8, 288, 4, 4, 288, 5, 2, 288}, {8, 576, 2, 2, 576, 5, 1, 576}};
-  // max |a - b| / max |b|: the GPU test's measure.
-  auto error = [](const std::vector<float>& a, const std::vector<float>& want) {
-    double diff = 0, scale = 1e-6;
-    for (size_t i = 0; i < a.size(); ++i) {
-      diff = std::max(diff, std::abs(static_cast<double>(a[i]) - want[i]));
-      scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-    }
-    return diff / scale;
+  // The GPU test's measure, max |got - want| / max |want|.
+  auto error = [](const Tensor& got, const std::vector<float>& want) {
+    return relative_error(Tensor::from_vector(want, got.shape()), got);
   };
   Generator gen(8);
   for (const Problem& p : problems) {
@@ -255,9 +251,9 @@ TEST_CASE("MobileNetV3-small's cuDNN problems: conv2d and its gradients match di
       const Tensor dy = random_tensor(y.shape(), gen);
       sum(mul(y, dy)).backward();
       const auto [dx_want, dw_want] = reference_conv_grads(x, w, dy, o);
-      CHECK(error(y.to_float_vector(), reference_conv(x, w, Tensor(), o, y.shape())) < 1e-5);
-      CHECK(error(x.grad().to_float_vector(), dx_want) < 1e-5);
-      CHECK(error(w.grad().to_float_vector(), dw_want) < 1e-5);
+      CHECK(error(y, reference_conv(x, w, Tensor(), o, y.shape())) < 1e-5);
+      CHECK(error(x.grad(), dx_want) < 1e-5);
+      CHECK(error(w.grad(), dw_want) < 1e-5);
     }
   }
 }
